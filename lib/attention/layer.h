@@ -1,0 +1,110 @@
+// The IHA layer: projections and output projection around a pluggable attention core.
+// The core owns everything IHA-specific between the projections (mixing, interleave, RoPE,
+// attention, collapse), so the same layer runs on one device (LocalCore, here) or sequence-
+// or head-parallel (cores in lib/ringattn), with the same API and math.
+// defines: iha::IhaWeights, iha::CoreCache, iha::AttentionCore, iha::IhaLayer,
+//          iha::make_local_core, iha::MixView
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attention/flash.h"
+#include "core/config.h"
+#include "core/tensor.h"
+
+namespace iha {
+
+// Parameters of one layer (dtype T). Shapes: wq, wk, wv [D, H*d]; wo [H*d, D];
+// aq, ak, av [H, H, P]; collapse [H, H*P] (global) or [H, P] (per_head). An mha layer
+// (cfg.mixing == false) has no aq, ak, av, collapse: those stay undefined.
+template <class T>
+struct IhaWeights {
+  Tensor wq, wk, wv, wo, aq, ak, av, collapse;
+
+  static IhaWeights zeros(const LayerConfig& c);
+  // W_*: normal(0, w_std) drawn from (seed, prefix + name, index); aQ/aK/aV[m][h][j] = (m == h);
+  // collapse[h][h'*P + j] = (h == h') / P (per-head form: 1/P). DESIGN.md section 1.
+  void init(const LayerConfig& c, uint64_t seed, double w_std, const std::string& prefix = "");
+  // The defined tensors with their names: wq, wk, wv, wo, aq, ak, av, collapse.
+  std::vector<std::pair<std::string, Tensor*>> named();
+  std::vector<std::pair<std::string, const Tensor*>> named() const;
+  void zero();
+};
+
+// The mixing and collapse tensors a core uses; identity ones for an mha layer.
+template <class T>
+struct MixView {
+  const T* aq;
+  const T* ak;
+  const T* av;
+  const T* c;
+  Collapse form;
+};
+
+// Per-call state a core keeps between forward and backward.
+struct CoreCache {
+  virtual ~CoreCache() = default;
+};
+
+template <class T>
+class AttentionCore {
+ public:
+  explicit AttentionCore(LayerConfig cfg);
+  virtual ~AttentionCore() = default;
+  const LayerConfig& config() const { return cfg_; }
+  // Rows of the layer input this rank holds, per sequence.
+  virtual int64_t local_tokens() const = 0;
+  virtual std::unique_ptr<CoreCache> make_cache() const = 0;
+  // q, k, v: pre-mix projections [B, n_loc, H*d]; out: collapsed heads [B, n_loc, H*d].
+  virtual void forward(const IhaWeights<T>& w, int64_t B, const T* q, const T* k, const T* v,
+                       T* out, CoreCache& cache) = 0;
+  // dout [B, n_loc, H*d] -> dq, dk, dv (written); grads.aq/ak/av/collapse accumulate (+=).
+  virtual void backward(const IhaWeights<T>& w, int64_t B, const T* q, const T* k, const T* v,
+                        const T* dout, T* dq, T* dk, T* dv, IhaWeights<T>& grads,
+                        CoreCache& cache) = 0;
+  // Sums parameter gradients over the ranks that share this layer's sequences (no-op here).
+  virtual void reduce_gradients(IhaWeights<T>& grads) {}
+
+ protected:
+  MixView<T> mix_view(const IhaWeights<T>& w) const;
+  MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual}; }
+  LayerConfig cfg_;
+  Tensor identity_alpha_, identity_collapse_;  // used when !cfg_.mixing
+};
+
+// All N tokens local, positions 0..N-1: the single-device layer and the test oracle.
+template <class T>
+std::shared_ptr<AttentionCore<T>> make_local_core(const LayerConfig& cfg, int64_t N,
+                                                  FlashTiles tiles = {});
+
+template <class T>
+class IhaLayer {
+ public:
+  struct Cache {
+    Tensor x, q, k, v, o;  // input, pre-mix projections, collapsed heads
+    std::unique_ptr<CoreCache> core;
+    int64_t B = 0;
+  };
+
+  IhaLayer(LayerConfig cfg, std::shared_ptr<AttentionCore<T>> core);
+  const LayerConfig& config() const { return cfg_; }
+  AttentionCore<T>& core() { return *core_; }
+
+  // x [B, n_loc, D] -> z [B, n_loc, D] (z is allocated if undefined). The cache keeps a
+  // reference to x (shared storage; a view must outlive backward).
+  void forward(const IhaWeights<T>& w, const Tensor& x, Tensor& z, Cache& cache) const;
+  // dz [B, n_loc, D] -> dx (written, allocated if undefined); grads accumulate (+=).
+  void backward(const IhaWeights<T>& w, const Tensor& dz, Cache& cache, Tensor& dx,
+                IhaWeights<T>& grads) const;
+  // After the last backward of a step: sum parameter gradients over the sequence group.
+  void reduce_gradients(IhaWeights<T>& grads) const { core_->reduce_gradients(grads); }
+
+ private:
+  LayerConfig cfg_;
+  std::shared_ptr<AttentionCore<T>> core_;
+};
+
+}  // namespace iha

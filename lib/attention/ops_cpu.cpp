@@ -1,0 +1,167 @@
+#include <cmath>
+
+#include "attention/ops.h"
+#include "core/error.h"
+
+namespace iha {
+
+template <class T>
+void mix_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
+                 const T* alpha, int64_t h_begin, int64_t h_end, T* virt, int64_t head_stride) {
+  for (int64_t h = h_begin; h < h_end; ++h) {
+    T* vh = virt + (h - h_begin) * head_stride;
+    for (int64_t i = 0; i < n_tok; ++i) {
+      const T* row = pre + i * ld_pre;
+      for (int64_t j = 0; j < P; ++j) {
+        T* out = vh + (i * P + j) * d;
+        for (int64_t c = 0; c < d; ++c) out[c] = T(0);
+        for (int64_t m = 0; m < H; ++m) {
+          const T a = alpha[(m * H + h) * P + j];
+          const T* src = row + m * d;
+          for (int64_t c = 0; c < d; ++c) out[c] += a * src[c];
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void mix_backward(const T* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre, int64_t n_tok,
+                  int64_t H, int64_t d, int64_t P, const T* alpha, int64_t h_begin, int64_t h_end,
+                  T* dpre, int64_t ld_dpre, T* dalpha) {
+  for (int64_t h = h_begin; h < h_end; ++h) {
+    const T* dvh = dvirt + (h - h_begin) * head_stride;
+    for (int64_t i = 0; i < n_tok; ++i) {
+      const T* row = pre + i * ld_pre;
+      T* drow = dpre + i * ld_dpre;
+      for (int64_t j = 0; j < P; ++j) {
+        const T* g = dvh + (i * P + j) * d;
+        for (int64_t m = 0; m < H; ++m) {
+          const int64_t ai = (m * H + h) * P + j;
+          const T a = alpha[ai];
+          T* dst = drow + m * d;
+          const T* src = row + m * d;
+          T dot = 0;
+          for (int64_t c = 0; c < d; ++c) {
+            dst[c] += a * g[c];
+            dot += src[c] * g[c];
+          }
+          if (dalpha) dalpha[ai] += dot;
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+RopeTable<T>::RopeTable(const RopeSpec& spec, int64_t d, const int64_t* pos, int64_t rows)
+    : d_(d), rows_(rows), on_(spec.on) {
+  if (!on_) return;
+  IHA_CHECK(d % 2 == 0, "RoPE needs an even head dim, got ", d);
+  const int64_t half = d / 2;
+  std::vector<double> inv(half);
+  for (int64_t i = 0; i < half; ++i) inv[i] = std::pow(spec.base, -2.0 * static_cast<double>(i) / d);
+  cos_.resize(rows * half);
+  sin_.resize(rows * half);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double p = static_cast<double>(pos[r]) * spec.scale;  // angles in float64
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = p * inv[i];
+      cos_[r * half + i] = static_cast<T>(std::cos(a));
+      sin_[r * half + i] = static_cast<T>(std::sin(a));
+    }
+  }
+}
+
+template <class T>
+void RopeTable<T>::apply(T* x, int64_t rows, bool inverse) const {
+  if (!on_) return;
+  IHA_CHECK(rows == rows_, "RoPE table has ", rows_, " rows, applied to ", rows);
+  const int64_t half = d_ / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    T* lo = x + r * d_;
+    T* hi = lo + half;
+    const T* cs = cos_.data() + r * half;
+    const T* sn = sin_.data() + r * half;
+    for (int64_t i = 0; i < half; ++i) {
+      const T s = inverse ? -sn[i] : sn[i];
+      const T a = lo[i], b = hi[i];
+      lo[i] = a * cs[i] - b * s;
+      hi[i] = b * cs[i] + a * s;
+    }
+  }
+}
+
+template <class T>
+void collapse_forward(const T* y, int64_t head_stride, int64_t n_tok, int64_t H, int64_t d,
+                      int64_t P, Collapse form, const T* C, T* out, int64_t ld_out) {
+  const int64_t cols = form == Collapse::global ? H * P : P;
+  for (int64_t i = 0; i < n_tok; ++i) {
+    for (int64_t h = 0; h < H; ++h) {
+      T* o = out + i * ld_out + h * d;
+      for (int64_t c = 0; c < d; ++c) o[c] = T(0);
+      const int64_t h_first = form == Collapse::global ? 0 : h;
+      const int64_t h_last = form == Collapse::global ? H : h + 1;
+      for (int64_t hp = h_first; hp < h_last; ++hp) {
+        for (int64_t j = 0; j < P; ++j) {
+          const T w = C[h * cols + (form == Collapse::global ? hp * P + j : j)];
+          const T* src = y + hp * head_stride + (i * P + j) * d;
+          for (int64_t c = 0; c < d; ++c) o[c] += w * src[c];
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void collapse_backward(const T* dout, int64_t ld_dout, const T* y, int64_t head_stride,
+                       int64_t n_tok, int64_t H, int64_t d, int64_t P, Collapse form, const T* C,
+                       T* dy, T* dC) {
+  const int64_t cols = form == Collapse::global ? H * P : P;
+  for (int64_t hp = 0; hp < H; ++hp)
+    for (int64_t r = 0; r < n_tok * P; ++r)
+      for (int64_t c = 0; c < d; ++c) dy[hp * head_stride + r * d + c] = T(0);
+  for (int64_t i = 0; i < n_tok; ++i) {
+    for (int64_t h = 0; h < H; ++h) {
+      const T* g = dout + i * ld_dout + h * d;
+      const int64_t h_first = form == Collapse::global ? 0 : h;
+      const int64_t h_last = form == Collapse::global ? H : h + 1;
+      for (int64_t hp = h_first; hp < h_last; ++hp) {
+        for (int64_t j = 0; j < P; ++j) {
+          const int64_t ci = h * cols + (form == Collapse::global ? hp * P + j : j);
+          const T w = C[ci];
+          const int64_t off = hp * head_stride + (i * P + j) * d;
+          T dot = 0;
+          for (int64_t c = 0; c < d; ++c) {
+            dy[off + c] += w * g[c];
+            dot += g[c] * y[off + c];
+          }
+          if (dC) dC[ci] += dot;
+        }
+      }
+    }
+  }
+}
+
+std::vector<int64_t> virtual_positions(const std::vector<int64_t>& tokens, int64_t P) {
+  std::vector<int64_t> out(tokens.size() * P);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    for (int64_t j = 0; j < P; ++j) out[i * P + j] = tokens[i] * P + j;
+  return out;
+}
+
+#define IHA_OPS_INSTANTIATE(T)                                                                  \
+  template void mix_forward<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, const T*, \
+                               int64_t, int64_t, T*, int64_t);                                  \
+  template void mix_backward<T>(const T*, int64_t, const T*, int64_t, int64_t, int64_t, int64_t, \
+                                int64_t, const T*, int64_t, int64_t, T*, int64_t, T*);          \
+  template class RopeTable<T>;                                                                  \
+  template void collapse_forward<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t,      \
+                                    Collapse, const T*, T*, int64_t);                           \
+  template void collapse_backward<T>(const T*, int64_t, const T*, int64_t, int64_t, int64_t,    \
+                                     int64_t, int64_t, Collapse, const T*, T*, T*);
+IHA_OPS_INSTANTIATE(float)
+IHA_OPS_INSTANTIATE(double)
+#undef IHA_OPS_INSTANTIATE
+
+}  // namespace iha

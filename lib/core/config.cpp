@@ -1,0 +1,268 @@
+#include "core/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace iha {
+
+const char* collapse_name(Collapse c) { return c == Collapse::global ? "global" : "per_head"; }
+const char* mask_name(MaskKind m) { return m == MaskKind::flat_causal ? "flat_causal" : "token_causal"; }
+
+Collapse parse_collapse(const std::string& s, const std::string& key) {
+  if (s == "global") return Collapse::global;
+  if (s == "per_head") return Collapse::per_head;
+  throw ConfigError("config key '" + key + "': unknown collapse form '" + s +
+                    "' (expected global or per_head)");
+}
+
+MaskKind parse_mask(const std::string& s, const std::string& key) {
+  if (s == "flat_causal") return MaskKind::flat_causal;
+  if (s == "token_causal") return MaskKind::token_causal;
+  throw ConfigError("config key '" + key + "': unknown mask '" + s +
+                    "' (expected flat_causal or token_causal)");
+}
+
+void LayerConfig::validate(const std::string& prefix) const {
+  auto k = [&](const char* f) { return prefix + f; };
+  IHA_CONFIG_CHECK(D >= 1, "config key '", k("D"), "': model width must be >= 1, got ", D);
+  IHA_CONFIG_CHECK(H >= 1, "config key '", k("H"), "': head count must be >= 1, got ", H);
+  IHA_CONFIG_CHECK(d >= 1, "config key '", k("d"), "': head dim must be >= 1, got ", d);
+  IHA_CONFIG_CHECK(P >= 1, "config key '", k("P"), "': pseudo-heads per head must be >= 1, got ", P);
+  IHA_CONFIG_CHECK(mixing || P == 1, "config key '", k("P"), "': an mha layer has P = 1, got ", P);
+  IHA_CONFIG_CHECK(!rope || d % 2 == 0, "config key '", k("d"),
+                   "': RoPE rotates pairs, so the head dim must be even, got ", d);
+  IHA_CONFIG_CHECK(window_virtual >= 0, "config key '", k("window_virtual"),
+                   "': must be >= 1 (or absent for a global layer), got ", window_virtual);
+  IHA_CONFIG_CHECK(!rope || (std::isfinite(rope_base) && rope_base > 1.0), "config key '",
+                   k("rope_base"), "': must be a finite number > 1, got ", rope_base);
+  IHA_CONFIG_CHECK(!rope || (std::isfinite(rope_scale) && rope_scale > 0.0), "config key '",
+                   k("rope_scale"), "': must be a finite number > 0, got ", rope_scale);
+}
+
+int64_t resolve_window_virtual(const WindowSpec& spec, int64_t P, int64_t n_train,
+                               std::optional<int64_t> checkpoint_wv, const std::string& key) {
+  IHA_CONFIG_CHECK(!(spec.window && spec.window_virtual), "config keys '", key, "window' and '",
+                   key, "window_virtual': give at most one of them");
+  std::optional<int64_t> explicit_wv;
+  if (spec.window) {
+    IHA_CONFIG_CHECK(*spec.window >= 1, "config key '", key, "window': must be >= 1 token, got ",
+                     *spec.window);
+    explicit_wv = *spec.window * P;
+  }
+  if (spec.window_virtual) {
+    IHA_CONFIG_CHECK(*spec.window_virtual >= 1, "config key '", key,
+                     "window_virtual': must be >= 1 virtual token, got ", *spec.window_virtual);
+    explicit_wv = *spec.window_virtual;
+  }
+  if (checkpoint_wv) {
+    if (explicit_wv && *explicit_wv != *checkpoint_wv && !spec.allow_window_change) {
+      throw ConfigError("config key '" + key + (spec.window ? "window" : "window_virtual") +
+                        "': gives Wv = " + std::to_string(*explicit_wv) +
+                        " virtual tokens but the checkpoint was trained with Wv = " +
+                        std::to_string(*checkpoint_wv) + "; set allow_window_change: true to change it");
+    }
+    return explicit_wv ? *explicit_wv : *checkpoint_wv;
+  }
+  if (explicit_wv) return *explicit_wv;
+  IHA_CONFIG_CHECK(n_train >= 1, "default window needs the training context length, got ", n_train);
+  const int64_t W = (n_train + 2 * P * P - 1) / (2 * P * P);
+  return W * P;
+}
+
+// ---- ConfigNode ----
+
+ConfigNode::ConfigNode(YAML::Node node, std::string path) : node_(node), path_(std::move(path)) {}
+
+ConfigNode ConfigNode::from_file(const std::string& file) {
+  std::ifstream in(file);
+  IHA_CONFIG_CHECK(in.good(), "cannot open config file '", file, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return from_string(ss.str(), file);
+}
+
+ConfigNode ConfigNode::from_string(const std::string& text, const std::string& name) {
+  YAML::Node n;
+  try {
+    n = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("config '" + name + "': YAML syntax error: " + e.what());
+  }
+  if (n.IsNull()) n = YAML::Node(YAML::NodeType::Map);
+  IHA_CONFIG_CHECK(n.IsMap(), "config '", name, "': the top level must be a mapping of keys");
+  return ConfigNode(n, "");
+}
+
+std::string ConfigNode::key_path(const std::string& key) const {
+  return path_.empty() ? key : path_ + "." + key;
+}
+
+bool ConfigNode::has(const std::string& key) const {
+  return node_ && node_.IsMap() && node_[key] && !node_[key].IsNull();
+}
+
+namespace {
+
+template <class T> const char* type_word();
+template <> const char* type_word<bool>() { return "true or false"; }
+template <> const char* type_word<int64_t>() { return "an integer"; }
+template <> const char* type_word<int>() { return "an integer"; }
+template <> const char* type_word<double>() { return "a number"; }
+template <> const char* type_word<std::string>() { return "a string"; }
+template <> const char* type_word<std::vector<int64_t>>() { return "a list of integers"; }
+
+template <class T>
+T convert_node(const YAML::Node& n, const std::string& key) {
+  auto fail = [&]() -> ConfigError {
+    std::string got = n.IsScalar() ? "'" + n.Scalar() + "'" : (n.IsSequence() ? "a list" : "a mapping");
+    return ConfigError("config key '" + key + "': expected " + type_word<T>() + ", got " + got);
+  };
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    if (!n.IsSequence()) throw fail();
+    std::vector<int64_t> out;
+    for (const auto& e : n) out.push_back(convert_node<int64_t>(e, key));
+    return out;
+  } else {
+    if (!n.IsScalar()) throw fail();
+    if constexpr (std::is_same_v<T, std::string>) {
+      return n.Scalar();
+    } else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, int>) {
+      // yaml-cpp accepts "1.5" as an int by truncation in some versions; be strict.
+      const std::string& s = n.Scalar();
+      size_t pos = 0;
+      long long v = 0;
+      try {
+        v = std::stoll(s, &pos, 0);
+      } catch (...) {
+        throw fail();
+      }
+      if (pos != s.size()) throw fail();
+      if constexpr (std::is_same_v<T, int>) {
+        if (v < INT32_MIN || v > INT32_MAX) throw fail();
+      }
+      return static_cast<T>(v);
+    } else {
+      try {
+        return n.as<T>();
+      } catch (const YAML::Exception&) {
+        throw fail();
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+std::optional<T> ConfigNode::optional(const std::string& key) const {
+  used_->insert(key);
+  if (!has(key)) return std::nullopt;
+  return convert_node<T>(node_[key], key_path(key));
+}
+
+template <class T>
+T ConfigNode::get(const std::string& key, const T& fallback) const {
+  auto v = optional<T>(key);
+  return v ? *v : fallback;
+}
+
+template <class T>
+T ConfigNode::require(const std::string& key) const {
+  auto v = optional<T>(key);
+  if (!v) throw ConfigError("config key '" + key_path(key) + "' is required but missing");
+  return *v;
+}
+
+#define IHA_CONFIG_INSTANTIATE(T)                                                    \
+  template T ConfigNode::get<T>(const std::string&, const T&) const;                \
+  template T ConfigNode::require<T>(const std::string&) const;                      \
+  template std::optional<T> ConfigNode::optional<T>(const std::string&) const;
+IHA_CONFIG_INSTANTIATE(bool)
+IHA_CONFIG_INSTANTIATE(int)
+IHA_CONFIG_INSTANTIATE(int64_t)
+IHA_CONFIG_INSTANTIATE(double)
+IHA_CONFIG_INSTANTIATE(std::string)
+IHA_CONFIG_INSTANTIATE(std::vector<int64_t>)
+#undef IHA_CONFIG_INSTANTIATE
+
+ConfigNode ConfigNode::child(const std::string& key) const {
+  used_->insert(key);
+  YAML::Node n;
+  if (has(key)) {
+    n = node_[key];
+    IHA_CONFIG_CHECK(n.IsMap(), "config key '", key_path(key), "': expected a mapping of keys");
+  } else {
+    n = YAML::Node(YAML::NodeType::Map);
+  }
+  ConfigNode c(n, key_path(key));
+  children_->push_back(c);
+  return c;
+}
+
+void ConfigNode::finish() const {
+  if (node_ && node_.IsMap()) {
+    for (const auto& kv : node_) {
+      const std::string k = kv.first.as<std::string>();
+      if (!used_->count(k)) throw ConfigError("unknown config key '" + key_path(k) + "'");
+    }
+  }
+  for (const auto& c : *children_) c.finish();
+}
+
+void ConfigNode::apply_override(YAML::Node root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  IHA_CONFIG_CHECK(eq != std::string::npos && eq > 0, "override '", assignment,
+                   "': expected key=value (e.g. optim.lr=1e-3)");
+  const std::string key = assignment.substr(0, eq);
+  const std::string value = assignment.substr(eq + 1);
+  YAML::Node parsed;
+  try {
+    parsed = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError("override '" + assignment + "': cannot parse value: " + e.what());
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string p; std::getline(ss, p, '.');) {
+    IHA_CONFIG_CHECK(!p.empty(), "override '", assignment, "': empty key component");
+    parts.push_back(p);
+  }
+  // Walk with explicit copies: yaml-cpp node assignment rebinds, so use reset-free descent.
+  std::vector<YAML::Node> chain{root};
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = chain.back()[parts[i]];
+    if (!next || next.IsNull()) {
+      chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      next = chain.back()[parts[i]];
+    }
+    IHA_CONFIG_CHECK(next.IsMap(), "override '", assignment, "': '", parts[i], "' is not a mapping");
+    chain.push_back(next);
+  }
+  chain.back()[parts.back()] = parsed;
+}
+
+LayerConfig parse_layer_config(const ConfigNode& n) {
+  LayerConfig c;
+  c.D = n.require<int64_t>("D");
+  c.H = n.require<int64_t>("H");
+  c.d = n.get<int64_t>("d", c.H > 0 && c.D % c.H == 0 ? c.D / c.H : 0);
+  c.P = n.get<int64_t>("P", 2);
+  c.collapse = parse_collapse(n.get<std::string>("collapse", "global"), n.key_path("collapse"));
+  c.mask = parse_mask(n.get<std::string>("mask", "flat_causal"), n.key_path("mask"));
+  c.rope = n.get<bool>("rope", true);
+  c.rope_base = n.get<double>("rope_base", 500000.0);
+  c.rope_scale = n.get<double>("rope_scale", 1.0);
+  c.validate(n.path().empty() ? "" : n.path() + ".");
+  return c;
+}
+
+WindowSpec parse_window_spec(const ConfigNode& n) {
+  WindowSpec w;
+  w.window = n.optional<int64_t>("window");
+  w.window_virtual = n.optional<int64_t>("window_virtual");
+  w.allow_window_change = n.get<bool>("allow_window_change", false);
+  return w;
+}
+
+}  // namespace iha

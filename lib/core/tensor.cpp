@@ -1,0 +1,207 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+
+namespace iha {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::bf16: return 2;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::bf16: return "bf16";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& name) {
+  if (name == "f32" || name == "float32") return DType::f32;
+  if (name == "f64" || name == "float64") return DType::f64;
+  if (name == "bf16" || name == "bfloat16") return DType::bf16;
+  throw ConfigError("unknown dtype '" + name + "' (expected f32, f64 or bf16)");
+}
+
+const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t e : s) {
+    IHA_CHECK(e >= 0, "negative extent in shape ", shape_str(s));
+    n *= e;
+  }
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+namespace {
+std::mutex g_alloc_mutex;
+DeviceAllocator g_cuda_alloc;
+bool g_have_cuda = false;
+
+const DeviceAllocator& cuda_allocator() {
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  IHA_CHECK(g_have_cuda, "no CUDA device allocator: this build or process has no GPU support");
+  return g_cuda_alloc;
+}
+}  // namespace
+
+void register_device_allocator(Device d, DeviceAllocator a) {
+  IHA_CHECK(d == Device::cuda, "only a cuda allocator can be registered");
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  g_cuda_alloc = std::move(a);
+  g_have_cuda = true;
+}
+
+bool has_device(Device d) {
+  if (d == Device::cpu) return true;
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  return g_have_cuda;
+}
+
+Tensor::Tensor(Shape shape, DType dtype, Device device)
+    : shape_(std::move(shape)), dtype_(dtype), device_(device) {
+  numel_ = shape_numel(shape_);
+  const size_t bytes = nbytes();
+  if (device_ == Device::cpu) {
+    // 64-byte alignment for vector loads; calloc-like zero fill.
+    const size_t padded = ((bytes + 63) / 64) * 64;
+    void* p = padded ? std::aligned_alloc(64, padded) : nullptr;
+    IHA_CHECK(padded == 0 || p != nullptr, "out of host memory allocating ", bytes, " bytes for ",
+              dtype_name(dtype_), shape_str(shape_));
+    if (p) std::memset(p, 0, padded);
+    storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  } else {
+    const DeviceAllocator& a = cuda_allocator();
+    void* p = bytes ? a.alloc(bytes) : nullptr;
+    if (p) a.zero(p, bytes);
+    auto free_fn = a.free;
+    storage_ = std::shared_ptr<void>(p, [free_fn](void* q) { if (q) free_fn(q); });
+  }
+  data_ = storage_.get();
+}
+
+Tensor Tensor::view(void* data, Shape shape, DType dtype, Device device) {
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.numel_ = shape_numel(t.shape_);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.data_ = data;
+  IHA_CHECK(data != nullptr || t.numel_ == 0, "view of null memory with shape ", shape_str(t.shape_));
+  return t;
+}
+
+int64_t Tensor::dim(int i) const {
+  IHA_CHECK(i >= 0 && i < ndim(), "dimension ", i, " out of range for shape ", shape_str(shape_));
+  return shape_[i];
+}
+
+void Tensor::check_dtype(DType want) const {
+  IHA_CHECK(want == dtype_, "tensor holds ", dtype_name(dtype_), ", accessed as ", dtype_name(want));
+}
+
+Tensor Tensor::slice(int64_t begin, int64_t end) const {
+  IHA_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0],
+            "slice [", begin, ", ", end, ") out of range for shape ", shape_str(shape_));
+  Tensor t = *this;
+  t.shape_[0] = end - begin;
+  t.numel_ = shape_numel(t.shape_);
+  const int64_t row = shape_[0] ? numel_ / shape_[0] : 0;
+  t.data_ = static_cast<char*>(data_) + static_cast<size_t>(begin * row) * dtype_size(dtype_);
+  return t;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  IHA_CHECK(shape_numel(shape) == numel_, "cannot reshape ", shape_str(shape_), " to ",
+            shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t(shape_, dtype_, device_);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::zero() {
+  if (nbytes() == 0) return;
+  if (device_ == Device::cpu) std::memset(data_, 0, nbytes());
+  else cuda_allocator().zero(data_, nbytes());
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  IHA_CHECK(src.numel_ == numel_ && src.dtype_ == dtype_, "copy_from: ", dtype_name(src.dtype_),
+            shape_str(src.shape_), " into ", dtype_name(dtype_), shape_str(shape_));
+  if (nbytes() == 0) return;
+  if (device_ == Device::cpu && src.device_ == Device::cpu) {
+    std::memcpy(data_, src.data_, nbytes());
+  } else {
+    cuda_allocator().copy(data_, device_, src.data_, src.device_, nbytes());
+  }
+}
+
+namespace {
+template <class To, class From>
+To convert(From x) {
+  if constexpr (std::is_same_v<To, From>) {
+    return x;
+  } else if constexpr (std::is_same_v<To, bf16>) {
+    return bf16::from_float(static_cast<float>(x));
+  } else if constexpr (std::is_same_v<From, bf16>) {
+    return static_cast<To>(x.to_float());
+  } else {
+    return static_cast<To>(x);
+  }
+}
+template <class To, class From>
+void convert_all(const void* src, void* dst, int64_t n) {
+  const From* s = static_cast<const From*>(src);
+  To* d = static_cast<To*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = convert<To>(s[i]);
+}
+template <class From>
+void convert_from(DType to, const void* src, void* dst, int64_t n) {
+  switch (to) {
+    case DType::f32: convert_all<float, From>(src, dst, n); break;
+    case DType::f64: convert_all<double, From>(src, dst, n); break;
+    case DType::bf16: convert_all<bf16, From>(src, dst, n); break;
+  }
+}
+}  // namespace
+
+Tensor Tensor::to(DType dtype) const {
+  IHA_CHECK(device_ == Device::cpu, "dtype conversion runs on the host only");
+  Tensor t(shape_, dtype, Device::cpu);
+  switch (dtype_) {
+    case DType::f32: convert_from<float>(dtype, data_, t.data_, numel_); break;
+    case DType::f64: convert_from<double>(dtype, data_, t.data_, numel_); break;
+    case DType::bf16: convert_from<bf16>(dtype, data_, t.data_, numel_); break;
+  }
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  Tensor t(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
+}
+
+}  // namespace iha

@@ -1,0 +1,108 @@
+#include <gtest/gtest.h>
+
+#include "core/config.h"
+
+namespace iha {
+namespace {
+
+// Expects a ConfigError whose message contains `needle`.
+template <class F>
+void expect_config_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected a ConfigError mentioning '" << needle << "'";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+LayerConfig good() {
+  LayerConfig c;
+  c.D = 16; c.H = 2; c.d = 8; c.P = 2;
+  return c;
+}
+
+TEST(LayerConfig, BadValuesNameTheField) {
+  auto c = good();
+  c.validate();
+  c.P = 0;
+  expect_config_error([&] { c.validate(); }, "'P'");
+  c = good(); c.d = 7;
+  expect_config_error([&] { c.validate(); }, "'d'");
+  c.rope = false;
+  c.validate();  // odd d is fine without RoPE
+  c = good(); c.H = 0;
+  expect_config_error([&] { c.validate("model."); }, "'model.H'");
+  c = good(); c.mixing = false;
+  expect_config_error([&] { c.validate(); }, "mha layer has P = 1");
+  c = good(); c.rope_scale = 0;
+  expect_config_error([&] { c.validate(); }, "rope_scale");
+}
+
+TEST(Window, RulesOfDesignSection1) {
+  WindowSpec s;
+  // Default: W = ceil(N / (2 P^2)), Wv = W * P.
+  EXPECT_EQ(resolve_window_virtual(s, 2, 1000, std::nullopt), 125 * 2);
+  EXPECT_EQ(resolve_window_virtual(s, 2, 1001, std::nullopt), 126 * 2);
+  EXPECT_EQ(resolve_window_virtual(s, 3, 10, std::nullopt), 1 * 3);
+  s.window = 5;
+  EXPECT_EQ(resolve_window_virtual(s, 3, 100, std::nullopt), 15);
+  s = {};
+  s.window_virtual = 7;
+  EXPECT_EQ(resolve_window_virtual(s, 3, 100, std::nullopt), 7);
+  s.window = 2;
+  expect_config_error([&] { resolve_window_virtual(s, 3, 100, std::nullopt, "model."); },
+                      "give at most one");
+  s = {};
+  s.window = 0;
+  expect_config_error([&] { resolve_window_virtual(s, 3, 100, std::nullopt); }, "'window'");
+  s = {};
+  s.window_virtual = 0;
+  expect_config_error([&] { resolve_window_virtual(s, 3, 100, std::nullopt); }, "'window_virtual'");
+  // A checkpoint's Wv wins over the default; an explicit different value is an error naming both.
+  s = {};
+  EXPECT_EQ(resolve_window_virtual(s, 2, 64000, int64_t(250)), 250);
+  s.window_virtual = 300;
+  expect_config_error([&] { resolve_window_virtual(s, 2, 64000, int64_t(250)); }, "Wv = 300");
+  expect_config_error([&] { resolve_window_virtual(s, 2, 64000, int64_t(250)); }, "Wv = 250");
+  s.allow_window_change = true;
+  EXPECT_EQ(resolve_window_virtual(s, 2, 64000, int64_t(250)), 300);
+}
+
+TEST(ConfigNode, UnknownKeysAndWrongTypesNameTheKey) {
+  auto root = ConfigNode::from_string("model:\n  D: 64\n  H: two\n  Pp: 3\n");
+  auto m = root.child("model");
+  EXPECT_EQ(m.require<int64_t>("D"), 64);
+  expect_config_error([&] { m.require<int64_t>("H"); }, "config key 'model.H': expected an integer, got 'two'");
+  expect_config_error([&] { m.require<int64_t>("d"); }, "'model.d' is required");
+  expect_config_error([&] { root.finish(); }, "unknown config key 'model.Pp'");
+}
+
+TEST(ConfigNode, StrictIntegersAndOverrides) {
+  auto root = ConfigNode::from_string("a: 1.5\nb: {c: 2}\n");
+  expect_config_error([&] { root.require<int64_t>("a"); }, "expected an integer, got '1.5'");
+  EXPECT_DOUBLE_EQ(root.require<double>("a"), 1.5);
+  YAML::Node raw = root.raw();
+  ConfigNode::apply_override(raw, "b.c=7");
+  ConfigNode::apply_override(raw, "e.f.g=true");
+  EXPECT_EQ(root.child("b").require<int64_t>("c"), 7);
+  EXPECT_TRUE(root.child("e").child("f").require<bool>("g"));
+  expect_config_error([&] { ConfigNode::apply_override(raw, "novalue"); }, "expected key=value");
+  expect_config_error([] { ConfigNode::from_string("a: [1, 2"); }, "YAML syntax error");
+}
+
+TEST(ConfigNode, LayerConfigFromYaml) {
+  auto root = ConfigNode::from_string("D: 64\nH: 4\nP: 3\nmask: token_causal\ncollapse: per_head\nrope: off\n");
+  LayerConfig c = parse_layer_config(root);
+  EXPECT_EQ(c.d, 16);
+  EXPECT_EQ(c.P, 3);
+  EXPECT_EQ(c.mask, MaskKind::token_causal);
+  EXPECT_EQ(c.collapse, Collapse::per_head);
+  EXPECT_FALSE(c.rope);
+  root.finish();
+  auto bad = ConfigNode::from_string("D: 64\nH: 4\nmask: causal\n");
+  expect_config_error([&] { parse_layer_config(bad); }, "config key 'mask': unknown mask 'causal'");
+}
+
+}  // namespace
+}  // namespace iha

@@ -1,0 +1,127 @@
+// Plain-loop float64 IHA layer forward written straight from DESIGN.md section 1 (steps 1-8),
+// sharing no code with the library except the mask predicate. Also a plain causal MHA.
+// defines: iha::test::NaiveWeights, iha::test::naive_iha_forward, iha::test::naive_mha_forward
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "core/config.h"
+#include "reference/naive_attention.h"
+
+namespace iha::test {
+
+struct NaiveWeights {
+  std::vector<double> wq, wk, wv, wo;  // [D][H*d], wo [H*d][D]
+  std::vector<double> aq, ak, av;      // [H][H][P]
+  std::vector<double> c;               // [H][H*P] or [H][P]
+};
+
+inline void naive_rope(std::vector<double>& x, int64_t rows, int64_t d, const std::vector<int64_t>& pos,
+                       double base, double scale) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double a = pos[r] * scale * std::pow(base, -2.0 * i / d);
+      const double x0 = x[r * d + i], x1 = x[r * d + i + d / 2];
+      x[r * d + i] = x0 * std::cos(a) - x1 * std::sin(a);
+      x[r * d + i + d / 2] = x1 * std::cos(a) + x0 * std::sin(a);
+    }
+}
+
+// x [B][N][D] -> z [B][N][D]
+inline std::vector<double> naive_iha_forward(const LayerConfig& cfg, const NaiveWeights& w,
+                                             const std::vector<double>& x, int64_t B, int64_t N) {
+  const int64_t D = cfg.D, H = cfg.H, d = cfg.d, P = cfg.P, Hd = H * d;
+  const MaskSpec mask{cfg.mask, P, cfg.window_virtual};
+  std::vector<double> z(B * N * D, 0.0);
+  std::vector<int64_t> pos(N * P);
+  for (int64_t t = 0; t < N * P; ++t) pos[t] = t;
+  for (int64_t b = 0; b < B; ++b) {
+    // 1. project: Q[n][m*d + c]
+    std::vector<double> Q(N * Hd, 0), K(N * Hd, 0), V(N * Hd, 0);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t col = 0; col < Hd; ++col)
+        for (int64_t e = 0; e < D; ++e) {
+          const double xv = x[(b * N + n) * D + e];
+          Q[n * Hd + col] += xv * w.wq[e * Hd + col];
+          K[n * Hd + col] += xv * w.wk[e * Hd + col];
+          V[n * Hd + col] += xv * w.wv[e * Hd + col];
+        }
+    std::vector<double> Y(H * N * P * d, 0);  // Y[h'][n*P + j][c] = Ov_h'[n*P + j]
+    for (int64_t h = 0; h < H; ++h) {
+      // 2-3. mix and interleave: Qv_h[n*P + j] = sum_m a[m][h][j] Q_m[n]
+      std::vector<double> qv(N * P * d, 0), kv(N * P * d, 0), vv(N * P * d, 0);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < P; ++j)
+          for (int64_t m = 0; m < H; ++m)
+            for (int64_t c = 0; c < d; ++c) {
+              const int64_t a = (m * H + h) * P + j;
+              qv[(n * P + j) * d + c] += w.aq[a] * Q[n * Hd + m * d + c];
+              kv[(n * P + j) * d + c] += w.ak[a] * K[n * Hd + m * d + c];
+              vv[(n * P + j) * d + c] += w.av[a] * V[n * Hd + m * d + c];
+            }
+      // 4. RoPE at virtual positions
+      if (cfg.rope) {
+        naive_rope(qv, N * P, d, pos, cfg.rope_base, cfg.rope_scale);
+        naive_rope(kv, N * P, d, pos, cfg.rope_base, cfg.rope_scale);
+      }
+      // 5. attention
+      std::vector<double> o, lse;
+      naive_attention_forward(mask, d, qv, pos, kv, vv, pos, o, lse);
+      std::copy(o.begin(), o.end(), Y.begin() + h * N * P * d);
+    }
+    // 6-7. de-interleave and collapse; 8. output projection
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<double> O(Hd, 0);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t hp = 0; hp < H; ++hp)
+          for (int64_t j = 0; j < P; ++j) {
+            double coef;
+            if (cfg.collapse == Collapse::global) coef = w.c[h * H * P + hp * P + j];
+            else coef = hp == h ? w.c[h * P + j] : 0.0;
+            for (int64_t c = 0; c < d; ++c) O[h * d + c] += coef * Y[(hp * N * P + n * P + j) * d + c];
+          }
+      for (int64_t e = 0; e < D; ++e)
+        for (int64_t col = 0; col < Hd; ++col) z[(b * N + n) * D + e] += O[col] * w.wo[col * D + e];
+    }
+  }
+  return z;
+}
+
+// Standard causal multi-head attention with RoPE at token positions (no mixing, no collapse).
+inline std::vector<double> naive_mha_forward(const LayerConfig& cfg, const NaiveWeights& w,
+                                             const std::vector<double>& x, int64_t B, int64_t N) {
+  const int64_t D = cfg.D, H = cfg.H, d = cfg.d, Hd = H * d;
+  const MaskSpec mask{MaskKind::flat_causal, 1, cfg.window_virtual};
+  std::vector<int64_t> pos(N);
+  for (int64_t t = 0; t < N; ++t) pos[t] = t;
+  std::vector<double> z(B * N * D, 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<double> O(N * Hd, 0);
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<double> q(N * d, 0), k(N * d, 0), v(N * d, 0);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < d; ++c)
+          for (int64_t e = 0; e < D; ++e) {
+            const double xv = x[(b * N + n) * D + e];
+            q[n * d + c] += xv * w.wq[e * Hd + h * d + c];
+            k[n * d + c] += xv * w.wk[e * Hd + h * d + c];
+            v[n * d + c] += xv * w.wv[e * Hd + h * d + c];
+          }
+      if (cfg.rope) {
+        naive_rope(q, N, d, pos, cfg.rope_base, cfg.rope_scale);
+        naive_rope(k, N, d, pos, cfg.rope_base, cfg.rope_scale);
+      }
+      std::vector<double> o, lse;
+      naive_attention_forward(mask, d, q, pos, k, v, pos, o, lse);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < d; ++c) O[n * Hd + h * d + c] = o[n * d + c];
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t e = 0; e < D; ++e)
+        for (int64_t col = 0; col < Hd; ++col) z[(b * N + n) * D + e] += O[n * Hd + col] * w.wo[col * D + e];
+  }
+  return z;
+}
+
+}  // namespace iha::test
