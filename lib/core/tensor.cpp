@@ -12,6 +12,9 @@ size_t dtype_size(DType t) {
     case DType::f32: return 4;
     case DType::f64: return 8;
     case DType::bf16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -21,6 +24,9 @@ const char* dtype_name(DType t) {
     case DType::f32: return "f32";
     case DType::f64: return "f64";
     case DType::bf16: return "bf16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::u8: return "u8";
   }
   return "?";
 }
@@ -29,8 +35,13 @@ DType parse_dtype(const std::string& name) {
   if (name == "f32" || name == "float32") return DType::f32;
   if (name == "f64" || name == "float64") return DType::f64;
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
-  throw ConfigError("unknown dtype '" + name + "' (expected f32, f64 or bf16)");
+  if (name == "i32" || name == "int32") return DType::i32;
+  if (name == "i64" || name == "int64") return DType::i64;
+  if (name == "u8" || name == "uint8") return DType::u8;
+  throw ConfigError("unknown dtype '" + name + "' (expected f32, f64, bf16, i32, i64 or u8)");
 }
+
+bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::bf16; }
 
 const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
@@ -183,17 +194,22 @@ void convert_from(DType to, const void* src, void* dst, int64_t n) {
     case DType::f32: convert_all<float, From>(src, dst, n); break;
     case DType::f64: convert_all<double, From>(src, dst, n); break;
     case DType::bf16: convert_all<bf16, From>(src, dst, n); break;
+    default: IHA_FAIL("unsupported conversion target ", dtype_name(to));
   }
 }
 }  // namespace
 
 Tensor Tensor::to(DType dtype) const {
   IHA_CHECK(device_ == Device::cpu, "dtype conversion runs on the host only");
+  IHA_CHECK((is_floating(dtype) && is_floating(dtype_)) || dtype == dtype_, "conversion from ",
+            dtype_name(dtype_), " to ", dtype_name(dtype), " is not supported");
+  if (dtype == dtype_) return clone();
   Tensor t(shape_, dtype, Device::cpu);
   switch (dtype_) {
     case DType::f32: convert_from<float>(dtype, data_, t.data_, numel_); break;
     case DType::f64: convert_from<double>(dtype, data_, t.data_, numel_); break;
     case DType::bf16: convert_from<bf16>(dtype, data_, t.data_, numel_); break;
+    default: IHA_FAIL("unsupported conversion source ", dtype_name(dtype_));
   }
   return t;
 }

@@ -15,18 +15,23 @@
 
 namespace iha {
 
-enum class DType : uint8_t { f32, f64, bf16 };
+// Floating types for compute; integer types for token data, indices and flags.
+enum class DType : uint8_t { f32, f64, bf16, i32, i64, u8 };
 enum class Device : uint8_t { cpu, cuda };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
-DType parse_dtype(const std::string& name);  // "f32"|"float32", "f64"|"float64", "bf16"
+DType parse_dtype(const std::string& name);  // "f32"|"float32", "f64"|"float64", "bf16", ...
+bool is_floating(DType t);
 const char* device_name(Device d);
 
 template <class T> struct DTypeOf;
 template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
 template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
 template <> struct DTypeOf<bf16> { static constexpr DType value = DType::bf16; };
+template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::i32; };
+template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::i64; };
+template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::u8; };
 template <class T> constexpr DType dtype_of() { return DTypeOf<T>::value; }
 
 using Shape = std::vector<int64_t>;
@@ -81,7 +86,7 @@ class Tensor {
   Tensor reshape(Shape shape) const;
   // Deep copy (same device).
   Tensor clone() const;
-  // Copy into another dtype (CPU only), rounding when narrowing.
+  // Copy into another dtype (CPU only), rounding when narrowing (floating types only).
   Tensor to(DType dtype) const;
   // Copy to another device.
   Tensor to(Device device) const;

@@ -1,0 +1,80 @@
+#include "parallel/comm.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace iha {
+
+void CommCounters::add(const std::string& site, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bytes_[site] += bytes;
+}
+
+uint64_t CommCounters::bytes(const std::string& site) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = bytes_.find(site);
+  return it == bytes_.end() ? 0 : it->second;
+}
+
+uint64_t CommCounters::bytes_with_prefix(const std::string& prefix) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const auto& [k, v] : bytes_)
+    if (k.compare(0, prefix.size(), prefix) == 0) total += v;
+  return total;
+}
+
+std::map<std::string, uint64_t> CommCounters::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
+void CommCounters::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  bytes_.clear();
+}
+
+void Communicator::exchange(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs,
+                            const std::string& site) {
+  start_exchange(sends, recvs, site)->wait();
+}
+
+void collective_check(Communicator& comm, const std::function<void()>& body) {
+  std::string msg;
+  int64_t kind = 0;  // 0 ok, 1 Error, 2 ConfigError
+  try {
+    body();
+  } catch (const ConfigError& e) {
+    msg = e.what();
+    kind = 2;
+  } catch (const std::exception& e) {
+    msg = e.what();
+    kind = 1;
+  }
+  // Lowest failing rank (size() if none).
+  int64_t first = kind ? comm.rank() : comm.size();
+  comm.all_reduce(&first, 1, DType::i64, ReduceOp::min, "check");
+  if (first == comm.size()) return;
+  int64_t header[2] = {kind, static_cast<int64_t>(msg.size())};
+  comm.broadcast(header, 2, DType::i64, static_cast<int>(first), "check");
+  std::string text(static_cast<size_t>(header[1]), '\0');
+  if (comm.rank() == first) text = msg;
+  if (header[1] > 0) comm.broadcast(text.data(), header[1], DType::u8, static_cast<int>(first), "check");
+  const std::string full = comm.size() > 1 ? "rank " + std::to_string(first) + ": " + text : text;
+  if (header[0] == 2) throw ConfigError(full);
+  throw Error(full);
+}
+
+void check_same_on_all_ranks(Communicator& comm, int64_t value, const std::string& what) {
+  std::vector<int64_t> all(comm.size());
+  comm.all_gather(&value, all.data(), 1, DType::i64, "check");
+  for (int r = 1; r < comm.size(); ++r) {
+    if (all[r] != all[0]) {
+      throw ConfigError("ranks disagree on " + what + ": rank 0 has " + std::to_string(all[0]) +
+                        ", rank " + std::to_string(r) + " has " + std::to_string(all[r]));
+    }
+  }
+}
+
+}  // namespace iha

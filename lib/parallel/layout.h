@@ -1,0 +1,69 @@
+// The sequence layout map: the single source of truth for which rank of a sequence-parallel
+// group holds which original tokens (and so which virtual positions t = n*P + j).
+// DESIGN.md section 5: `contiguous` cuts N tokens into R chunks, rank r holds chunk r;
+// `zigzag` cuts 2R chunks, rank r holds chunks r and 2R-1-r (balances causal work). Chunk c
+// of C has floor(N/C) + (c < N mod C) tokens: any N works, chunks may be empty, no padding.
+// In a head x sequence mesh every head-parallel rank sees the same chunks (the map depends
+// only on the sequence rank). The chunk arithmetic is host-and-device code.
+// defines: iha::LayoutKind, iha::TokenRange, iha::chunk_begin, iha::SequenceLayout
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/hd.h"
+
+namespace iha {
+
+enum class LayoutKind : uint8_t { contiguous, zigzag };
+const char* layout_name(LayoutKind k);
+LayoutKind parse_layout(const std::string& s, const std::string& key = "layout");
+
+struct TokenRange {
+  int64_t begin = 0, end = 0;  // [begin, end) original tokens
+  IHA_HD_INLINE int64_t size() const { return end - begin; }
+  IHA_HD_INLINE bool empty() const { return end <= begin; }
+};
+
+// First token of chunk c when N tokens are cut into C chunks (c in [0, C]).
+IHA_HD_INLINE int64_t chunk_begin(int64_t N, int64_t C, int64_t c) {
+  const int64_t base = N / C, extra = N % C;
+  return c * base + (c < extra ? c : extra);
+}
+
+IHA_HD_INLINE int64_t chunks_per_rank(LayoutKind k) { return k == LayoutKind::zigzag ? 2 : 1; }
+
+// Global chunk index of a rank's i-th chunk (i < chunks_per_rank), ascending in i.
+IHA_HD_INLINE int64_t rank_chunk(LayoutKind k, int64_t R, int64_t r, int64_t i) {
+  return k == LayoutKind::zigzag ? (i == 0 ? r : 2 * R - 1 - r) : r;
+}
+
+class SequenceLayout {
+ public:
+  SequenceLayout(LayoutKind kind, int64_t N, int64_t R);
+
+  LayoutKind kind() const { return kind_; }
+  int64_t tokens() const { return N_; }
+  int64_t ranks() const { return R_; }
+  int64_t num_chunks() const { return R_ * chunks_per_rank(kind_); }
+
+  // The rank's chunks in ascending token order (empty chunks included).
+  std::vector<TokenRange> chunks_of(int64_t r) const;
+  // Number of tokens the rank holds.
+  int64_t local_count(int64_t r) const;
+  // The rank's tokens, ascending (the order of its local rows).
+  std::vector<int64_t> tokens_of(int64_t r) const;
+  // Rank holding token n, and n's row among that rank's local rows.
+  int64_t owner(int64_t n) const;
+  int64_t local_index(int64_t n) const;
+  // The rank's virtual positions: tokens_of(r)[i] * P + j at row i*P + j.
+  std::vector<int64_t> virtual_positions_of(int64_t r, int64_t P) const;
+  std::string describe() const;  // e.g. "zigzag N=13 R=2"
+
+ private:
+  LayoutKind kind_;
+  int64_t N_, R_;
+};
+
+}  // namespace iha

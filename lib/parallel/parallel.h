@@ -1,0 +1,23 @@
+// lib/parallel: the distributed runtime.
+//
+// What it holds
+//   - comm.h: the Communicator interface (grouped point-to-point between known peers, no tags;
+//     all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, barrier, split), its MPI
+//     implementation over host memory, per-call-site byte counters, and collective_check, which
+//     turns an error on one rank into the same error on every rank.
+//   - mesh.h: the data x head x sequence process mesh and its sub-communicators.
+//   - layout.h: contiguous and zigzag sequence layouts, the one map of who holds which tokens.
+//
+// Invariants
+//   - Every rank of a group calls the same collectives in the same order.
+//   - A failed check never leaves a rank waiting: errors are agreed on before communication
+//     that depends on them.
+//
+// Threads
+//   - MPI is initialised with MPI_THREAD_MULTIPLE by MpiRuntime; one communicator must not be
+//     used by two threads at once (the checkpoint writer uses its own split).
+#pragma once
+
+#include "parallel/comm.h"
+#include "parallel/layout.h"
+#include "parallel/mesh.h"

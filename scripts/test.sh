@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds everything (CUDA too when the toolkit is
+# present) and runs every test with CTest. MPI tests run under mpiexec with 1-4 ranks.
+# GPU tests report SKIPPED when no GPU is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh "$@"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ctest --test-dir build --output-on-failure -j "${IHA_JOBS:-$(nproc)}" --timeout 900

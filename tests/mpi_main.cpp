@@ -1,0 +1,41 @@
+// GoogleTest main for tests run under mpiexec: initialises MPI, runs every test on every
+// rank, and prints the full report on rank 0 and only failures on the others.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "mpi_env.h"
+
+namespace {
+
+class FailuresOnly : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailuresOnly(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
+              r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  iha::MpiRuntime runtime(&argc, &argv);
+  iha::test::set_world(runtime.world());
+  const int rank = runtime.world()->rank();
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailuresOnly(rank));
+  }
+  const int rc = RUN_ALL_TESTS();
+  // Any rank failing makes every rank's exit code non-zero.
+  int any = rc != 0;
+  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  iha::test::set_world(nullptr);
+  return any;
+}
