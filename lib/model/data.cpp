@@ -120,12 +120,14 @@ class MultiKeySource final : public SyntheticSource {
       pl.placed.emplace_back(p, static_cast<int32_t>(key_base + keys[i]));
       pl.placed.emplace_back(p + 1, static_cast<int32_t>(value_base + values[i]));
     }
-    const std::vector<int64_t> asked = distinct_draw(rng, k, q);
+    // Each query asks a pair drawn independently (with replacement): with distinct draws the
+    // last answers could be found by elimination instead of retrieval.
     for (int64_t j = 0; j < q; ++j) {
       const int64_t p = haystack + 3 * j;
+      const int64_t asked = static_cast<int64_t>(rng.next_below(k));
       pl.placed.emplace_back(p, kQueryToken);
-      pl.placed.emplace_back(p + 1, static_cast<int32_t>(key_base + keys[asked[j]]));
-      pl.placed.emplace_back(p + 2, static_cast<int32_t>(value_base + values[asked[j]]));
+      pl.placed.emplace_back(p + 1, static_cast<int32_t>(key_base + keys[asked]));
+      pl.placed.emplace_back(p + 2, static_cast<int32_t>(value_base + values[asked]));
       pl.answer_positions.push_back(p + 2);
     }
     finish(pl);
@@ -162,12 +164,12 @@ class TwoHopSource final : public SyntheticSource {
       pl.placed.emplace_back(p, static_cast<int32_t>(1 + ent[3 * chain + hop]));
       pl.placed.emplace_back(p + 1, static_cast<int32_t>(1 + ent[3 * chain + hop + 1]));
     }
-    const std::vector<int64_t> asked = distinct_draw(rng, c, q);
     for (int64_t j = 0; j < q; ++j) {
       const int64_t p = haystack + 3 * j;
+      const int64_t asked = static_cast<int64_t>(rng.next_below(c));
       pl.placed.emplace_back(p, kQueryToken);
-      pl.placed.emplace_back(p + 1, static_cast<int32_t>(1 + ent[3 * asked[j]]));
-      pl.placed.emplace_back(p + 2, static_cast<int32_t>(1 + ent[3 * asked[j] + 2]));
+      pl.placed.emplace_back(p + 1, static_cast<int32_t>(1 + ent[3 * asked]));
+      pl.placed.emplace_back(p + 2, static_cast<int32_t>(1 + ent[3 * asked + 2]));
       pl.answer_positions.push_back(p + 2);
     }
     finish(pl);
@@ -337,10 +339,8 @@ class Hdf5TokenSource final : public TokenSource {
   hid_t file_ = -1, dset_ = -1;
 };
 
-void check_loss_on_and_queries(int64_t queries, int64_t slots, const char* slots_key) {
+void check_queries(int64_t queries) {
   IHA_CONFIG_CHECK(queries >= 1, "config key 'data.queries': must be >= 1, got ", queries);
-  IHA_CONFIG_CHECK(queries <= slots, "config key 'data.queries': ", queries,
-                   " queries need as many distinct items, but 'data.", slots_key, "' is ", slots);
 }
 
 }  // namespace
@@ -352,7 +352,7 @@ std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int6
                    spec.value_tokens);
   IHA_CONFIG_CHECK(spec.key_tokens >= spec.pairs, "config key 'data.key_tokens': ", spec.pairs,
                    " distinct keys need at least as many key tokens, got ", spec.key_tokens);
-  check_loss_on_and_queries(spec.queries, spec.pairs, "pairs");
+  check_queries(spec.queries);
   const int64_t used = 1 + spec.key_tokens + spec.value_tokens;
   IHA_CONFIG_CHECK(used < vocab, "config key 'model.vocab_size': the multikey task needs ", used,
                    " ids (query marker, data.key_tokens, data.value_tokens) plus at least one "
@@ -370,7 +370,7 @@ std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t 
   IHA_CONFIG_CHECK(spec.entity_tokens >= 3 * spec.chains, "config key 'data.entity_tokens': ",
                    spec.chains, " chains need ", 3 * spec.chains, " distinct entities, got ",
                    spec.entity_tokens);
-  check_loss_on_and_queries(spec.queries, spec.chains, "chains");
+  check_queries(spec.queries);
   const int64_t used = 1 + spec.entity_tokens;
   IHA_CONFIG_CHECK(used < vocab, "config key 'model.vocab_size': the twohop task needs ", used,
                    " ids (query marker, data.entity_tokens) plus at least one filler id, got ", vocab);

@@ -61,8 +61,8 @@ class TokenSource {
 enum class LossOn : uint8_t { all, answer };
 
 // Multi-key retrieval: `pairs` (key, value) pairs with distinct keys at random depths in
-// filler, then `queries` blocks (QUERY, key, value) asking distinct keys of the context;
-// the value after each queried key is the answer. Keys are uniform over `key_tokens` ids,
+// filler, then `queries` blocks (QUERY, key, value), each asking a pair drawn uniformly (with
+// replacement, so no answer follows by elimination); the value is the answer. Keys are uniform over `key_tokens` ids,
 // values uniform over `value_tokens` ids.
 struct MultiKeySpec {
   int64_t pairs = 4;
@@ -74,7 +74,8 @@ struct MultiKeySpec {
 
 // 2-hop composition: `chains` chains a -> b -> c over distinct entities, stated as 2-token
 // facts (a b), (b c) in shuffled order at random depths in filler; a query (QUERY, a, c)
-// asks for the entity two hops from a; c is the answer.
+// asks for the entity two hops from a chain drawn uniformly (with replacement); c is the
+// answer.
 struct TwoHopSpec {
   int64_t chains = 4;
   int64_t queries = 1;

@@ -133,6 +133,9 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core
 }
 
 template <class T>
+Transformer<T>::~Transformer() = default;
+
+template <class T>
 void Transformer<T>::init(uint64_t seed) {
   const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(cfg_.layers));
   const int64_t H = cfg_.H, P = cfg_.P;

@@ -42,6 +42,9 @@ class Transformer {
 
   // cfg must have its window resolved. All cores must hold the same number of local tokens.
   Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   int64_t local_tokens() const { return n_local_; }
