@@ -21,6 +21,12 @@ void ModelConfig::validate() const {
                    norm_eps);
   IHA_CONFIG_CHECK(std::isfinite(init_std) && init_std > 0, "config key 'model.init_std': must be > 0, got ",
                    init_std);
+  IHA_CONFIG_CHECK(!(window.window && window.window_virtual),
+                   "config keys 'model.window' and 'model.window_virtual': give at most one of them");
+  IHA_CONFIG_CHECK(!window.window || *window.window >= 1, "config key 'model.window': must be >= 1 "
+                   "token, got ", window.window.value_or(0));
+  IHA_CONFIG_CHECK(!window.window_virtual || *window.window_virtual >= 1, "config key "
+                   "'model.window_virtual': must be >= 1 virtual token, got ", window.window_virtual.value_or(0));
   LayerConfig c;
   c.D = D;
   c.H = H;
