@@ -53,14 +53,17 @@ constexpr size_t kMaxPiece = size_t(1) << 30;
 
 class MpiPending final : public PendingExchange {
  public:
-  explicit MpiPending(std::vector<MPI_Request> reqs) : reqs_(std::move(reqs)) {}
+  MpiPending(std::vector<MPI_Request> reqs, std::shared_ptr<CommCounters> counters, std::string site)
+      : reqs_(std::move(reqs)), counters_(std::move(counters)), site_(std::move(site)) {}
   ~MpiPending() override {
     if (!done_) MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
   }
   void wait() override {
     if (done_) return;
+    const double t0 = MPI_Wtime();
     mpi_check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
               "MPI_Waitall");
+    counters_->add_wait(site_, MPI_Wtime() - t0);
     done_ = true;
   }
   bool test() override {
@@ -74,6 +77,8 @@ class MpiPending final : public PendingExchange {
 
  private:
   std::vector<MPI_Request> reqs_;
+  std::shared_ptr<CommCounters> counters_;
+  std::string site_;
   bool done_ = false;
 };
 
@@ -122,7 +127,7 @@ class MpiCommunicator final : public Communicator {
       sent += s.bytes;
     }
     counters_->add(site, sent);
-    return std::make_unique<MpiPending>(std::move(reqs));
+    return std::make_unique<MpiPending>(std::move(reqs), counters_, site);
   }
 
   void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, const std::string& site) override {
