@@ -89,6 +89,9 @@ class Communicator {
 
   virtual void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op,
                           const std::string& site) = 0;
+  // Non-blocking all-reduce in place; buf must stay untouched until wait().
+  virtual std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count, DType dt,
+                                                            ReduceOp op, const std::string& site) = 0;
   // recv holds size() * count elements, rank r's block at r * count.
   virtual void all_gather(const void* send, void* recv, int64_t count, DType dt,
                           const std::string& site) = 0;

@@ -137,6 +137,16 @@ class MpiCommunicator final : public Communicator {
     counters_->add(site, bus_bytes(2, count * dtype_size(dt)));
   }
 
+  std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count, DType dt, ReduceOp op,
+                                                    const std::string& site) override {
+    IHA_CHECK(dt != DType::bf16, "all_reduce on bf16 is not supported (reduce in f32)");
+    const int n = as_int_count(count, "start_all_reduce");
+    std::vector<MPI_Request> reqs(1);
+    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(dt), mpi_op(op), comm_, &reqs[0]), "MPI_Iallreduce");
+    counters_->add(site, bus_bytes(2, count * dtype_size(dt)));
+    return std::make_unique<MpiPending>(std::move(reqs), counters_, site);
+  }
+
   void all_gather(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
     const int n = as_int_count(count, "all_gather");
     mpi_check(MPI_Allgather(send, n, mpi_type(dt), recv, n, mpi_type(dt), comm_), "MPI_Allgather");
