@@ -255,7 +255,9 @@ TEST(SeqParallelErrors, RanksDisagreeingOnNGetTheSameErrorEverywhere) {
     EXPECT_EQ(std::string(e.what()), "ranks disagree on the sequence length N: rank 0 has 16, rank 1 has 17");
   }
   cfg.P = world().rank() == 0 ? 3 : 2;
-  EXPECT_THROW(make_halo_core<double>(LayerConfig{cfg}, 16, test::world_ptr()), ConfigError);
+  cfg.window_virtual = 5;
+  EXPECT_THROW(make_halo_core<double>(cfg, 16, test::world_ptr()), ConfigError);
+  cfg.window_virtual = 0;
   // Layout disagreement.
   cfg.P = 2;
   const LayoutKind L = world().rank() == 0 ? LayoutKind::zigzag : LayoutKind::contiguous;
