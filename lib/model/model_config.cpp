@@ -54,16 +54,16 @@ LayerConfig ModelConfig::layer_config(int64_t i) const {
   c.rope = rope;
   c.rope_base = rope_base;
   c.rope_scale = rope_scale;
-  if (block_kind(i) == 'L') {
-    IHA_CHECK(window_virtual >= 1, "the window of model block ", i, " is not resolved");
+  const bool window = block_kind(i) == 'L';
+  if (window) IHA_CHECK(window_virtual >= 1, "the window of model block ", i, " is not resolved");
+  if (block_is_iha(i)) {
     c.P = P;
-    c.window_virtual = window_virtual;
-  } else if (global_kind == GlobalKind::iha) {
-    c.P = P;
+    c.window_virtual = window ? window_virtual : 0;
   } else {
     c.P = 1;
     c.mixing = false;
     c.collapse = Collapse::per_head;
+    c.window_virtual = window ? (window_virtual + P - 1) / P : 0;
   }
   return c;
 }
@@ -71,7 +71,8 @@ LayerConfig ModelConfig::layer_config(int64_t i) const {
 std::string ModelConfig::describe() const {
   std::ostringstream os;
   os << "V=" << vocab << " D=" << D << " H=" << H << " d=" << d << " P=" << P << " layers=" << layers
-     << " ffn=" << ffn << " pattern=" << pattern << " global=" << global_kind_name(global_kind)
+     << " ffn=" << ffn << " pattern=" << pattern << " window_kind=" << global_kind_name(window_kind)
+     << " global_kind=" << global_kind_name(global_kind)
      << " Wv=" << window_virtual << " collapse=" << collapse_name(collapse)
      << " mask=" << mask_name(mask) << " rope=" << (rope ? "on" : "off");
   if (rope) os << " rope_base=" << rope_base << " rope_scale=" << rope_scale;
@@ -92,15 +93,15 @@ ModelConfig parse_model_config(const ConfigNode& n) {
     m.ffn = ((8 * m.D / 3) + 7) / 8 * 8;
   }
   m.pattern = n.get<std::string>("pattern", "LLLLG");
-  const std::string gk = n.get<std::string>("global_kind", "iha");
-  if (gk == "iha") {
-    m.global_kind = GlobalKind::iha;
-  } else if (gk == "mha") {
-    m.global_kind = GlobalKind::mha;
-  } else {
-    throw ConfigError("config key '" + n.key_path("global_kind") + "': unknown kind '" + gk +
+  auto kind = [&](const char* key) {
+    const std::string k = n.get<std::string>(key, "iha");
+    if (k == "iha") return GlobalKind::iha;
+    if (k == "mha") return GlobalKind::mha;
+    throw ConfigError("config key '" + n.key_path(key) + "': unknown kind '" + k +
                       "' (expected iha or mha)");
-  }
+  };
+  m.global_kind = kind("global_kind");
+  m.window_kind = kind("window_kind");
   m.collapse = parse_collapse(n.get<std::string>("collapse", "global"), n.key_path("collapse"));
   m.mask = parse_mask(n.get<std::string>("mask", "flat_causal"), n.key_path("mask"));
   m.rope = n.get<bool>("rope", true);

@@ -12,8 +12,10 @@
 
 namespace iha {
 
-// What a `G` block of the pattern is: a global IHA layer, or plain causal MHA (P = 1, no
-// mixing or collapse parameters).
+// What attention a block of the pattern uses: IHA (P pseudo-heads, mixing and collapse), or
+// plain causal MHA (P = 1, no mixing or collapse parameters). Set separately for the `G`
+// (global) and `L` (sliding-window) blocks; an MHA window block keeps the same window in
+// original tokens, ceil(Wv / P).
 enum class GlobalKind : uint8_t { iha, mha };
 const char* global_kind_name(GlobalKind k);
 
@@ -28,6 +30,7 @@ struct ModelConfig {
   // Block i is pattern[i % pattern.size()]: 'L' sliding-window IHA, 'G' global layer.
   std::string pattern = "LLLLG";
   GlobalKind global_kind = GlobalKind::iha;
+  GlobalKind window_kind = GlobalKind::iha;
   Collapse collapse = Collapse::global;
   MaskKind mask = MaskKind::flat_causal;
   bool rope = true;
@@ -47,6 +50,10 @@ struct ModelConfig {
   void resolve_window(int64_t n_train, std::optional<int64_t> checkpoint_wv);
   char block_kind(int64_t i) const { return pattern[static_cast<size_t>(i) % pattern.size()]; }
   bool has_window_blocks() const { return pattern.find('L') != std::string::npos; }
+  // Whether block i is an IHA layer (has mixing and collapse parameters).
+  bool block_is_iha(int64_t i) const {
+    return (block_kind(i) == 'L' ? window_kind : global_kind) == GlobalKind::iha;
+  }
   // The attention layer of block i (window resolved first).
   LayerConfig layer_config(int64_t i) const;
   // One-line summary for logs.
@@ -54,7 +61,7 @@ struct ModelConfig {
 };
 
 // Reads the `model:` section. Keys: vocab_size, D, H, d, P, layers, ffn, pattern, global_kind,
-// collapse, mask, rope, rope_base, rope_scale, window | window_virtual, allow_window_change,
+// window_kind, collapse, mask, rope, rope_base, rope_scale, window | window_virtual, allow_window_change,
 // norm_eps, init_std. The window is not resolved here.
 ModelConfig parse_model_config(const ConfigNode& node);
 

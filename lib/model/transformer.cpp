@@ -15,10 +15,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::string block_prefix(int64_t i) { return "blocks." + std::to_string(i) + "."; }
 
-bool block_mixing(const ModelConfig& c, int64_t i) {
-  return !(c.block_kind(i) == 'G' && c.global_kind == GlobalKind::mha);
-}
-
 // Rows of logits computed at a time, so the [rows, V] logits never exist for a long sequence.
 constexpr int64_t kLogitRows = 1024;
 
@@ -40,7 +36,7 @@ std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c) {
     L->add(p + "attn.wk", {c.D, Hd}, true);
     L->add(p + "attn.wv", {c.D, Hd}, true);
     L->add(p + "attn.wo", {Hd, c.D}, true);
-    if (block_mixing(c, i)) {
+    if (c.block_is_iha(i)) {
       L->add(p + "attn.aq", {c.H, c.H, c.P}, false);
       L->add(p + "attn.ak", {c.H, c.H, c.P}, false);
       L->add(p + "attn.av", {c.H, c.H, c.P}, false);

@@ -44,11 +44,12 @@ struct ModelCase {
   int64_t P;
   MaskKind mask;
   Collapse collapse;
+  GlobalKind window = GlobalKind::iha;
 };
 
 std::string case_name(const ::testing::TestParamInfo<ModelCase>& info) {
   const auto& c = info.param;
-  return std::string(global_kind_name(c.global)) + "_P" + std::to_string(c.P) + "_" +
+  return std::string(global_kind_name(c.window)) + "_" + global_kind_name(c.global) + "_P" + std::to_string(c.P) + "_" +
          mask_name(c.mask) + "_" + collapse_name(c.collapse);
 }
 
@@ -56,6 +57,7 @@ ModelConfig case_model(const ModelCase& c) {
   ModelConfig m = test::tiny_model(c.global, c.P);
   m.mask = c.mask;
   m.collapse = c.collapse;
+  m.window_kind = c.window;
   return m;
 }
 
@@ -131,7 +133,8 @@ INSTANTIATE_TEST_SUITE_P(Model, ModelCases,
                          ::testing::Values(ModelCase{GlobalKind::iha, 2, MaskKind::flat_causal, Collapse::global},
                                            ModelCase{GlobalKind::iha, 3, MaskKind::token_causal, Collapse::per_head},
                                            ModelCase{GlobalKind::mha, 2, MaskKind::flat_causal, Collapse::global},
-                                           ModelCase{GlobalKind::iha, 1, MaskKind::flat_causal, Collapse::global}),
+                                           ModelCase{GlobalKind::iha, 1, MaskKind::flat_causal, Collapse::global},
+                                           ModelCase{GlobalKind::mha, 2, MaskKind::flat_causal, Collapse::global, GlobalKind::mha}),
                          case_name);
 
 TEST(Model, InitIsAFunctionOfSeedNameAndIndex) {

@@ -1,0 +1,131 @@
+// iha-train as a user runs it: mpiexec -n 2 with configs and overrides. Bad command lines,
+// configs and data files stop every rank with exit code 2 and a message naming the key or
+// file; a NaN loss stops with exit code 3; a good run logs the progress figures as JSON lines.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "h5_files.h"
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr of all ranks
+};
+
+std::string tmp(const std::string& name) {
+  return "/tmp/iha_app_test_" + std::to_string(::getpid()) + "_" + name;
+}
+
+// Runs iha-train under mpiexec with `ranks` processes.
+Result run(const std::string& args, int ranks = 2) {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+  const std::string cmd = std::string(IHA_MPIEXEC) + " -n " + std::to_string(ranks) +
+                          " --oversubscribe " + IHA_TRAIN_BIN + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// The demo config shrunk to a few seconds.
+std::string demo(const std::string& extra = "") {
+  return std::string("train --config ") + IHA_SOURCE_DIR + "/configs/demo.yaml" +
+         " --set sequence.length=32 --set train.steps=4 --set eval.sequences=8 --set eval.every=2"
+         " --set logging.every=2 --set checkpoint.dir= --set logging.jsonl= " + extra;
+}
+
+void expect_config_error(const std::string& args, const std::string& needle, int ranks = 2) {
+  const Result r = run(args, ranks);
+  EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in:\n" << r.output;
+}
+
+TEST(IhaTrain, BadCommandLines) {
+  expect_config_error("", "missing command");
+  expect_config_error("fly --config x.yaml", "unknown command 'fly'");
+  expect_config_error("train", "--config FILE is required");
+  expect_config_error("train --config x.yaml --speed 3", "unknown option '--speed'");
+  expect_config_error("train --config /tmp/iha_no_such_config.yaml", "cannot open config file");
+}
+
+TEST(IhaTrain, BadConfigsNameTheKey) {
+  expect_config_error(demo("--set model.heads=4"), "unknown config key 'model.heads'");
+  expect_config_error(demo("--set optim.lr=fast"), "'optim.lr'");
+  expect_config_error(demo("--set mesh.hp=2"), "'mesh.hp'");
+  expect_config_error(demo("--set sequence.layout=spiral"), "'sequence.layout'");
+  expect_config_error(demo("--set mesh.sp=1"), "world size");  // 1 rank of mesh, 2 launched
+  expect_config_error(demo("--set badoverride"), "expected key=value");
+  const std::string bad_yaml = tmp("bad.yaml");
+  std::ofstream(bad_yaml) << "mesh: {sp: 2\nmodel: [\n";
+  expect_config_error("train --config " + bad_yaml, "YAML syntax error");
+  std::filesystem::remove(bad_yaml);
+}
+
+TEST(IhaTrain, BadDataFilesNameTheFile) {
+  const std::string f = tmp("float.h5");
+  iha::test::RawTokenFile raw;
+  raw.tokens.assign(200, 3);
+  raw.file_type = H5T_IEEE_F64LE;
+  raw.vocab_size = 48;
+  iha::test::write_raw_token_file(f, raw);
+  // Switching to HDF5 data replaces the data section and drops the synthetic eval.queries.
+  const std::string hdf5 = "--set 'eval={sequences: 0}' --set 'data={kind: hdf5, path: " + f + "}'";
+  expect_config_error(demo(hdf5), f);
+  expect_config_error(demo(hdf5), "floating-point");
+  raw.file_type = H5T_STD_U16LE;
+  raw.tokens[150] = 47;
+  raw.vocab_size = 40;  // id 47 is out of range: only one rank reads it
+  iha::test::write_raw_token_file(f, raw);
+  expect_config_error(demo(hdf5), "has id 47");
+  expect_config_error(demo("--set 'eval={sequences: 0}' --set 'data={kind: hdf5}'"), "'data.path' is required");
+  // A synthetic-only key under HDF5 data is unknown there.
+  expect_config_error(demo("--set 'data={kind: hdf5, path: " + f + "}'"), "unknown config key 'eval.queries'");
+  std::filesystem::remove(f);
+}
+
+TEST(IhaTrain, NonFiniteLossStopsWithExitCode3) {
+  const Result r = run(demo("--set optim.lr=1e30 --set optim.min_lr=0 --set optim.warmup_steps=0 --set train.steps=6"));
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("non-finite training loss"), std::string::npos) << r.output;
+}
+
+TEST(IhaTrain, AGoodRunLogsProgressAsJsonLines) {
+  const std::string log = tmp("log.jsonl");
+  const Result r = run(demo("--set logging.jsonl=" + log));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* s : {"step 4/4", "tok/s", "% of peak", "rss/rank", "eta", "answer accuracy"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << " missing from:\n" << r.output;
+  std::ifstream in(log);
+  std::string line;
+  int steps = 0, evals = 0;
+  while (std::getline(in, line)) {
+    if (line.find("\"event\":\"step\"") != std::string::npos) {
+      ++steps;
+      for (const char* k : {"\"loss\":", "\"tokens_per_s\":", "\"flops_per_s\":", "\"utilization\":",
+                            "\"rss_mib_max\":", "\"eta_s\":", "\"step\":"})
+        EXPECT_NE(line.find(k), std::string::npos) << k << " missing from " << line;
+    }
+    evals += line.find("\"event\":\"eval\"") != std::string::npos;
+  }
+  EXPECT_EQ(steps, 2);  // steps 2 and 4
+  EXPECT_EQ(evals, 2);  // step 2 and the end
+  std::filesystem::remove(log);
+}
+
+}  // namespace
