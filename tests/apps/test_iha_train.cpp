@@ -128,4 +128,43 @@ TEST(IhaTrain, AGoodRunLogsProgressAsJsonLines) {
   std::filesystem::remove(log);
 }
 
+// Runs a command (no mpiexec), returning its exit code and output.
+Result shell(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(IhaData, TextBecomesByteTokensThatTrain) {
+  const std::string txt = tmp("corpus.txt"), h5 = tmp("corpus.h5");
+  {
+    std::ofstream out(txt, std::ios::binary);
+    for (int i = 0; i < 400; ++i) out << "the quick brown fox " << i << " jumps\n" << char(0xE9);
+  }
+  const Result conv = shell(std::string(IHA_DATA_BIN) + " text " + txt + " " + h5);
+  ASSERT_EQ(conv.code, 0) << conv.output;
+  EXPECT_NE(conv.output.find("vocab_size 256"), std::string::npos) << conv.output;
+  const Result info = shell(std::string(IHA_DATA_BIN) + " info " + h5 + " --seq-len 64");
+  ASSERT_EQ(info.code, 0) << info.output;
+  EXPECT_NE(info.output.find("ids in sequences: [10, 233]"), std::string::npos) << info.output;  // '\n', 0xE9
+  const Result train = run(demo("--set model.vocab_size=256 --set 'eval={path: " + h5 +
+                                ", sequences: 4}' --set 'data={kind: hdf5, path: " + h5 + "}'"));
+  EXPECT_EQ(train.code, 0) << train.output;
+  EXPECT_NE(train.output.find("eval  step 4 | loss"), std::string::npos) << train.output;
+  // Bad input: a missing text file, and a text file given to `info`.
+  EXPECT_EQ(shell(std::string(IHA_DATA_BIN) + " text /tmp/iha_no_such.txt " + h5).code, 2);
+  const Result bad = shell(std::string(IHA_DATA_BIN) + " info " + txt);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("not an HDF5 file"), std::string::npos) << bad.output;
+  EXPECT_EQ(shell(std::string(IHA_DATA_BIN) + " convert").code, 2);
+  std::filesystem::remove(txt);
+  std::filesystem::remove(h5);
+}
+
 }  // namespace
