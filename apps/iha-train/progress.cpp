@@ -71,7 +71,7 @@ JsonLine& JsonLine::add(const std::string& k, double v) {
     body_ += "null";  // JSON has no NaN or Inf
   } else {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%.10g", v);
+    std::snprintf(buf, sizeof buf, "%.17g", v);  // round-trips a double exactly
     body_ += buf;
   }
   return *this;

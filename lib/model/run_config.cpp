@@ -61,6 +61,7 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
   const ConfigNode tr = root.child("train");
   c.dtype = parse_compute_dtype(tr);
   c.steps = non_negative(tr, "steps", 0);
+  c.stop_after = non_negative(tr, "stop_after", 0);
   c.batch_size = positive(tr, "batch_size", 8);
   c.micro_batch = positive(tr, "micro_batch", std::max<int64_t>(1, c.batch_size / c.mesh.dp));
   IHA_CONFIG_CHECK(c.batch_size % (c.mesh.dp * c.micro_batch) == 0, "config key 'train.batch_size': ",

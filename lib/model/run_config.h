@@ -63,6 +63,7 @@ struct RunConfig {
   int threads = 1;
   uint64_t seed = 1;        // parameter initialisation
   int64_t steps = 0;        // optimizer steps of the run (the schedule's total)
+  int64_t stop_after = 0;   // stop after this many steps of one invocation (0: run to steps)
   int64_t batch_size = 0;   // sequences per optimizer step, over all data-parallel replicas
   int64_t micro_batch = 0;  // sequences per forward/backward on one replica
   OptimConfig optim;
