@@ -73,7 +73,8 @@ std::string ModelConfig::describe() const {
   os << "V=" << vocab << " D=" << D << " H=" << H << " d=" << d << " P=" << P << " layers=" << layers
      << " ffn=" << ffn << " pattern=" << pattern << " window_kind=" << global_kind_name(window_kind)
      << " global_kind=" << global_kind_name(global_kind)
-     << " Wv=" << window_virtual << " collapse=" << collapse_name(collapse)
+     << " Wv=" << window_virtual << " (window " << (window_virtual + P - 1) / P
+     << " tokens) collapse=" << collapse_name(collapse)
      << " mask=" << mask_name(mask) << " rope=" << (rope ? "on" : "off");
   if (rope) os << " rope_base=" << rope_base << " rope_scale=" << rope_scale;
   return os.str();
