@@ -1,6 +1,7 @@
 // The architecture of the decoder-only IHA transformer (DESIGN.md section 7, docs/model.md):
 // sizes, the layer pattern, the attention settings shared by all layers, and how each block's
 // LayerConfig follows from them (window resolution of DESIGN.md section 1 included).
+// Invariant: layer_config() needs the window resolved first (resolve_window). Threads: plain data.
 // defines: iha::GlobalKind, iha::ModelConfig, iha::parse_model_config
 #pragma once
 

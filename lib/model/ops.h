@@ -4,6 +4,7 @@
 // Rows are tokens; every row-major matrix has its row length as leading dimension.
 // Backward functions accumulate (+=) parameter gradients and write (=) input gradients unless
 // stated otherwise. Sums inside a row are taken in float64 for both dtypes.
+// Threads: plain functions without shared state; BLAS products use set_num_threads() threads.
 // defines: iha::embedding_forward, iha::embedding_backward, iha::rmsnorm_forward,
 //          iha::rmsnorm_backward, iha::SwigluCache, iha::swiglu_forward, iha::swiglu_backward,
 //          iha::CrossEntropyStats, iha::cross_entropy_forward_backward

@@ -2,6 +2,7 @@
 // schedule with linear warmup (docs/model.md "Training"). The optimizer works on flat
 // buffers (params.h), element by element, so it can later run on a flat range of a sharded
 // state without change.
+// Threads: no shared state; one thread updates a set at a time.
 // defines: iha::OptimConfig, iha::parse_optim_config, iha::learning_rate, iha::AdamW,
 //          iha::sum_of_squares
 #pragma once

@@ -3,6 +3,8 @@
 // one optimizer loop cover the whole model, and a flat element range (what optimizer-state
 // sharding will split) is well defined. The order and names are the model's public schema
 // (docs/model.md).
+// Invariant: views stay valid while their ParamSet lives (the buffer never reallocates).
+// Threads: no internal synchronisation; one thread writes a set at a time.
 // defines: iha::ParamSpec, iha::ParamLayout, iha::ParamSet
 #pragma once
 

@@ -2,6 +2,7 @@
 // sequence, model, training, optimizer, data, evaluation, checkpoint and logging settings.
 // Every key is documented in docs/training.md. Reading is strict: an unknown key, a wrong type
 // or an invalid value throws ConfigError naming the dotted key.
+// Threads: plain data; parsing is local (wrap it in collective_check to agree across ranks).
 // defines: iha::DataConfig, iha::EvalConfig, iha::CheckpointConfig, iha::LogConfig,
 //          iha::RunConfig, iha::load_run_config, iha::parse_run_config, iha::make_data_source
 #pragma once
