@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -39,10 +40,27 @@ ToolRun run_tool(const std::string& args) {
   return r;
 }
 
+// Files the tests wrote, removed when the test program ends.
+std::vector<std::string>& temp_files() {
+  static std::vector<std::string> files;
+  return files;
+}
+
+class RemoveTempFiles : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const std::string& f : temp_files()) std::remove(f.c_str());
+  }
+};
+const auto* const g_remove_temp_files = ::testing::AddGlobalTestEnvironment(new RemoveTempFiles);
+
 std::string temp_file(const std::string& stem) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return ::testing::TempDir() + "iha_layer_" + std::to_string(getpid()) + "_" + info->name() +
-         "_" + stem + ".h5";
+  std::string test = info->name();
+  std::replace(test.begin(), test.end(), '/', '_');  // parameterised names hold '/'
+  temp_files().push_back(::testing::TempDir() + "iha_layer_" + std::to_string(getpid()) + "_" +
+                         test + "_" + stem + ".h5");
+  return temp_files().back();
 }
 
 // A layer problem: config, float64 weights, input and upstream gradient.
@@ -128,6 +146,7 @@ struct RoundTripCase {
   std::function<LayerConfig()> cfg;
   int64_t B, N;
 };
+void PrintTo(const RoundTripCase& c, std::ostream* os) { *os << c.name; }
 
 LayerConfig base_config() {
   LayerConfig c;
@@ -319,8 +338,15 @@ TEST_F(IhaLayerBadFile, BadConfigAttributeIsNamed) {
   expect_rejected(args(in), "unknown config attribute 'windw'");
 
   in = temp_file("both_windows");
-  write_problem(in, problem, "", [](H5File& f) { write_int_attr(f, "window", 3); });
-  expect_rejected(args(in), "'window'");
+  write_problem(in, problem, "", [](H5File& f) {
+    write_int_attr(f, "window", 3);
+    write_int_attr(f, "window_virtual", 6);
+  });
+  expect_rejected(args(in), "'window' and 'window_virtual': give at most one");
+
+  in = temp_file("window0");
+  write_problem(in, problem, "", [](H5File& f) { write_int_attr(f, "window", 0); });
+  expect_rejected(args(in), "'window': must be >= 1");
 
   in = temp_file("mask_type");
   write_problem(in, problem, "", [](H5File& f) {
