@@ -5,16 +5,24 @@
 //   forward  = H * visible_pairs * 4 * d   (S = Q K^T: 2d, O += A V: 2d)
 //   backward = H * visible_pairs * 10 * d  (S recomputed: 2d, dV: 2d, dA: 2d, dQ: 2d, dK: 2d)
 // so a masked or partly masked tile that the kernel computes anyway counts as a cost, never as
-// work. The reference is a square sgemm (2 n^3 FLOPs) timed right after each attention
-// iteration, so both see the same machine state; `ratio` = attention GFLOP/s / sgemm GFLOP/s.
+// work (`computed_per_visible` shows how many pairs the kernel computed per visible pair).
+// The reference is a square sgemm (2 n^3 FLOPs) timed right after each attention iteration,
+// so both see the same machine state; `ratio` = attention GFLOP/s / sgemm GFLOP/s.
 //
 // Shapes follow the issue: H = 4, d = 64, P = 2, virtual length N*P in {2k, 4k, 8k, 16k};
 // global layers (flat_causal, no window) and window layers with Wv = N/(2P) virtual tokens
 // (W = N/(2P^2) tokens, the default window of DESIGN.md section 1).
 //
+// OpenBLAS core type: Debian 12's OpenBLAS 0.3.21 does not know AMD Zen 5 and runs its
+// Haswell (AVX2) kernels there, at about half the AVX-512 rate, while the float flash kernel
+// uses its own AVX-512 tile products. Against that sgemm the ratio exceeds 1 and says little;
+// the fair baseline is OpenBLAS's AVX-512 kernel, selected with OPENBLAS_CORETYPE=SkylakeX
+// (the context line `openblas_core` and each label show which one ran).
+//
 // Run on one thread (the library default); use repetitions and read medians:
-//   build/bench/attention/bench_attention --benchmark_repetitions=5
-//     --benchmark_report_aggregates_only=true
+//   OPENBLAS_CORETYPE=SkylakeX build/bench/attention/bench_attention --benchmark_repetitions=5
+//     --benchmark_report_aggregates_only=true --benchmark_out=attn.json
+//   bench/attention/summarize.py attn.json
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -29,6 +37,7 @@
 
 #include "attention/flash.h"
 #include "attention/layer.h"
+#include "attention/tile_kernels.h"
 #include "core/blas.h"
 #include "core/rng.h"
 
@@ -279,4 +288,15 @@ BENCHMARK(BM_layer_forward_backward)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("openblas_core", openblas_get_corename());
+  benchmark::AddCustomContext("cpu_avx512f", __builtin_cpu_supports("avx512f") ? "yes" : "no");
+  benchmark::AddCustomContext("flash_tile_kernels", iha::detail::tile_kernels_available(kHeadDim)
+                                                        ? "AVX-512 (float, d = 64)"
+                                                        : "BLAS");
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -18,7 +18,9 @@ def main(path):
         if agg is None and name in rows:
             continue
         rows[name] = b
-    print(f"context: {data['context'].get('host_name', '')} load {data['context'].get('load_avg', '')}")
+    ctx = data["context"]
+    print(f"openblas_core={ctx.get('openblas_core', '?')} flash_tile_kernels={ctx.get('flash_tile_kernels', '?')} "
+          f"load_avg={ctx.get('load_avg', '')}")
     print(f"{'benchmark':55s} {'ms':>9s} {'GFLOP/s':>8s} {'sgemm':>7s} {'ratio':>6s} {'waste':>6s}")
     for name, b in rows.items():
         waste = b.get("computed_per_visible")
