@@ -130,15 +130,25 @@ double exp_shift_sum(double* x, int64_t n, double shift) {
   return _mm512_reduce_add_pd(acc);
 }
 
-#else  // no AVX-512: subtract, the vector exp above, then a plain sum
+#else  // no AVX-512: subtract, the vector exp above, then sums over 8 fixed lanes
 
 namespace {
 
+// Eight independent lanes, combined in a fixed order at the end: the compiler can keep them
+// in one vector register (no -ffast-math needed), and the order does not depend on n.
+constexpr int kLanes = 8;
+
 template <class T>
 T max_of_generic(const T* x, int64_t n, T init) {
-  T m = init;
-  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
+  T m[kLanes];
+  for (T& v : m) v = init;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+  for (; i < n; ++i) m[0] = x[i] > m[0] ? x[i] : m[0];
+  T r = init;
+  for (T v : m) r = v > r ? v : r;
+  return r;
 }
 
 template <class T>
@@ -150,9 +160,14 @@ void exp_shift_generic(T* x, int64_t n, T shift) {
 template <class T>
 T exp_shift_sum_generic(T* x, int64_t n, T shift) {
   exp_shift_generic(x, n, shift);
-  T sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += x[i];
-  return sum;
+  T s[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) s[l] += x[i + l];
+  for (; i < n; ++i) s[0] += x[i];
+  T r = 0;
+  for (T v : s) r += v;
+  return r;
 }
 
 }  // namespace
