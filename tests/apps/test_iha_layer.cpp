@@ -28,7 +28,7 @@ struct ToolRun {
 };
 
 ToolRun run_tool(const std::string& args) {
-  const std::string cmd = std::string(IHA_LAYER_TOOL) + " " + args + " 2>&1";
+  const std::string cmd = "\"" + std::string(IHA_LAYER_TOOL) + "\" " + args + " 2>&1";
   ToolRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
