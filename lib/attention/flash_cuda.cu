@@ -47,43 +47,18 @@ __device__ inline float warp_sum(float x) {
   return x;
 }
 
-// First index i in [0, n) with pos[i] >= value (n if none).
-__device__ int64_t lower_bound_dev(const int64_t* pos, int64_t n, int64_t value) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (pos[mid] < value) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-// First index i in [0, n) with pos[i] > value (n if none).
-__device__ int64_t upper_bound_dev(const int64_t* pos, int64_t n, int64_t value) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (pos[mid] <= value) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
-// Keys [begin, end) that some query in [q_lo, q_hi] can see (as key_range in flash_cpu.cpp).
+// The block's key (or query) rows into shared memory, from mask.h's shared bounds.
 __device__ void visible_key_range(const MaskSpec& m, const int64_t* k_pos, int64_t nk, int64_t q_lo,
                                   int64_t q_hi, int64_t* range) {
-  const int64_t b = lower_bound_dev(k_pos, nk, first_visible_key(m, q_lo));
-  const int64_t e = upper_bound_dev(k_pos, nk, last_visible_key(m, q_hi));
-  range[0] = b;
-  range[1] = e > b ? e : b;
+  const IndexRange r = visible_key_rows(m, k_pos, nk, q_lo, q_hi);
+  range[0] = r.begin;
+  range[1] = r.end;
 }
-
-// Queries [begin, end) that can see some key in [k_lo, k_hi].
 __device__ void seeing_query_range(const MaskSpec& m, const int64_t* q_pos, int64_t nq, int64_t k_lo,
                                    int64_t k_hi, int64_t* range) {
-  const int64_t b = lower_bound_dev(q_pos, nq, first_query_seeing(m, k_lo));
-  const int64_t e = upper_bound_dev(q_pos, nq, last_query_seeing(m, k_hi));
-  range[0] = b;
-  range[1] = e > b ? e : b;
+  const IndexRange r = seeing_query_rows(m, q_pos, nq, k_lo, k_hi);
+  range[0] = r.begin;
+  range[1] = r.end;
 }
 
 // ======================= SIMT kernels: one warp per row, fp32 math =======================

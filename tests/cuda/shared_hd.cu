@@ -19,14 +19,15 @@ void eval_all(const std::vector<In>& in, std::vector<Out>& out, Fn fn) {
   for (size_t i = 0; i < in.size(); ++i) out[i] = fn(in[i]);
 }
 
-__global__ void eval_kernel(const MaskQuery* masks, int n_masks, MaskAnswer* mask_out,
+__global__ void eval_kernel(const MaskQuery* masks, int n_masks, const int64_t* row_pos,
+                            int n_row_pos, MaskAnswer* mask_out,
                             const MergeCase* merges, int n_merges, MergeCase* merge_out,
                             const ChunkQuery* chunks, int n_chunks, int64_t* chunk_out,
                             int64_t* rank_chunk_out, const float* floats, int n_floats,
                             uint16_t* bits_out, float* back_out, const int64_t* rope_pos,
                             int n_rope, double* rope_out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n_masks) mask_out[i] = nvcc_eval::eval_mask(masks[i]);
+  if (i < n_masks) mask_out[i] = nvcc_eval::eval_mask(masks[i], row_pos, n_row_pos);
   if (i < n_merges) merge_out[i] = nvcc_eval::eval_merge(merges[i]);
   if (i < n_chunks) {
     chunk_out[i] = nvcc_eval::eval_chunk(chunks[i]);
@@ -70,7 +71,8 @@ class DeviceVec {
 
 HdResults eval_hd_nvcc_host(const HdInputs& in) {
   HdResults r;
-  eval_all(in.masks, r.masks, nvcc_eval::eval_mask);
+  for (const MaskQuery& q : in.masks)
+    r.masks.push_back(nvcc_eval::eval_mask(q, in.row_pos.data(), static_cast<int64_t>(in.row_pos.size())));
   eval_all(in.merges, r.merges, nvcc_eval::eval_merge);
   eval_all(in.chunks, r.chunk_begins, nvcc_eval::eval_chunk);
   eval_all(in.chunks, r.rank_chunks, nvcc_eval::eval_rank_chunk);
@@ -83,6 +85,7 @@ HdResults eval_hd_nvcc_host(const HdInputs& in) {
 
 HdResults eval_hd_device(const HdInputs& in) {
   DeviceVec<MaskQuery> masks(in.masks);
+  DeviceVec<int64_t> row_pos(in.row_pos);
   DeviceVec<MergeCase> merges(in.merges);
   DeviceVec<ChunkQuery> chunks(in.chunks);
   DeviceVec<float> floats(in.floats);
@@ -97,7 +100,8 @@ HdResults eval_hd_device(const HdInputs& in) {
                        in.rope_pos.size() * 8});
   const int threads = 128;
   eval_kernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads>>>(
-      masks.get(), static_cast<int>(in.masks.size()), mask_out.get(), merges.get(),
+      masks.get(), static_cast<int>(in.masks.size()), row_pos.get(),
+      static_cast<int>(in.row_pos.size()), mask_out.get(), merges.get(),
       static_cast<int>(in.merges.size()), merge_out.get(), chunks.get(),
       static_cast<int>(in.chunks.size()), chunk_out.get(), rank_chunk_out.get(), floats.get(),
       static_cast<int>(in.floats.size()), bits_out.get(), back_out.get(), rope_pos.get(),

@@ -22,9 +22,13 @@ struct MaskAnswer {
   int64_t visible;  // key_visible(mask, q_hi, k_lo)
   int64_t last_key, first_key, first_query, last_query;
   int64_t tile;  // classify_tile as an integer
+  // visible_key_rows(mask, row_pos, q_lo, q_hi) and seeing_query_rows(mask, row_pos, k_lo, k_hi)
+  int64_t key_begin, key_end, query_begin, query_end;
   bool operator==(const MaskAnswer& o) const {
     return visible == o.visible && last_key == o.last_key && first_key == o.first_key &&
-           first_query == o.first_query && last_query == o.last_query && tile == o.tile;
+           first_query == o.first_query && last_query == o.last_query && tile == o.tile &&
+           key_begin == o.key_begin && key_end == o.key_end && query_begin == o.query_begin &&
+           query_end == o.query_end;
   }
 };
 
@@ -42,6 +46,7 @@ struct ChunkQuery {
 
 struct HdInputs {
   std::vector<MaskQuery> masks;
+  std::vector<int64_t> row_pos;                // ascending positions for the row-range bounds
   std::vector<MergeCase> merges;
   std::vector<ChunkQuery> chunks;
   std::vector<float> floats;                   // for bf16 round trips

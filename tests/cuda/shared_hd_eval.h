@@ -18,7 +18,7 @@
 
 namespace iha::test::IHA_HD_EVAL_NS {
 
-IHA_HD_INLINE MaskAnswer eval_mask(const MaskQuery& q) {
+IHA_HD_INLINE MaskAnswer eval_mask(const MaskQuery& q, const int64_t* row_pos, int64_t n) {
   MaskAnswer a;
   a.visible = key_visible(q.mask, q.q_hi, q.k_lo) ? 1 : 0;
   a.last_key = last_visible_key(q.mask, q.q_hi);
@@ -26,6 +26,12 @@ IHA_HD_INLINE MaskAnswer eval_mask(const MaskQuery& q) {
   a.first_query = first_query_seeing(q.mask, q.k_lo);
   a.last_query = last_query_seeing(q.mask, q.k_hi);
   a.tile = static_cast<int64_t>(classify_tile(q.mask, q.q_lo, q.q_hi, q.k_lo, q.k_hi));
+  const IndexRange keys = visible_key_rows(q.mask, row_pos, n, q.q_lo, q.q_hi);
+  const IndexRange queries = seeing_query_rows(q.mask, row_pos, n, q.k_lo, q.k_hi);
+  a.key_begin = keys.begin;
+  a.key_end = keys.end;
+  a.query_begin = queries.begin;
+  a.query_end = queries.end;
   return a;
 }
 

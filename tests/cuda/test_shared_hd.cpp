@@ -24,6 +24,7 @@ HdInputs make_hd_inputs() {
             for (int64_t k_lo : {0, 2, 5, 9, 18, 30})
               for (int64_t k_len : {0, 3, 11})
                 in.masks.push_back({MaskSpec{kind, P, W}, q_lo, q_lo + q_len, k_lo, k_lo + k_len});
+  in.row_pos = {0, 1, 2, 3, 5, 8, 9, 10, 14, 15, 16, 17, 18, 25, 26, 27, 31, 40, 41, 42, 43, 44, 60};
   const float inf = std::numeric_limits<float>::infinity();
   int64_t seed = 0;
   for (float lse : {-inf, -3.5f, 0.f, 2.25f, 80.f})
@@ -53,7 +54,8 @@ HdInputs make_hd_inputs() {
 
 HdResults eval_hd_reference(const HdInputs& in) {
   HdResults r;
-  for (const auto& q : in.masks) r.masks.push_back(cxx_eval::eval_mask(q));
+  for (const auto& q : in.masks)
+    r.masks.push_back(cxx_eval::eval_mask(q, in.row_pos.data(), static_cast<int64_t>(in.row_pos.size())));
   for (const auto& m : in.merges) r.merges.push_back(cxx_eval::eval_merge(m));
   for (const auto& c : in.chunks) {
     r.chunk_begins.push_back(cxx_eval::eval_chunk(c));
@@ -123,6 +125,24 @@ TEST(SharedHostDevice, ReferenceAnswersAreRight) {
     }
     if (tile == TileMask::full) {
       EXPECT_EQ(seen, total) << "case " << i;
+    }
+  }
+  // Rows outside visible_key_rows are hidden from every query of the block, and rows outside
+  // seeing_query_rows see no key of the block: skipping them loses nothing.
+  for (size_t i = 0; i < in.masks.size(); ++i) {
+    const MaskQuery& q = in.masks[i];
+    const MaskAnswer& a = ref.masks[i];
+    for (size_t row = 0; row < in.row_pos.size(); ++row) {
+      const int64_t p = in.row_pos[row];
+      const auto r = static_cast<int64_t>(row);
+      if (r < a.key_begin || r >= a.key_end) {
+        for (int64_t tq = q.q_lo; tq <= q.q_hi; ++tq)
+          ASSERT_FALSE(key_visible(q.mask, tq, p)) << "case " << i << " key row " << row;
+      }
+      if (r < a.query_begin || r >= a.query_end) {
+        for (int64_t tk = q.k_lo; tk <= q.k_hi; ++tk)
+          ASSERT_FALSE(key_visible(q.mask, p, tk)) << "case " << i << " query row " << row;
+      }
     }
   }
   // bf16 rounds to nearest even and keeps NaN a NaN.
