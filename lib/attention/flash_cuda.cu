@@ -605,10 +605,11 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
 #pragma unroll
   for (int n = 0; n < kTcFrags; ++n) {
     if (n < nd16) {
-      for_each_acc_element(of[n], s_w, kLdS, [&](int r, int c, float val) {
+      const float* l_s = sm.l;
+      for_each_acc_element(of[n], s_w, kLdS, [o, l_s, rows, d, warp, n](int r, int c, float val) {
         const int row = warp * 16 + r, col = n * 16 + c;
         if (row < rows && col < d) {
-          const float l = sm.l[row];
+          const float l = l_s[row];
           o[static_cast<int64_t>(row) * d + col] = l > 0.f ? val * (1.f / l) : 0.f;
         }
       });
@@ -750,7 +751,7 @@ tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_po
 #pragma unroll
   for (int n = 0; n < kTcFrags; ++n) {
     if (n < nd16) {
-      for_each_acc_element(dqf[n], s_w, kLdS, [&](int r, int c, float val) {
+      for_each_acc_element(dqf[n], s_w, kLdS, [dq, rows, d, warp, n, scale](int r, int c, float val) {
         const int row = warp * 16 + r, col = n * 16 + c;
         if (row < rows && col < d) dq[static_cast<int64_t>(row) * d + col] += val * scale;
       });
@@ -886,11 +887,11 @@ tc_backward_dkdv_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_
 #pragma unroll
   for (int n = 0; n < kTcFrags; ++n) {
     if (n < nd16) {
-      for_each_acc_element(dkf[n], st_w, kLdS2, [&](int r, int c, float val) {
+      for_each_acc_element(dkf[n], st_w, kLdS2, [dk, krows, d, warp, n, scale](int r, int c, float val) {
         const int key = warp * 16 + r, col = n * 16 + c;
         if (key < krows && col < d) dk[static_cast<int64_t>(key) * d + col] += val * scale;
       });
-      for_each_acc_element(dvf[n], st_w, kLdS2, [&](int r, int c, float val) {
+      for_each_acc_element(dvf[n], st_w, kLdS2, [dv, krows, d, warp, n](int r, int c, float val) {
         const int key = warp * 16 + r, col = n * 16 + c;
         if (key < krows && col < d) dv[static_cast<int64_t>(key) * d + col] += val;
       });
