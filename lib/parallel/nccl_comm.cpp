@@ -81,6 +81,25 @@ void wait_event(cudaEvent_t done, ncclComm_t comm, const char* what) {
   }
 }
 
+// An open ncclGroupStart that is closed even when posting throws, so the communicator stays
+// usable after an error.
+class NcclGroup {
+ public:
+  NcclGroup() { nccl_check(ncclGroupStart(), "ncclGroupStart"); }
+  ~NcclGroup() {
+    if (open_) ncclGroupEnd();
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  void end() {
+    open_ = false;
+    nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+  }
+
+ private:
+  bool open_ = true;
+};
+
 class NcclPending final : public PendingExchange {
  public:
   NcclPending(std::unique_ptr<Event> done, cudaStream_t compute, ncclComm_t comm, std::string site)
@@ -170,14 +189,14 @@ class NcclComm final : public NcclCommunicator {
                 self_sends[i]->bytes, " bytes sent but ", self_recvs[i]->bytes, " bytes expected");
 
     wait_for_compute();
-    nccl_check(ncclGroupStart(), "ncclGroupStart");
+    NcclGroup group;
     for (const RecvOp& r : recvs)
       if (r.peer != rank_ && r.bytes > 0)
         nccl_check(ncclRecv(r.buf, r.bytes, ncclUint8, r.peer, comm_, comm_stream_), "ncclRecv");
     for (const SendOp& s : sends)
       if (s.peer != rank_ && s.bytes > 0)
         nccl_check(ncclSend(s.buf, s.bytes, ncclUint8, s.peer, comm_, comm_stream_), "ncclSend");
-    nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+    group.end();
     for (size_t i = 0; i < self_sends.size(); ++i)
       if (self_sends[i]->bytes > 0)
         IHA_CUDA_CHECK(cudaMemcpyAsync(self_recvs[i]->buf, self_sends[i]->buf, self_sends[i]->bytes,
@@ -252,13 +271,13 @@ class NcclComm final : public NcclCommunicator {
       char* dst = static_cast<char*>(out.ptr);
       wait_for_compute();
       // Block r goes to rank r: one grouped send and receive per peer, a copy for self.
-      nccl_check(ncclGroupStart(), "ncclGroupStart");
+      NcclGroup group;
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
         nccl_check(ncclSend(src + r * bytes, bytes, ncclUint8, r, comm_, comm_stream_), "ncclSend");
         nccl_check(ncclRecv(dst + r * bytes, bytes, ncclUint8, r, comm_, comm_stream_), "ncclRecv");
       }
-      nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+      group.end();
       IHA_CUDA_CHECK(cudaMemcpyAsync(dst + rank_ * bytes, src + rank_ * bytes, bytes,
                                      cudaMemcpyDeviceToDevice, comm_stream_));
       out.copy_back();
