@@ -11,6 +11,25 @@ void CommCounters::add(const std::string& site, uint64_t bytes) {
   bytes_[site] += bytes;
 }
 
+void CommCounters::add_wait(const std::string& site, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  wait_[site] += seconds;
+}
+
+double CommCounters::wait_seconds(const std::string& site) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = wait_.find(site);
+  return it == wait_.end() ? 0.0 : it->second;
+}
+
+double CommCounters::wait_seconds_with_prefix(const std::string& prefix) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  double total = 0;
+  for (const auto& [k, v] : wait_)
+    if (k.compare(0, prefix.size(), prefix) == 0) total += v;
+  return total;
+}
+
 uint64_t CommCounters::bytes(const std::string& site) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = bytes_.find(site);
@@ -33,6 +52,7 @@ std::map<std::string, uint64_t> CommCounters::snapshot() const {
 void CommCounters::reset() {
   std::lock_guard<std::mutex> lock(mu_);
   bytes_.clear();
+  wait_.clear();
 }
 
 void Communicator::exchange(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs,

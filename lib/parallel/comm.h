@@ -49,10 +49,15 @@ class PendingExchange {
 // bytes a ring algorithm sends per rank (the nccl-tests "bus" convention), e.g. all-reduce of
 // n bytes over R ranks counts 2 (R-1)/R n; all-gather and reduce-scatter of n total bytes
 // count (R-1)/R n; all-to-all counts (R-1)/R n.
+// Also the seconds a rank spent blocked in PendingExchange::wait per site: communication that
+// compute did not hide ("exposed" time).
 class CommCounters {
  public:
   void add(const std::string& site, uint64_t bytes);
+  void add_wait(const std::string& site, double seconds);
   uint64_t bytes(const std::string& site) const;
+  double wait_seconds(const std::string& site) const;
+  double wait_seconds_with_prefix(const std::string& prefix) const;
   // Sum over sites whose name starts with prefix.
   uint64_t bytes_with_prefix(const std::string& prefix) const;
   std::map<std::string, uint64_t> snapshot() const;
@@ -61,6 +66,7 @@ class CommCounters {
  private:
   mutable std::mutex mu_;
   std::map<std::string, uint64_t> bytes_;
+  std::map<std::string, double> wait_;
 };
 
 enum class ReduceOp : uint8_t { sum, max, min };
@@ -83,6 +89,9 @@ class Communicator {
 
   virtual void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op,
                           const std::string& site) = 0;
+  // Non-blocking all-reduce in place; buf must stay untouched until wait().
+  virtual std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count, DType dt,
+                                                            ReduceOp op, const std::string& site) = 0;
   // recv holds size() * count elements, rank r's block at r * count.
   virtual void all_gather(const void* send, void* recv, int64_t count, DType dt,
                           const std::string& site) = 0;

@@ -1,5 +1,7 @@
 #include "parallel/layout.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace iha {
@@ -76,6 +78,27 @@ std::vector<int64_t> SequenceLayout::virtual_positions_of(int64_t r, int64_t P) 
 
 std::string SequenceLayout::describe() const {
   return std::string(layout_name(kind_)) + " N=" + std::to_string(N_) + " R=" + std::to_string(R_);
+}
+
+ReplicaLayout::ReplicaLayout(LayoutKind kind, int64_t N, int64_t S, int64_t T)
+    : parts_(kind, N, S * T), S_(S), T_(T) {
+  IHA_CHECK(S >= 1 && T >= 1, "replica layout: S and T must be >= 1, got S=", S, " T=", T);
+}
+
+std::vector<int64_t> ReplicaLayout::tokens_of(int64_t s, int64_t t) const {
+  IHA_CHECK(s >= 0 && s < S_ && t >= 0 && t < T_, "replica layout: rank (s=", s, ", t=", t,
+            ") outside S=", S_, " T=", T_);
+  return parts_.tokens_of(s * T_ + t);
+}
+
+std::vector<int64_t> ReplicaLayout::group_tokens(int64_t s) const {
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < T_; ++t) {
+    const auto part = tokens_of(s, t);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace iha

@@ -5,7 +5,8 @@
 // of C has floor(N/C) + (c < N mod C) tokens: any N works, chunks may be empty, no padding.
 // In a head x sequence mesh every head-parallel rank sees the same chunks (the map depends
 // only on the sequence rank). The chunk arithmetic is host-and-device code.
-// defines: iha::LayoutKind, iha::TokenRange, iha::chunk_begin, iha::SequenceLayout
+// defines: iha::LayoutKind, iha::TokenRange, iha::chunk_begin, iha::SequenceLayout,
+//          iha::ReplicaLayout
 #pragma once
 
 #include <cstdint>
@@ -64,6 +65,27 @@ class SequenceLayout {
  private:
   LayoutKind kind_;
   int64_t N_, R_;
+};
+
+// Tokens in a head x sequence replica of T x S ranks: the layout over T*S parts, where the
+// rank at sequence index s and head index t holds part s*T + t. A head group (fixed s) thus
+// holds T adjacent parts; their union is what the group's ranks see after the head-parallel
+// all-to-all (for zigzag: two contiguous runs, mirrored, so causal work stays balanced across
+// sequence indices). With T = 1 this is SequenceLayout(kind, N, S).
+class ReplicaLayout {
+ public:
+  ReplicaLayout(LayoutKind kind, int64_t N, int64_t S, int64_t T);
+  const SequenceLayout& parts() const { return parts_; }
+  int64_t seq_ranks() const { return S_; }
+  int64_t head_ranks() const { return T_; }
+  // The rank's own tokens (its rows of the layer input), ascending.
+  std::vector<int64_t> tokens_of(int64_t s, int64_t t) const;
+  // The union of a head group's tokens, ascending (concatenation of its T parts in t order).
+  std::vector<int64_t> group_tokens(int64_t s) const;
+
+ private:
+  SequenceLayout parts_;
+  int64_t S_, T_;
 };
 
 }  // namespace iha

@@ -53,14 +53,17 @@ constexpr size_t kMaxPiece = size_t(1) << 30;
 
 class MpiPending final : public PendingExchange {
  public:
-  explicit MpiPending(std::vector<MPI_Request> reqs) : reqs_(std::move(reqs)) {}
+  MpiPending(std::vector<MPI_Request> reqs, std::shared_ptr<CommCounters> counters, std::string site)
+      : reqs_(std::move(reqs)), counters_(std::move(counters)), site_(std::move(site)) {}
   ~MpiPending() override {
     if (!done_) MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
   }
   void wait() override {
     if (done_) return;
+    const double t0 = MPI_Wtime();
     mpi_check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
               "MPI_Waitall");
+    counters_->add_wait(site_, MPI_Wtime() - t0);
     done_ = true;
   }
   bool test() override {
@@ -74,6 +77,8 @@ class MpiPending final : public PendingExchange {
 
  private:
   std::vector<MPI_Request> reqs_;
+  std::shared_ptr<CommCounters> counters_;
+  std::string site_;
   bool done_ = false;
 };
 
@@ -122,7 +127,7 @@ class MpiCommunicator final : public Communicator {
       sent += s.bytes;
     }
     counters_->add(site, sent);
-    return std::make_unique<MpiPending>(std::move(reqs));
+    return std::make_unique<MpiPending>(std::move(reqs), counters_, site);
   }
 
   void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, const std::string& site) override {
@@ -130,6 +135,16 @@ class MpiCommunicator final : public Communicator {
     const int n = as_int_count(count, "all_reduce");
     mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_type(dt), mpi_op(op), comm_), "MPI_Allreduce");
     counters_->add(site, bus_bytes(2, count * dtype_size(dt)));
+  }
+
+  std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count, DType dt, ReduceOp op,
+                                                    const std::string& site) override {
+    IHA_CHECK(dt != DType::bf16, "all_reduce on bf16 is not supported (reduce in f32)");
+    const int n = as_int_count(count, "start_all_reduce");
+    std::vector<MPI_Request> reqs(1);
+    mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(dt), mpi_op(op), comm_, &reqs[0]), "MPI_Iallreduce");
+    counters_->add(site, bus_bytes(2, count * dtype_size(dt)));
+    return std::make_unique<MpiPending>(std::move(reqs), counters_, site);
   }
 
   void all_gather(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {

@@ -21,5 +21,6 @@
 #pragma once
 
 #include "parallel/comm.h"
+#include "parallel/grad_reduce.h"
 #include "parallel/layout.h"
 #include "parallel/mesh.h"

@@ -21,16 +21,27 @@
 //   - Construction is collective over the group and checks that all ranks agree on N, H, d, P,
 //     mask, window and layout, throwing the same ConfigError on every rank if not.
 //
+//   - Head parallelism (Ulysses) in a head x sequence mesh: mix all heads in the sequence-
+//     sharded layout, all-to-all the pseudo-heads to a head-sharded layout (H/T heads, the head
+//     group's tokens), attend (ring or halo across the sequence group, exchanging the rank's
+//     pseudo-head K/V: no re-mix is possible once heads are split), all-to-all back, collapse
+//     (per-head collapse happens before the return all-to-all: P times fewer bytes).
+//
+// Byte-counter sites: ring.fwd/bwd, halo.fwd/bwd (pre-mix exchange), pring.fwd/bwd,
+// phalo.fwd/bwd (pseudo-head exchange), a2a.fwd/bwd (head-parallel all-to-all), grad.*.
+//
 // Threads
 //   - A core is used by one thread; it owns no threads. Communication overlaps compute through
-//     non-blocking transfers that the core tests between tiles of work.
+//     non-blocking transfers that the core tests between heads of work.
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "attention/layer.h"
 #include "parallel/comm.h"
 #include "parallel/layout.h"
+#include "parallel/mesh.h"
 
 namespace iha {
 
@@ -38,6 +49,29 @@ struct SeqParallelOptions {
   LayoutKind layout = LayoutKind::zigzag;
   FlashTiles tiles{};
 };
+
+// How a layer is parallelised inside a head x sequence replica:
+//   sequence: all T*S ranks of the replica act as one sequence group exchanging pre-mix K/V;
+//   head:     Ulysses all-to-all over the head group, then ring/halo over the sequence group
+//             exchanging pseudo-head K/V.
+enum class ParallelScheme : uint8_t { sequence, head };
+const char* scheme_name(ParallelScheme s);
+ParallelScheme parse_scheme(const std::string& s, const std::string& key = "scheme");
+
+// The communicators and indices of a rank in a head x sequence replica.
+struct ReplicaGroups {
+  std::shared_ptr<Communicator> seq, head, replica;
+  int64_t sp_index = 0, hp_index = 0, S = 1, T = 1;
+  static ReplicaGroups from(const ProcessMesh& mesh);
+};
+
+// The core for one layer in a replica; rows are ReplicaLayout(opt.layout, N, S, T)
+// .tokens_of(sp_index, hp_index). Ring for global layers, halo for window layers. Collective
+// over the replica; checks that its ranks agree on the layer and layout.
+template <class T>
+std::shared_ptr<AttentionCore<T>> make_replica_core(const LayerConfig& cfg, int64_t N,
+                                                    const ReplicaGroups& groups,
+                                                    ParallelScheme scheme, SeqParallelOptions opt = {});
 
 // Ring attention core (any layer; the window, if any, is honoured and used to skip blocks).
 template <class T>

@@ -1,0 +1,80 @@
+// Internal: the unit of exchange of ring and halo steps, and how a receiver turns it into
+// pseudo-head rows (DESIGN.md section 5).
+//   - PremixCodec: pre-mix K_m, V_m rows (2*H*d values a token, all heads local). The receiver
+//     re-mixes and applies RoPE at the tokens' global virtual positions; backward un-rotates,
+//     un-mixes back to pre-mix and accumulates daK, daV locally.
+//   - PseudoCodec: the rank's pseudo-head K/V rows (2*Hl*P*d values a token, Hl local heads),
+//     already mixed and roped before the head-parallel all-to-all; nothing to redo.
+// A payload holds n tokens as [2][B][n][row_width]: all K rows, then all V rows.
+// defines: iha::detail::KVBlock, iha::detail::KVCodec, iha::detail::PremixCodec,
+//          iha::detail::PseudoCodec
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attention/layer.h"
+#include "attention/ops.h"
+
+namespace iha::detail {
+
+// Pseudo-head rows of some tokens for all B sequences: kv, vv are [B, heads, n*P, d].
+template <class T>
+struct KVBlock {
+  std::vector<int64_t> vpos;  // virtual positions, ascending, n*P of them
+  Tensor kv, vv;
+};
+
+template <class T>
+class KVCodec {
+ public:
+  virtual ~KVCodec() = default;
+  virtual int64_t row_width() const = 0;
+  // Block of the tokens at payload rows [a, a + tokens.size()) of a payload of n tokens.
+  virtual void decode(int64_t B, const T* payload, int64_t n, int64_t a,
+                      const std::vector<int64_t>& tokens, KVBlock<T>& out) const = 0;
+  // Backward of decode: dkv, dvv (may be modified) -> payload gradient rows (accumulated).
+  virtual void decode_backward(int64_t B, const T* payload, int64_t n, int64_t a,
+                               const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
+                               T* dpayload) const = 0;
+};
+
+template <class T>
+class PremixCodec final : public KVCodec<T> {
+ public:
+  // grads (daK, daV accumulate there) may be null in forward.
+  PremixCodec(const LayerConfig& cfg, const MixView<T>& mv, IhaWeights<T>* grads)
+      : cfg_(cfg), mv_(mv), grads_(grads) {}
+  int64_t row_width() const override { return cfg_.H * cfg_.d; }
+  void decode(int64_t B, const T* payload, int64_t n, int64_t a, const std::vector<int64_t>& tokens,
+              KVBlock<T>& out) const override;
+  void decode_backward(int64_t B, const T* payload, int64_t n, int64_t a,
+                       const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
+                       T* dpayload) const override;
+
+ private:
+  const LayerConfig& cfg_;
+  MixView<T> mv_;
+  IhaWeights<T>* grads_;
+};
+
+template <class T>
+class PseudoCodec final : public KVCodec<T> {
+ public:
+  PseudoCodec(int64_t heads, int64_t P, int64_t d) : heads_(heads), P_(P), d_(d) {}
+  int64_t row_width() const override { return heads_ * P_ * d_; }
+  void decode(int64_t B, const T* payload, int64_t n, int64_t a, const std::vector<int64_t>& tokens,
+              KVBlock<T>& out) const override;
+  void decode_backward(int64_t B, const T* payload, int64_t n, int64_t a,
+                       const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
+                       T* dpayload) const override;
+  // Conversions between head-major rows [B][heads][n*P][d] and a token-major payload part
+  // [B][n][heads*P*d] (one of K or V). to_rows writes; from_rows accumulates when `add`.
+  void to_rows(int64_t B, int64_t n, const T* part, T* rows) const;
+  void from_rows(int64_t B, int64_t n, const T* rows, T* part, bool add) const;
+
+ private:
+  int64_t heads_, P_, d_;
+};
+
+}  // namespace iha::detail

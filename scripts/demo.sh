@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job: installs what is missing, builds, and runs a short demo training run of a tiny
+# IHA model on the built-in synthetic multi-key retrieval task with 2 sequence-parallel ranks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh "$@"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if [ -x build/apps/iha-train/iha-train ]; then
+  exec mpiexec -n 2 --oversubscribe build/apps/iha-train/iha-train train --config configs/demo.yaml
+fi
+# Until the training app is built: one sequence-parallel layer against the single-device one.
+exec mpiexec -n 2 --oversubscribe build/apps/iha-example/iha-example
