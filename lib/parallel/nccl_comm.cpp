@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,8 +103,10 @@ class NcclGroup {
 
 class NcclPending final : public PendingExchange {
  public:
-  NcclPending(std::unique_ptr<Event> done, cudaStream_t compute, ncclComm_t comm, std::string site)
-      : done_(std::move(done)), compute_(compute), comm_(comm), site_(std::move(site)) {}
+  NcclPending(std::unique_ptr<Event> done, cudaStream_t compute, ncclComm_t comm,
+              std::shared_ptr<CommCounters> counters, std::string site)
+      : done_(std::move(done)), compute_(compute), comm_(comm), counters_(std::move(counters)),
+        site_(std::move(site)) {}
   ~NcclPending() override {
     if (finished_) return;
     try {
@@ -114,7 +117,10 @@ class NcclPending final : public PendingExchange {
   }
   void wait() override {
     if (finished_) return;
+    const auto t0 = std::chrono::steady_clock::now();
     wait_event(done_->get(), comm_, site_.c_str());
+    // Host time blocked here: communication the caller's work did not hide (as MPI counts it).
+    counters_->add_wait(site_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     finish();
   }
   bool test() override {
@@ -134,6 +140,7 @@ class NcclPending final : public PendingExchange {
   std::unique_ptr<Event> done_;
   cudaStream_t compute_;
   ncclComm_t comm_;
+  std::shared_ptr<CommCounters> counters_;
   std::string site_;
   bool finished_ = false;
 };
@@ -202,9 +209,21 @@ class NcclComm final : public NcclCommunicator {
         IHA_CUDA_CHECK(cudaMemcpyAsync(self_recvs[i]->buf, self_sends[i]->buf, self_sends[i]->bytes,
                                        cudaMemcpyDeviceToDevice, comm_stream_));
     counters_->add(site, sent);
-    auto done = std::make_unique<Event>();
-    IHA_CUDA_CHECK(cudaEventRecord(done->get(), comm_stream_));
-    return std::make_unique<NcclPending>(std::move(done), compute_, comm_, site);
+    return pending(site);
+  }
+
+  std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count, DType dt, ReduceOp op,
+                                                    const std::string& site) override {
+    IHA_CHECK(dt != DType::bf16, "all_reduce on bf16 is not supported (reduce in f32)");
+    IHA_CHECK(count >= 0, site, ": negative element count ", count);
+    const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
+    check_device_buffer(buf, bytes, site, "all-reduce");
+    wait_for_compute();
+    if (count > 0)
+      nccl_check(ncclAllReduce(buf, buf, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), comm_,
+                               comm_stream_), "ncclAllReduce");
+    counters_->add(site, bus_bytes(2, static_cast<int64_t>(bytes)));
+    return pending(site);
   }
 
   void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, const std::string& site) override {
@@ -359,6 +378,13 @@ class NcclComm final : public NcclCommunicator {
     }
   }
 
+  // Completion handle of what was just enqueued on the communication stream.
+  std::unique_ptr<PendingExchange> pending(const std::string& site) {
+    auto done = std::make_unique<Event>();
+    IHA_CUDA_CHECK(cudaEventRecord(done->get(), comm_stream_));
+    return std::make_unique<NcclPending>(std::move(done), compute_, comm_, counters_, site);
+  }
+
   // The communication stream waits for the work enqueued so far on the compute stream.
   void wait_for_compute() {
     IHA_CUDA_CHECK(cudaEventRecord(compute_ready_.get(), compute_));
@@ -377,7 +403,7 @@ class NcclComm final : public NcclCommunicator {
   }
   void check_device_buffer(const void* buf, size_t bytes, const std::string& site, const char* what) const {
     IHA_CHECK(bytes == 0 || is_device_pointer(buf), site, ": the ", what,
-              " buffer of an NCCL point-to-point transfer must be device memory (rank ", rank_, ")");
+              " buffer of a non-blocking NCCL transfer must be device memory (rank ", rank_, ")");
   }
   // Ring-algorithm bytes sent per rank: factor * (R-1)/R * bytes (as MpiCommunicator).
   uint64_t bus_bytes(int factor, int64_t bytes) const {

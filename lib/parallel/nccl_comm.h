@@ -16,13 +16,15 @@
 //     the current ring/halo step overlaps the transfer. wait() makes the compute stream wait
 //     for the transfer and blocks the host until it is done; test() polls it. So after wait()
 //     a buffer may be read or reused from the host or from any stream, as with MPI.
-//   - Collectives return when their data is in place (host-synchronous, like MPI).
-//   - Collectives also accept host pointers (the small control messages of collective_check and
-//     check_same_on_all_ranks): those are staged through a device buffer. Point-to-point
-//     buffers must be device memory.
+//   - start_all_reduce is non-blocking in the same way (the gradient buckets overlap backward).
+//   - The blocking collectives return when their data is in place (host-synchronous, like MPI).
+//   - Blocking collectives also accept host pointers (the small control messages of
+//     collective_check and check_same_on_all_ranks): those are staged through a device buffer.
+//     Buffers of non-blocking calls (start_exchange, start_all_reduce) must be device memory.
 //
 // Counting: point-to-point counts the exact payload sent (self sends included, as with MPI);
-// collectives count the bus bytes of a ring algorithm per rank, as in comm.h.
+// collectives count the bus bytes of a ring algorithm per rank, as in comm.h; wait() adds the
+// seconds the host was blocked to the site's wait time, as the MPI implementation does.
 //
 // Threads: one communicator must not be used by two threads at once.
 // defines: iha::NcclCommunicator, iha::make_nccl_world,

@@ -12,6 +12,7 @@
 
 #include "core/cuda_device.h"
 #include "mpi_env.h"
+#include "parallel/grad_reduce.h"
 #include "parallel/nccl_comm.h"
 
 namespace iha {
@@ -195,6 +196,47 @@ TEST_F(NcclComm, GatherScatterAllToAllBroadcastMatchMpi) {
     EXPECT_EQ(nccl().counters().bytes("test.bc"), world().counters().bytes("test.bc.mpi"));
   }
   nccl().barrier();
+}
+
+TEST_F(NcclComm, StartAllReduceMatchesMpi) {
+  const int r = world().rank();
+  std::vector<float> data(4099);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>((static_cast<int64_t>(i) + 3 * r) % 29);
+  DeviceBuf<float> dev(data);
+  auto pending = nccl().start_all_reduce(dev.get(), data.size(), DType::f32, ReduceOp::sum, "test.iar");
+  pending->wait();
+  std::vector<float> host = data;
+  world().start_all_reduce(host.data(), host.size(), DType::f32, ReduceOp::sum, "test.iar.mpi")->wait();
+  EXPECT_EQ(dev.host(), host);
+  EXPECT_EQ(nccl().counters().bytes("test.iar"), world().counters().bytes("test.iar.mpi"));
+  EXPECT_GE(nccl().counters().wait_seconds("test.iar"), 0.0);
+  std::vector<float> on_host(4);
+  EXPECT_THROW(nccl().start_all_reduce(on_host.data(), 4, DType::f32, ReduceOp::sum, "test.err"), Error);
+}
+
+// The bucketed gradient reduction of lib/parallel runs unchanged over NCCL on a device buffer.
+TEST_F(NcclComm, GradientBucketsRunOverNccl) {
+  const int r = world().rank();
+  const std::vector<int64_t> sizes = {5, 300, 17, 64, 1};
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  std::vector<float> grads(total);
+  for (int64_t i = 0; i < total; ++i) grads[i] = static_cast<float>((i * 5 + r) % 13);
+  DeviceBuf<float> dev(grads);
+  std::shared_ptr<Communicator> comm = std::static_pointer_cast<Communicator>(nccl_slot());
+  GradientBuckets on_gpu(comm, sizes, DType::f32, 256, "test.buckets");
+  GradientBuckets on_cpu(test::world_ptr(), sizes, DType::f32, 256, "test.buckets.mpi");
+  std::vector<float> host = grads;
+  for (GradientBuckets* b : {&on_gpu, &on_cpu}) b->begin(b == &on_gpu ? static_cast<void*>(dev.get()) : host.data());
+  for (int64_t t = static_cast<int64_t>(sizes.size()) - 1; t >= 0; --t) {
+    on_gpu.mark_ready(t);
+    on_cpu.mark_ready(t);
+    on_gpu.progress();
+  }
+  on_gpu.finish();
+  on_cpu.finish();
+  EXPECT_EQ(dev.host(), host);
+  EXPECT_EQ(nccl().counters().bytes("test.buckets"), world().counters().bytes("test.buckets.mpi"));
 }
 
 // collective_check and check_same_on_all_ranks pass host pointers: they must work unchanged.
