@@ -38,9 +38,8 @@ constexpr int64_t kStripRows = 16;
 // Range [begin, end) of key rows that any query in [q_lo, q_hi] can see.
 std::pair<int64_t, int64_t> key_range(const MaskSpec& m, const int64_t* k_pos, int64_t nk,
                                       int64_t q_lo, int64_t q_hi) {
-  const int64_t* b = std::lower_bound(k_pos, k_pos + nk, first_visible_key(m, q_lo));
-  const int64_t* e = std::upper_bound(b, k_pos + nk, last_visible_key(m, q_hi));
-  return {b - k_pos, e - k_pos};
+  const IndexRange r = visible_key_rows(m, k_pos, nk, q_lo, q_hi);  // shared with the CUDA kernels
+  return {r.begin, r.end};
 }
 
 // Writes -inf into the masked entries of a (rows x cols) score tile. For one query the

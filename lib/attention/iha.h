@@ -9,6 +9,10 @@
 //   - ops.h: mixing into pseudo-heads, RoPE at virtual positions, collapse; and backward.
 //   - layer.h: IhaLayer (projections + attention core + output projection), IhaWeights, and the
 //     single-device LocalCore. Distributed cores (lib/ringattn) plug into the same layer.
+//   - rope.h: the RoPE inverse frequency and angle in float64, host-and-device.
+//   - CUDA builds (IHA_HAVE_CUDA): flash_cuda.h and ops_cuda.h, the GPU twins of flash.h and
+//     ops.h (bf16 or fp32 inputs, fp32 accumulation and outputs), sharing mask.h, merge.h and
+//     rope.h with the CPU code. Not included here: include them where CUDA is wanted.
 //
 // Layouts (row-major)
 //   x, z: [B, n_local, D]. Pre-mix q, k, v: [B, n_local, H*d], head m in columns [m*d, (m+1)*d).
@@ -30,4 +34,5 @@
 #include "attention/mask.h"
 #include "attention/merge.h"
 #include "attention/ops.h"
+#include "attention/rope.h"
 #include "attention/vexp.h"
