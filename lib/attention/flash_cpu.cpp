@@ -1,11 +1,27 @@
-// CPU flash attention: BLAS tile products, vectorised exp, online softmax per query row.
+// CPU flash attention: tile products, vectorised exp, online softmax per query row.
+//
+// Tile products: for float with d % 16 == 0 on an AVX-512 build, the register-blocked
+// kernels of tile_kernels.h (keys and values packed once per call, nothing re-packed per
+// tile); otherwise BLAS. Score columns are then computed in whole 16-key panels: up to 15
+// columns at either end of a block are computed and dropped (FlashStats counts the block).
+//
+// Work is cut into tiles of tiles.q query rows x tiles.k key rows, restricted to the key
+// range the query tile can see (for_each_key_tile). A tile the mask shows fully visible is one
+// block of tile products. A partially visible tile (on the diagonal, at a window's edge) is
+// cut into strips of kStripRows query rows, each limited to the keys that strip can see, so
+// the masked triangles cost O(strip x tile) pairs instead of O(tile^2): with a window,
+// tile-sized triangles on both edges of the band would otherwise add ~tiles.q / Wv to the cost.
+// The order of every reduction depends only on the positions and the tile sizes, so results
+// are bitwise reproducible.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention/flash.h"
 #include "attention/merge.h"
+#include "attention/tile_kernels.h"
 #include "attention/vexp.h"
 #include "core/blas.h"
 #include "core/error.h"
@@ -14,26 +30,145 @@ namespace iha {
 
 namespace {
 
+// Query rows per strip of a partially visible tile. Small enough that the triangle a strip
+// wastes is small, large enough that its tile products are not dominated by call overhead
+// (8 to 48 measured within noise of each other).
+constexpr int64_t kStripRows = 16;
+
 // Range [begin, end) of key rows that any query in [q_lo, q_hi] can see.
 std::pair<int64_t, int64_t> key_range(const MaskSpec& m, const int64_t* k_pos, int64_t nk,
                                       int64_t q_lo, int64_t q_hi) {
-  const int64_t* b = std::lower_bound(k_pos, k_pos + nk, first_visible_key(m, q_lo));
-  const int64_t* e = std::upper_bound(b, k_pos + nk, last_visible_key(m, q_hi));
-  return {b - k_pos, e - k_pos};
+  const IndexRange r = visible_key_rows(m, k_pos, nk, q_lo, q_hi);  // shared with the CUDA kernels
+  return {r.begin, r.end};
 }
 
-// Writes -inf into the masked entries of a (rows x cols) score tile.
+// Writes -inf into the masked entries of a (rows x cols) score tile. For one query the
+// visible keys form one interval of positions, [first_visible_key, last_visible_key] of that
+// query alone, so each row is two binary searches and two fills, not a predicate per entry.
 template <class T>
 void mask_tile(const MaskSpec& m, const int64_t* qp, int64_t rows, const int64_t* kp,
                int64_t cols, T* s, int64_t lds) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c)
-      if (!key_visible(m, qp[r], kp[c])) s[r * lds + c] = neg_inf<T>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto [b, e] = key_range(m, kp, cols, qp[r], qp[r]);
+    T* sr = s + r * lds;
+    std::fill(sr, sr + std::min(b, e), neg_inf<T>());
+    std::fill(sr + std::max(b, e), sr + cols, neg_inf<T>());
+  }
 }
 
 void check_args(int64_t d, int64_t nq, int64_t nk, const FlashTiles& t) {
   IHA_CHECK(d >= 1 && nq >= 0 && nk >= 0, "flash attention: bad sizes d=", d, " nq=", nq, " nk=", nk);
   IHA_CHECK(t.q >= 1 && t.k >= 1, "flash attention: tile sizes must be >= 1, got ", t.q, "x", t.k);
+}
+
+// Calls f(j0, cols) for the key tiles of the query tile [i0, i0 + rows): the key range the
+// tile can see, cut into pieces of at most BK keys from its END, so that for contiguous
+// positions the causal diagonal sits in one tile (one partial tile, not two) and only the
+// last tile, at the window's edge, is short. Tile starts after the first are multiples of
+// align (the panel width), so the panel-based score kernels compute no column twice.
+template <class F>
+void for_each_key_tile(const MaskSpec& m, const int64_t* q_pos, int64_t i0, int64_t rows,
+                       const int64_t* k_pos, int64_t nk, int64_t BK, int64_t align, F&& f) {
+  const auto [kb, ke] = key_range(m, k_pos, nk, q_pos[i0], q_pos[i0 + rows - 1]);
+  int64_t j1 = ke;
+  while (j1 > kb) {
+    int64_t j0 = j1 - BK;
+    if (j0 > kb && BK >= align) j0 = (j0 + align - 1) / align * align;
+    j0 = std::max(kb, j0);
+    f(j0, j1 - j0);
+    j1 = j0;
+  }
+}
+
+// Tile products for one kernel call: BLAS, or the AVX-512 kernels (float only) with the
+// key-side operands packed once into panels.
+template <class T>
+class TileProducts {
+ public:
+  TileProducts(int64_t d, bool use_kernels) : d_(d), kernels_(use_kernels) {}
+  int64_t align() const { return kernels_ ? detail::kPanel : 1; }
+
+  // Panels of x (n rows), for scores(); empty when BLAS is used.
+  std::vector<T> panels(const T* x, int64_t n) const {
+    std::vector<T> out;
+    if constexpr (std::is_same_v<T, float>) {
+      if (kernels_) {
+        out.resize(static_cast<size_t>(detail::panel_floats(n, d_)));
+        detail::pack_panels(x, n, d_, out.data());
+      }
+    }
+    return out;
+  }
+
+  // s[r][c] = alpha <a[r], x[c0 + c]> for r < nr, c < nc (a and x row-major, stride d;
+  // x_panels = panels(x) when kernels are used). Returns the block's column 0 inside buf,
+  // whose row stride ld must be >= nc + 2 * (align() - 1).
+  T* scores(const T* a, int64_t nr, const T* x, const std::vector<T>& x_panels, int64_t c0,
+            int64_t nc, T alpha, T* buf, int64_t ld) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (kernels_) {
+        const int64_t p0 = c0 / detail::kPanel, p1 = (c0 + nc + detail::kPanel - 1) / detail::kPanel;
+        detail::scores_nt(a, d_, nr, x_panels.data(), d_, p0, p1 - p0, alpha, buf, ld);
+        return buf + (c0 - p0 * detail::kPanel);
+      }
+    }
+    gemm<T>(false, true, nr, nc, d_, alpha, a, d_, x + c0 * d_, d_, T(0), buf, ld);
+    return buf;
+  }
+
+  // out[i][:] += sum_{j < n} w(i, j) x[j][:] for i < rows, where w(i, j) = w[i * ld + j], or
+  // w[j * ld + i] when transposed; x and out row-major with d columns.
+  void accumulate(const T* w, int64_t ld, bool transposed, int64_t rows, int64_t n, const T* x,
+                  T* out) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (kernels_) {
+        detail::accumulate_nn(w, transposed ? 1 : ld, transposed ? ld : 1, rows, n, x, d_, d_, out, d_);
+        return;
+      }
+    }
+    gemm<T>(transposed, false, rows, d_, n, T(1), w, ld, x, d_, T(1), out, d_);
+  }
+
+ private:
+  int64_t d_;
+  bool kernels_;
+};
+
+template <class T>
+bool use_tile_kernels(int64_t d) {
+  return std::is_same_v<T, float> && detail::tile_kernels_available(d);
+}
+
+// A block of pairs to compute: query rows [r0, r0 + nr), key rows [c0, c0 + nc).
+struct Block {
+  int64_t r0, nr, c0, nc;
+  TileMask mask;
+};
+
+// Calls f(Block) for the blocks of the tile (query rows [i0, i0 + rows), key rows
+// [j0, j0 + cols)) that hold a visible pair, and counts them into st.
+template <class F>
+void for_each_block(const MaskSpec& m, const int64_t* q_pos, int64_t i0, int64_t rows,
+                    const int64_t* k_pos, int64_t j0, int64_t cols, FlashStats& st, F&& f) {
+  const TileMask tm = classify_tile(m, q_pos[i0], q_pos[i0 + rows - 1], k_pos[j0], k_pos[j0 + cols - 1]);
+  if (tm == TileMask::hidden) return;
+  if (tm == TileMask::full) {
+    ++st.tiles_full;
+    st.pairs_computed += rows * cols;
+    f(Block{i0, rows, j0, cols, tm});
+    return;
+  }
+  for (int64_t r0 = i0; r0 < i0 + rows; r0 += kStripRows) {
+    const int64_t nr = std::min(kStripRows, i0 + rows - r0);
+    const int64_t lo = q_pos[r0], hi = q_pos[r0 + nr - 1];
+    const auto [b, e] = key_range(m, k_pos + j0, cols, lo, hi);
+    if (b >= e) continue;
+    const TileMask sm = classify_tile(m, lo, hi, k_pos[j0 + b], k_pos[j0 + e - 1]);
+    if (sm == TileMask::hidden) continue;
+    (sm == TileMask::full ? st.tiles_full : st.tiles_partial)++;
+    st.pairs_computed += nr * (e - b);
+    f(Block{r0, nr, j0 + b, e - b, sm});
+  }
 }
 
 }  // namespace
@@ -44,52 +179,50 @@ FlashStats flash_forward(const MaskSpec& mask, int64_t d, const T* q, const int6
                          T* o, T* lse, const FlashTiles& tiles) {
   check_args(d, nq, nk, tiles);
   FlashStats st;
+  if (nq == 0) return st;
   const T scale = T(1) / std::sqrt(T(d));
   const int64_t BQ = tiles.q, BK = tiles.k;
-  std::vector<T> s(static_cast<size_t>(BQ * BK));
+  const TileProducts<T> tp(d, use_tile_kernels<T>(d));
+  const std::vector<T> k_panels = tp.panels(k, nk);
+  const int64_t lds = BK + 2 * detail::kPanel;
+  std::vector<T> s(static_cast<size_t>(BQ * lds));
   std::vector<T> row_max(BQ), row_sum(BQ);
 
   for (int64_t i0 = 0; i0 < nq; i0 += BQ) {
     const int64_t rows = std::min(BQ, nq - i0);
-    const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
     T* acc = o + i0 * d;  // the output rows double as the accumulator
     std::fill(acc, acc + rows * d, T(0));
     std::fill(row_max.begin(), row_max.begin() + rows, neg_inf<T>());
     std::fill(row_sum.begin(), row_sum.begin() + rows, T(0));
 
-    const auto [kb, ke] = key_range(mask, k_pos, nk, q_lo, q_hi);
-    for (int64_t j0 = kb; j0 < ke; j0 += BK) {
-      const int64_t cols = std::min(BK, ke - j0);
-      const TileMask tm = classify_tile(mask, q_lo, q_hi, k_pos[j0], k_pos[j0 + cols - 1]);
-      if (tm == TileMask::hidden) continue;
-      (tm == TileMask::full ? st.tiles_full : st.tiles_partial)++;
-      st.pairs_computed += rows * cols;
-
-      gemm<T>(false, true, rows, cols, d, scale, q + i0 * d, d, k + j0 * d, d, T(0), s.data(), BK);
-      if (tm == TileMask::partial) mask_tile(mask, q_pos + i0, rows, k_pos + j0, cols, s.data(), BK);
-
-      for (int64_t r = 0; r < rows; ++r) {
-        T* sr = s.data() + r * BK;
-        T mx = row_max[r];
-        for (int64_t c = 0; c < cols; ++c) mx = sr[c] > mx ? sr[c] : mx;
+    // One block: S = scale Q K^T, online-softmax update of its rows, acc += exp(S - m) V.
+    auto block = [&](const Block& b) {
+      T* sb = tp.scores(q + b.r0 * d, b.nr, k, k_panels, b.c0, b.nc, scale, s.data(), lds);
+      if (b.mask == TileMask::partial) mask_tile(mask, q_pos + b.r0, b.nr, k_pos + b.c0, b.nc, sb, lds);
+      for (int64_t r = 0; r < b.nr; ++r) {
+        T* sr = sb + r * lds;
+        const int64_t ri = b.r0 - i0 + r;
+        const T mx = max_of(sr, b.nc, row_max[ri]);
         if (mx == neg_inf<T>()) {  // row sees nothing yet: contributes zeros
-          std::fill(sr, sr + cols, T(0));
+          std::fill(sr, sr + b.nc, T(0));
           continue;
         }
-        const T rescale = row_max[r] == neg_inf<T>() ? T(0) : std::exp(row_max[r] - mx);
-        for (int64_t c = 0; c < cols; ++c) sr[c] -= mx;
-        exp_inplace(sr, cols);
-        T sum = 0;
-        for (int64_t c = 0; c < cols; ++c) sum += sr[c];
-        row_sum[r] = row_sum[r] * rescale + sum;
-        row_max[r] = mx;
+        const T rescale = row_max[ri] == neg_inf<T>() ? T(0) : std::exp(row_max[ri] - mx);
+        row_sum[ri] = row_sum[ri] * rescale + exp_shift_sum(sr, b.nc, mx);
+        row_max[ri] = mx;
         if (rescale != T(1)) {
-          T* ar = acc + r * d;
+          T* ar = o + (b.r0 + r) * d;
           for (int64_t c = 0; c < d; ++c) ar[c] *= rescale;
         }
       }
-      gemm<T>(false, false, rows, d, cols, T(1), s.data(), BK, v + j0 * d, d, T(1), acc, d);
-    }
+      tp.accumulate(sb, lds, false, b.nr, b.nc, v + b.c0 * d, o + b.r0 * d);
+    };
+
+    for_each_key_tile(mask, q_pos, i0, rows, k_pos, nk, BK, tp.align(),
+                      [&](int64_t j0, int64_t cols) {
+                        for_each_block(mask, q_pos, i0, rows, k_pos, j0, cols, st, block);
+                      });
+
     for (int64_t r = 0; r < rows; ++r) {
       T* ar = acc + r * d;
       if (row_sum[r] > T(0)) {
@@ -121,48 +254,47 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
                           const FlashTiles& tiles) {
   check_args(d, nq, nk, tiles);
   FlashStats st;
+  if (nq == 0) return st;
   const T scale = T(1) / std::sqrt(T(d));
   const int64_t BQ = tiles.q, BK = tiles.k;
-  std::vector<T> a(static_cast<size_t>(BQ * BK)), da(static_cast<size_t>(BQ * BK));
+  const TileProducts<T> tp(d, use_tile_kernels<T>(d));
+  const std::vector<T> k_panels = tp.panels(k, nk), v_panels = tp.panels(v, nk);
+  const int64_t lds = BK + 2 * detail::kPanel;
+  std::vector<T> a(static_cast<size_t>(BQ * lds)), da(static_cast<size_t>(BQ * lds));
+
+  // One block: A = exp(S - lse) recomputed from the final lse; dV += A^T dO; dA = dO V^T;
+  // dS = scale A * (dA - drow) (the score scale folded in once); dQ += dS K; dK += dS^T Q.
+  auto block = [&](const Block& b) {
+    const int64_t nr = b.nr, nc = b.nc;
+    T* ab = tp.scores(q + b.r0 * d, nr, k, k_panels, b.c0, nc, scale, a.data(), lds);
+    if (b.mask == TileMask::partial) mask_tile(mask, q_pos + b.r0, nr, k_pos + b.c0, nc, ab, lds);
+    for (int64_t r = 0; r < nr; ++r) {
+      T* ar = ab + r * lds;
+      const T l = lse[b.r0 + r];
+      if (l == neg_inf<T>()) {  // the row sees no key anywhere: no gradient flows
+        std::fill(ar, ar + nc, T(0));
+        continue;
+      }
+      exp_shift(ar, nc, l);
+    }
+    tp.accumulate(ab, lds, true, nc, nr, dout + b.r0 * d, dv + b.c0 * d);
+    T* dab = tp.scores(dout + b.r0 * d, nr, v, v_panels, b.c0, nc, T(1), da.data(), lds);
+    for (int64_t r = 0; r < nr; ++r) {
+      const T* ar = ab + r * lds;
+      T* dr = dab + r * lds;
+      const T dd = drow[b.r0 + r];
+      for (int64_t c = 0; c < nc; ++c) dr[c] = scale * (ar[c] * (dr[c] - dd));
+    }
+    tp.accumulate(dab, lds, false, nr, nc, k + b.c0 * d, dq + b.r0 * d);
+    tp.accumulate(dab, lds, true, nc, nr, q + b.r0 * d, dk + b.c0 * d);
+  };
 
   for (int64_t i0 = 0; i0 < nq; i0 += BQ) {
     const int64_t rows = std::min(BQ, nq - i0);
-    const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-    const auto [kb, ke] = key_range(mask, k_pos, nk, q_lo, q_hi);
-    for (int64_t j0 = kb; j0 < ke; j0 += BK) {
-      const int64_t cols = std::min(BK, ke - j0);
-      const TileMask tm = classify_tile(mask, q_lo, q_hi, k_pos[j0], k_pos[j0 + cols - 1]);
-      if (tm == TileMask::hidden) continue;
-      (tm == TileMask::full ? st.tiles_full : st.tiles_partial)++;
-      st.pairs_computed += rows * cols;
-
-      // A = exp(S - lse), recomputed from the final lse.
-      gemm<T>(false, true, rows, cols, d, scale, q + i0 * d, d, k + j0 * d, d, T(0), a.data(), BK);
-      if (tm == TileMask::partial) mask_tile(mask, q_pos + i0, rows, k_pos + j0, cols, a.data(), BK);
-      for (int64_t r = 0; r < rows; ++r) {
-        T* ar = a.data() + r * BK;
-        const T l = lse[i0 + r];
-        if (l == neg_inf<T>()) {  // the row sees no key anywhere: no gradient flows
-          std::fill(ar, ar + cols, T(0));
-          continue;
-        }
-        for (int64_t c = 0; c < cols; ++c) ar[c] -= l;
-        exp_inplace(ar, cols);
-      }
-      // dV += A^T dO
-      gemm<T>(true, false, cols, d, rows, T(1), a.data(), BK, dout + i0 * d, d, T(1), dv + j0 * d, d);
-      // dA = dO V^T;  dS = A * (dA - drow)
-      gemm<T>(false, true, rows, cols, d, T(1), dout + i0 * d, d, v + j0 * d, d, T(0), da.data(), BK);
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* ar = a.data() + r * BK;
-        T* dr = da.data() + r * BK;
-        const T dd = drow[i0 + r];
-        for (int64_t c = 0; c < cols; ++c) dr[c] = ar[c] * (dr[c] - dd);
-      }
-      // dQ += dS K * scale;  dK += dS^T Q * scale
-      gemm<T>(false, false, rows, d, cols, scale, da.data(), BK, k + j0 * d, d, T(1), dq + i0 * d, d);
-      gemm<T>(true, false, cols, d, rows, scale, da.data(), BK, q + i0 * d, d, T(1), dk + j0 * d, d);
-    }
+    for_each_key_tile(mask, q_pos, i0, rows, k_pos, nk, BK, tp.align(),
+                      [&](int64_t j0, int64_t cols) {
+                        for_each_block(mask, q_pos, i0, rows, k_pos, j0, cols, st, block);
+                      });
   }
   return st;
 }

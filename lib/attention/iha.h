@@ -4,9 +4,15 @@
 //   - mask.h, merge.h: the one mask predicate with its tile bounds, and the one online-softmax
 //     merge of partial (O, LSE) results. Host-and-device code shared with CUDA, ring and halo.
 //   - flash.h: tiled flash attention forward/backward on a head's virtual sequence (CPU).
+//     Its tile products are BLAS calls, or for float on an AVX-512 build with d % 16 == 0 the
+//     register-blocked kernels of tile_kernels.h (internal); vexp.h holds its softmax rows.
 //   - ops.h: mixing into pseudo-heads, RoPE at virtual positions, collapse; and backward.
 //   - layer.h: IhaLayer (projections + attention core + output projection), IhaWeights, and the
 //     single-device LocalCore. Distributed cores (lib/ringattn) plug into the same layer.
+//   - rope.h: the RoPE inverse frequency and angle in float64, host-and-device.
+//   - CUDA builds (IHA_HAVE_CUDA): flash_cuda.h and ops_cuda.h, the GPU twins of flash.h and
+//     ops.h (bf16 or fp32 inputs, fp32 accumulation and outputs), sharing mask.h, merge.h and
+//     rope.h with the CPU code. Not included here: include them where CUDA is wanted.
 //
 // Layouts (row-major)
 //   x, z: [B, n_local, D]. Pre-mix q, k, v: [B, n_local, H*d], head m in columns [m*d, (m+1)*d).
@@ -28,4 +34,5 @@
 #include "attention/mask.h"
 #include "attention/merge.h"
 #include "attention/ops.h"
+#include "attention/rope.h"
 #include "attention/vexp.h"

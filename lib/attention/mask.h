@@ -1,7 +1,9 @@
 // The one mask predicate and the tile bounds derived from it, on virtual indices.
 // Host-and-device: the CPU flash kernel, ring and halo code and the CUDA kernels all use it.
 // defines: iha::MaskSpec, iha::key_visible, iha::first_visible_key, iha::last_visible_key,
-//          iha::TileMask, iha::classify_tile, iha::first_query_seeing, iha::last_query_seeing
+//          iha::TileMask, iha::classify_tile, iha::first_query_seeing, iha::last_query_seeing,
+//          iha::IndexRange, iha::first_at_or_after, iha::first_after, iha::visible_key_rows,
+//          iha::seeing_query_rows
 #pragma once
 
 #include <cstdint>
@@ -62,6 +64,54 @@ IHA_HD_INLINE TileMask classify_tile(const MaskSpec& m, int64_t q_lo, int64_t q_
       m.kind == MaskKind::flat_causal ? k_hi <= q_lo : k_hi / m.P <= q_lo / m.P;
   const bool window_all = m.window <= 0 || q_hi - k_lo < m.window;
   return causal_all && window_all ? TileMask::full : TileMask::partial;
+}
+
+// Rows [begin, end) of an ascending position list.
+struct IndexRange {
+  int64_t begin = 0, end = 0;
+};
+
+// Index of the first entry of ascending pos[0, n) that is >= value (n if none).
+IHA_HD_INLINE int64_t first_at_or_after(const int64_t* pos, int64_t n, int64_t value) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (pos[mid] < value) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// Index of the first entry of ascending pos[0, n) that is > value (n if none).
+IHA_HD_INLINE int64_t first_after(const int64_t* pos, int64_t n, int64_t value) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (pos[mid] <= value) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// The key rows (ascending k_pos) that some query with index in [q_lo, q_hi] can see; rows
+// outside are hidden from every such query.
+IHA_HD_INLINE IndexRange visible_key_rows(const MaskSpec& m, const int64_t* k_pos, int64_t nk,
+                                          int64_t q_lo, int64_t q_hi) {
+  IndexRange r;
+  r.begin = first_at_or_after(k_pos, nk, first_visible_key(m, q_lo));
+  const int64_t e = first_after(k_pos, nk, last_visible_key(m, q_hi));
+  r.end = e > r.begin ? e : r.begin;
+  return r;
+}
+
+// The query rows (ascending q_pos) that can see some key with index in [k_lo, k_hi].
+IHA_HD_INLINE IndexRange seeing_query_rows(const MaskSpec& m, const int64_t* q_pos, int64_t nq,
+                                           int64_t k_lo, int64_t k_hi) {
+  IndexRange r;
+  r.begin = first_at_or_after(q_pos, nq, first_query_seeing(m, k_lo));
+  const int64_t e = first_after(q_pos, nq, last_query_seeing(m, k_hi));
+  r.end = e > r.begin ? e : r.begin;
+  return r;
 }
 
 }  // namespace iha

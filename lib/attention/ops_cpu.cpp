@@ -1,6 +1,7 @@
 #include <cmath>
 
 #include "attention/ops.h"
+#include "attention/rope.h"
 #include "core/error.h"
 
 namespace iha {
@@ -60,13 +61,12 @@ RopeTable<T>::RopeTable(const RopeSpec& spec, int64_t d, const int64_t* pos, int
   IHA_CHECK(d % 2 == 0, "RoPE needs an even head dim, got ", d);
   const int64_t half = d / 2;
   std::vector<double> inv(half);
-  for (int64_t i = 0; i < half; ++i) inv[i] = std::pow(spec.base, -2.0 * static_cast<double>(i) / d);
+  for (int64_t i = 0; i < half; ++i) inv[i] = rope_inv_freq(spec.base, i, d);
   cos_.resize(rows * half);
   sin_.resize(rows * half);
   for (int64_t r = 0; r < rows; ++r) {
-    const double p = static_cast<double>(pos[r]) * spec.scale;  // angles in float64
     for (int64_t i = 0; i < half; ++i) {
-      const double a = p * inv[i];
+      const double a = rope_angle(pos[r], spec.scale, inv[i]);  // angles in float64
       cos_[r * half + i] = static_cast<T>(std::cos(a));
       sin_[r * half + i] = static_cast<T>(std::sin(a));
     }

@@ -1,6 +1,8 @@
-// Vectorised exp over arrays (SLEEF, 1.0-ULP variants): the flash kernels' inner loop.
-// exp(-inf) = 0 and NaN stays NaN, as the -inf masking needs.
-// defines: iha::exp_inplace
+// Vectorised exp and the row operations of the online softmax (SLEEF, 1.0-ULP variants, at
+// the widest vector width the build's target ISA allows): the flash kernels' inner loops.
+// exp(-inf) = 0 and NaN stays NaN, as the -inf masking needs. Sums are taken in a fixed order
+// (per-lane partial sums, then a fixed reduction), so results are bitwise reproducible.
+// defines: iha::exp_inplace, iha::max_of, iha::exp_shift, iha::exp_shift_sum
 #pragma once
 
 #include <cstdint>
@@ -9,5 +11,17 @@ namespace iha {
 
 void exp_inplace(float* x, int64_t n);
 void exp_inplace(double* x, int64_t n);
+
+// max(init, x[0], ..., x[n-1]); NaN entries are ignored (as `x > m ? x : m` would).
+float max_of(const float* x, int64_t n, float init);
+double max_of(const double* x, int64_t n, double init);
+
+// x[i] = exp(x[i] - shift). shift must be finite.
+void exp_shift(float* x, int64_t n, float shift);
+void exp_shift(double* x, int64_t n, double shift);
+
+// x[i] = exp(x[i] - shift), returning the sum of the new x[i]. shift must be finite.
+float exp_shift_sum(float* x, int64_t n, float shift);
+double exp_shift_sum(double* x, int64_t n, double shift);
 
 }  // namespace iha

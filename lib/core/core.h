@@ -9,6 +9,8 @@
 //     ConfigNode, a strict YAML reader (unknown keys and wrong types are errors).
 //   - RNG (rng.h): counter-based, so values do not depend on the mesh or call order.
 //   - BLAS wrappers and thread settings (blas.h).
+//   - CUDA builds only (cuda_device.h, not included here): CUDA error checks, the device count
+//     and the Device::cuda allocator, registered when the library loads.
 //
 // Invariants
 //   - Tensors are contiguous; a view never outlives the memory it points to (caller's duty).

@@ -61,28 +61,39 @@ std::string shape_str(const Shape& s) {
 }
 
 namespace {
-std::mutex g_alloc_mutex;
-DeviceAllocator g_cuda_alloc;
-bool g_have_cuda = false;
+// Built on first use: the CUDA library registers from a static initialiser, which may run
+// before this file's globals would have been constructed.
+struct AllocatorRegistry {
+  std::mutex mu;
+  DeviceAllocator cuda;
+  bool have_cuda = false;
+};
+AllocatorRegistry& registry() {
+  static AllocatorRegistry r;
+  return r;
+}
 
 const DeviceAllocator& cuda_allocator() {
-  std::lock_guard<std::mutex> lock(g_alloc_mutex);
-  IHA_CHECK(g_have_cuda, "no CUDA device allocator: this build or process has no GPU support");
-  return g_cuda_alloc;
+  AllocatorRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  IHA_CHECK(r.have_cuda, "no CUDA device allocator: this build or process has no GPU support");
+  return r.cuda;
 }
 }  // namespace
 
 void register_device_allocator(Device d, DeviceAllocator a) {
   IHA_CHECK(d == Device::cuda, "only a cuda allocator can be registered");
-  std::lock_guard<std::mutex> lock(g_alloc_mutex);
-  g_cuda_alloc = std::move(a);
-  g_have_cuda = true;
+  AllocatorRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.cuda = std::move(a);
+  r.have_cuda = true;
 }
 
 bool has_device(Device d) {
   if (d == Device::cpu) return true;
-  std::lock_guard<std::mutex> lock(g_alloc_mutex);
-  return g_have_cuda;
+  AllocatorRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.have_cuda;
 }
 
 Tensor::Tensor(Shape shape, DType dtype, Device device)

@@ -7,6 +7,8 @@
 //     turns an error on one rank into the same error on every rank.
 //   - mesh.h: the data x head x sequence process mesh and its sub-communicators.
 //   - layout.h: contiguous and zigzag sequence layouts, the one map of who holds which tokens.
+//   - nccl_comm.h (CUDA builds only, not included here): the NCCL Communicator over device
+//     memory, a drop-in for the MPI one, one rank per GPU.
 //
 // Invariants
 //   - Every rank of a group calls the same collectives in the same order.

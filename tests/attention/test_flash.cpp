@@ -1,6 +1,8 @@
 // Flash kernel against the materialised float64 reference, the partial merge, tile skipping.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <numeric>
 #include <tuple>
 
@@ -39,23 +41,39 @@ struct FlashCase {
   int64_t P;
   int64_t window;  // Wv; 0 = none
   FlashTiles tiles;
+  int64_t d = 6;   // head dim; multiples of 16 take the AVX-512 tile kernels (float) when built
+  int64_t N = 13;  // tokens
 };
 
 std::string case_name(const ::testing::TestParamInfo<FlashCase>& info) {
   const FlashCase& c = info.param;
   return std::string(mask_name(c.mask)) + "_P" + std::to_string(c.P) + "_W" +
          std::to_string(c.window) + "_t" + std::to_string(c.tiles.q) + "x" +
-         std::to_string(c.tiles.k) + "_" + std::to_string(info.index);
+         std::to_string(c.tiles.k) + "_d" + std::to_string(c.d) + "_N" + std::to_string(c.N) +
+         "_" + std::to_string(info.index);
 }
 
 std::vector<FlashCase> flash_cases() {
   std::vector<FlashCase> out;
   const int64_t N = 13;
+  for (int64_t d : {6, 64})
+    for (MaskKind m : {MaskKind::flat_causal, MaskKind::token_causal})
+      for (int64_t P : {1, 2, 3})
+        for (int64_t W : {int64_t(0), int64_t(1), int64_t(2), P, P + 1, 2 * P + 1, N * P + 3})
+          for (FlashTiles t : {FlashTiles{5, 7}, FlashTiles{4, 3}, FlashTiles{64, 256}})
+            out.push_back({m, P, W, t, d, N});
+  // The tile kernels' edges: head dims of 1 and 5 vectors, key tiles that are (16, 48) and are
+  // not (7, 40) multiples of the 16-key panel, and sequences long enough for several key
+  // tiles, partial-tile strips and window edges at every panel offset.
+  for (int64_t d : {16, 80})
+    for (MaskKind m : {MaskKind::flat_causal, MaskKind::token_causal})
+      for (int64_t P : {1, 3})
+        for (int64_t W : {int64_t(0), int64_t(1), P + 1, int64_t(29), int64_t(50)})
+          for (FlashTiles t : {FlashTiles{16, 48}, FlashTiles{24, 40}, FlashTiles{5, 7}})
+            out.push_back({m, P, W, t, d, 37});
+  // The default tiles over several full tiles (the benchmarks' shape: d = 64, P = 2).
   for (MaskKind m : {MaskKind::flat_causal, MaskKind::token_causal})
-    for (int64_t P : {1, 2, 3})
-      for (int64_t W : {int64_t(0), int64_t(1), int64_t(2), P, P + 1, 2 * P + 1, N * P + 3})
-        for (FlashTiles t : {FlashTiles{5, 7}, FlashTiles{4, 3}, FlashTiles{64, 256}})
-          out.push_back({m, P, W, t});
+    for (int64_t W : {int64_t(0), int64_t(77)}) out.push_back({m, 2, W, FlashTiles{}, 64, 150});
   return out;
 }
 
@@ -63,7 +81,7 @@ class FlashVsNaive : public ::testing::TestWithParam<FlashCase> {};
 
 TEST_P(FlashVsNaive, ForwardAndBackwardMatchFloat64Reference) {
   const FlashCase c = GetParam();
-  const int64_t N = 13, d = 6, NP = N * c.P;
+  const int64_t N = c.N, d = c.d, NP = N * c.P;
   const MaskSpec mask{c.mask, c.P, c.window};
   const auto pos = iota_pos(NP);
   const auto q = randn(NP * d, 1), k = randn(NP * d, 2), v = randn(NP * d, 3), g = randn(NP * d, 4);
@@ -105,6 +123,39 @@ TEST_P(FlashVsNaive, ForwardAndBackwardMatchFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(AllMasksWindowsTiles, FlashVsNaive, ::testing::ValuesIn(flash_cases()), case_name);
 
+// Same inputs, same bits: run twice, the second time with NaN-filled outputs (o and lse must
+// be fully written) and with the AVX-512 tile kernels' shapes (d = 64, several tiles).
+TEST(Flash, Float32BitwiseReproducible) {
+  const int64_t NP = 300, d = 64;
+  const auto pos = iota_pos(NP);
+  std::vector<float> q(NP * d), k(NP * d), v(NP * d), g(NP * d);
+  for (int64_t i = 0; i < NP * d; ++i) {
+    q[i] = static_cast<float>(normal01(5, 1, i));
+    k[i] = static_cast<float>(normal01(5, 2, i));
+    v[i] = static_cast<float>(normal01(5, 3, i));
+    g[i] = static_cast<float>(normal01(5, 4, i));
+  }
+  for (MaskKind mk : {MaskKind::flat_causal, MaskKind::token_causal}) {
+    for (int64_t W : {0, 45}) {
+      const MaskSpec mask{mk, 2, W};
+      auto run = [&](float fill) {
+        std::vector<float> o(NP * d, fill), lse(NP, fill), drow(NP), dq(NP * d, 0), dk(NP * d, 0),
+            dv(NP * d, 0);
+        flash_forward<float>(mask, d, q.data(), pos.data(), NP, k.data(), v.data(), pos.data(), NP,
+                             o.data(), lse.data());
+        flash_drow<float>(o.data(), g.data(), NP, d, drow.data());
+        flash_backward<float>(mask, d, q.data(), pos.data(), NP, k.data(), v.data(), pos.data(), NP,
+                              g.data(), lse.data(), drow.data(), dq.data(), dk.data(), dv.data());
+        return std::vector<std::vector<float>>{o, lse, dq, dk, dv};
+      };
+      const auto a = run(0.0f), b = run(std::nanf(""));
+      for (size_t t = 0; t < a.size(); ++t)
+        EXPECT_EQ(0, std::memcmp(a[t].data(), b[t].data(), a[t].size() * sizeof(float)))
+            << "output " << t << " " << mask_name(mk) << " W=" << W;
+    }
+  }
+}
+
 // Queries and keys at scattered, ascending positions (as in zigzag ring steps and halos):
 // some query rows see no key at all.
 TEST(Flash, ScatteredPositionsAndEmptyRows) {
@@ -134,6 +185,49 @@ TEST(Flash, ScatteredPositionsAndEmptyRows) {
       EXPECT_TRUE(close_normwise(dq, dq_ref, 1e-12, "dq"));
       EXPECT_TRUE(close_normwise(dk, dk_ref, 1e-12, "dk"));
       EXPECT_TRUE(close_normwise(dv, dv_ref, 1e-12, "dv"));
+    }
+  }
+}
+
+// The same scattered blocks in float32 at head dims the AVX-512 tile kernels take (16, 32),
+// against the float64 reference: empty rows stay (0, -inf) and no NaN leaks out.
+TEST(Flash, ScatteredPositionsFloat32TileKernels) {
+  for (int64_t d : {16, 32}) {
+    for (MaskKind mk : {MaskKind::flat_causal, MaskKind::token_causal}) {
+      for (int64_t W : {0, 3, 7}) {
+        const int64_t P = 2;
+        const MaskSpec mask{mk, P, W};
+        std::vector<int64_t> qp, kp;  // 40 queries, 37 keys, interleaved runs with gaps
+        for (int64_t t = 0; t < 120; ++t) {
+          if (t % 12 < 4 && qp.size() < 40) qp.push_back(t);
+          if (t % 10 >= 5 && t >= 4 && kp.size() < 37) kp.push_back(t);
+        }
+        const int64_t nq = qp.size(), nk = kp.size();
+        const auto q = randn(nq * d, 15), k = randn(nk * d, 16), v = randn(nk * d, 17), g = randn(nq * d, 18);
+        std::vector<double> o_ref, lse_ref, dq_ref, dk_ref, dv_ref;
+        test::naive_attention_forward(mask, d, q, qp, k, v, kp, o_ref, lse_ref);
+        test::naive_attention_backward(mask, d, q, qp, k, v, kp, g, dq_ref, dk_ref, dv_ref);
+        std::vector<float> qf(q.begin(), q.end()), kf(k.begin(), k.end()), vf(v.begin(), v.end()),
+            gf(g.begin(), g.end()), o(nq * d), lse(nq), drow(nq), dq(nq * d, 0), dk(nk * d, 0), dv(nk * d, 0);
+        for (FlashTiles t : {FlashTiles{3, 5}, FlashTiles{16, 16}, FlashTiles{}}) {
+          std::fill(dq.begin(), dq.end(), 0.0f);
+          std::fill(dk.begin(), dk.end(), 0.0f);
+          std::fill(dv.begin(), dv.end(), 0.0f);
+          flash_forward<float>(mask, d, qf.data(), qp.data(), nq, kf.data(), vf.data(), kp.data(), nk,
+                               o.data(), lse.data(), t);
+          ASSERT_TRUE(std::isinf(lse[0]) && lse[0] < 0) << "row 0 precedes every key";
+          for (int64_t i = 0; i < nq; ++i)
+            EXPECT_EQ(std::isinf(lse[i]), std::isinf(lse_ref[i])) << "row " << i;
+          EXPECT_TRUE(close_normwise(std::vector<double>(o.begin(), o.end()), o_ref, 1e-5, "o f32"));
+          flash_drow<float>(o.data(), gf.data(), nq, d, drow.data());
+          flash_backward<float>(mask, d, qf.data(), qp.data(), nq, kf.data(), vf.data(), kp.data(), nk,
+                                gf.data(), lse.data(), drow.data(), dq.data(), dk.data(), dv.data(), t);
+          for (float x : dq) ASSERT_FALSE(std::isnan(x));
+          EXPECT_TRUE(close_normwise(std::vector<double>(dq.begin(), dq.end()), dq_ref, 1e-5, "dq f32"));
+          EXPECT_TRUE(close_normwise(std::vector<double>(dk.begin(), dk.end()), dk_ref, 1e-5, "dk f32"));
+          EXPECT_TRUE(close_normwise(std::vector<double>(dv.begin(), dv.end()), dv_ref, 1e-5, "dv f32"));
+        }
+      }
     }
   }
 }

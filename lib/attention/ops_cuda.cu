@@ -1,0 +1,374 @@
+// CUDA twins of ops_cpu.cpp: mixing fused with RoPE, collapse, and their backward. One thread
+// per output element (or per rotate-half pair) for the pointwise parts; parameter gradients
+// reduce per block of tokens into a scratch row each, then over blocks in a fixed order.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "attention/ops_cuda.h"
+#include "attention/rope.h"
+#include "core/cuda_device.h"
+#include "core/error.h"
+
+namespace iha {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kTokensPerBlock = 32;  // tokens per block of the gradient reductions
+constexpr int64_t kMaxBlocks = int64_t(1) << 30;
+
+__device__ inline float to_f32(float x) { return x; }
+__device__ inline float to_f32(bf16 x) { return x.to_float(); }
+template <class T> __device__ inline T from_f32(float x);
+template <> __device__ inline float from_f32<float>(float x) { return x; }
+template <> __device__ inline bf16 from_f32<bf16>(float x) { return bf16::from_float(x); }
+
+// cos and sin of the angle of (position, pair i), in float64, cast to float.
+__device__ inline void rope_cos_sin(int64_t pos, int i, int d, double base, double scale, float& cs,
+                                    float& sn) {
+  const double a = rope_angle(pos, scale, rope_inv_freq(base, i, d));
+  cs = static_cast<float>(cos(a));
+  sn = static_cast<float>(sin(a));
+}
+
+// Column pairs handled by one thread: (c, c + half); with RoPE on these are the rotate-half
+// pairs (d even), without it a plain split of the row.
+inline int pair_half(int64_t d, bool rope_on) { return static_cast<int>(rope_on ? d / 2 : (d + 1) / 2); }
+
+template <class T>
+__global__ void mix_rope_forward_kernel(const T* pre, int64_t ld_pre, int64_t n_tok, int H, int d,
+                                        int P, const float* alpha, int h_begin, int h_end,
+                                        const int64_t* vpos, bool rope_on, double base, double scale,
+                                        T* virt, int64_t head_stride, int half) {
+  const int64_t total = n_tok * P * half;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / half;  // virtual row i*P + j
+    const int c = static_cast<int>(idx % half), c2 = c + half;
+    const int64_t i = t / P;
+    const int j = static_cast<int>(t % P);
+    const bool has2 = c2 < d;
+    float cs = 1.f, sn = 0.f;
+    if (rope_on) rope_cos_sin(vpos[t], c, d, base, scale, cs, sn);
+    const T* row = pre + i * ld_pre;
+    for (int h = h_begin; h < h_end; ++h) {
+      float x1 = 0.f, x2 = 0.f;
+      for (int m = 0; m < H; ++m) {
+        const float a = alpha[(m * H + h) * P + j];
+        x1 += a * to_f32(row[m * d + c]);
+        if (has2) x2 += a * to_f32(row[m * d + c2]);
+      }
+      T* out = virt + (h - h_begin) * head_stride + t * d;
+      if (rope_on) {
+        out[c] = from_f32<T>(x1 * cs - x2 * sn);
+        out[c2] = from_f32<T>(x2 * cs + x1 * sn);
+      } else {
+        out[c] = from_f32<T>(x1);
+        if (has2) out[c2] = from_f32<T>(x2);
+      }
+    }
+  }
+}
+
+// Per block of tokens: dpre += alpha-weighted sum of the un-rotated gradients, and this
+// block's partial dalpha (ws row blockIdx.x, entries (m, h - h_begin, j)).
+template <class T>
+__global__ void mix_rope_backward_kernel(const float* dvirt, int64_t head_stride, const T* pre,
+                                         int64_t ld_pre, int64_t n_tok, int H, int d, int P,
+                                         const float* alpha, int h_begin, int h_end,
+                                         const int64_t* vpos, bool rope_on, double base,
+                                         double scale, float* dpre, int64_t ld_dpre, float* ws,
+                                         int half) {
+  extern __shared__ float ops_smem[];
+  const int Hl = h_end - h_begin, E = H * Hl * P;
+  float* pre_s = ops_smem;        // [H][d]: this token's pre-mix row
+  float* g_s = ops_smem + H * d;  // [Hl][P][d]: its un-rotated pseudo-token gradients
+  float* ws_b = ws ? ws + static_cast<int64_t>(blockIdx.x) * E : nullptr;
+  if (ws_b)
+    for (int e = threadIdx.x; e < E; e += blockDim.x) ws_b[e] = 0.f;
+  const int64_t i_begin = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock;
+  const int64_t i_end = min(n_tok, i_begin + kTokensPerBlock);
+  for (int64_t i = i_begin; i < i_end; ++i) {
+    __syncthreads();  // the previous token's rows are no longer read
+    for (int idx = threadIdx.x; idx < H * d; idx += blockDim.x) pre_s[idx] = to_f32(pre[i * ld_pre + idx]);
+    for (int idx = threadIdx.x; idx < Hl * P * half; idx += blockDim.x) {
+      const int hl = idx / (P * half), rem = idx % (P * half), j = rem / half, c = rem % half;
+      const int c2 = c + half;
+      const int64_t t = i * P + j;
+      const float* g = dvirt + hl * head_stride + t * d;
+      float* gs = g_s + (hl * P + j) * d;
+      if (rope_on) {  // rotation by the negative angle
+        float cs, sn;
+        rope_cos_sin(vpos[t], c, d, base, scale, cs, sn);
+        const float a = g[c], b = g[c2];
+        gs[c] = a * cs + b * sn;
+        gs[c2] = b * cs - a * sn;
+      } else {
+        gs[c] = g[c];
+        if (c2 < d) gs[c2] = g[c2];
+      }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < H * d; idx += blockDim.x) {
+      const int m = idx / d, c = idx % d;
+      float acc = 0.f;
+      for (int hl = 0; hl < Hl; ++hl)
+        for (int j = 0; j < P; ++j) acc += alpha[(m * H + h_begin + hl) * P + j] * g_s[(hl * P + j) * d + c];
+      dpre[i * ld_dpre + m * d + c] += acc;
+    }
+    if (ws_b) {
+      for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const int m = e / (Hl * P), r = e % (Hl * P);
+        const float* a = pre_s + m * d;
+        const float* b = g_s + r * d;
+        float dot = 0.f;
+        for (int c = 0; c < d; ++c) dot += a[c] * b[c];
+        ws_b[e] += dot;
+      }
+    }
+  }
+}
+
+// target[(e / inner) * outer_stride + offset + e % inner] += sum over blocks b of ws[b][e],
+// in ascending b.
+__global__ void reduce_blocks_kernel(const float* ws, int64_t nblocks, int E, float* target, int inner,
+                                     int64_t outer_stride, int64_t offset) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  float s = 0.f;
+  for (int64_t b = 0; b < nblocks; ++b) s += ws[b * E + e];
+  target[(e / inner) * outer_stride + offset + e % inner] += s;
+}
+
+template <class T>
+__global__ void collapse_forward_kernel(const float* y, int64_t head_stride, int64_t n_tok, int H,
+                                        int d, int P, bool global, const float* C, T* out,
+                                        int64_t ld_out) {
+  const int cols = global ? H * P : P;
+  const int64_t total = n_tok * H * d;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = idx / (H * d);
+    const int h = static_cast<int>(idx / d % H), c = static_cast<int>(idx % d);
+    const int hp_first = global ? 0 : h, hp_last = global ? H : h + 1;
+    float acc = 0.f;
+    for (int hp = hp_first; hp < hp_last; ++hp)
+      for (int j = 0; j < P; ++j)
+        acc += C[h * cols + (global ? hp * P + j : j)] * y[hp * head_stride + (i * P + j) * d + c];
+    out[i * ld_out + h * d + c] = from_f32<T>(acc);
+  }
+}
+
+template <class T>
+__global__ void collapse_backward_dy_kernel(const T* dout, int64_t ld_dout, int64_t n_tok, int H,
+                                            int d, int P, bool global, const float* C, T* dy,
+                                            int64_t head_stride) {
+  const int cols = global ? H * P : P;
+  const int64_t rows = n_tok * P, total = H * rows * d;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int hp = static_cast<int>(idx / (rows * d));
+    const int64_t t = idx / d % rows;
+    const int c = static_cast<int>(idx % d);
+    const int64_t i = t / P;
+    const int j = static_cast<int>(t % P);
+    const T* g = dout + i * ld_dout + c;
+    float acc = 0.f;
+    if (global) {
+      for (int h = 0; h < H; ++h) acc += C[h * cols + hp * P + j] * to_f32(g[h * d]);
+    } else {
+      acc = C[hp * cols + j] * to_f32(g[hp * d]);
+    }
+    dy[hp * head_stride + t * d + c] = from_f32<T>(acc);
+  }
+}
+
+// Per block of tokens: this block's partial dC (ws row blockIdx.x, entries h * cols + col).
+template <class T>
+__global__ void collapse_backward_dc_kernel(const T* dout, int64_t ld_dout, const float* y,
+                                            int64_t head_stride, int64_t n_tok, int H, int d, int P,
+                                            bool global, float* ws) {
+  extern __shared__ float ops_smem[];
+  const int cols = global ? H * P : P, E = H * cols;
+  float* dout_s = ops_smem;        // [H][d]
+  float* y_s = ops_smem + H * d;   // [H][P][d]
+  float* ws_b = ws + static_cast<int64_t>(blockIdx.x) * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) ws_b[e] = 0.f;
+  const int64_t i_begin = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock;
+  const int64_t i_end = min(n_tok, i_begin + kTokensPerBlock);
+  for (int64_t i = i_begin; i < i_end; ++i) {
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < H * d; idx += blockDim.x) dout_s[idx] = to_f32(dout[i * ld_dout + idx]);
+    for (int idx = threadIdx.x; idx < H * P * d; idx += blockDim.x) {
+      const int hp = idx / (P * d), rem = idx % (P * d);  // rem = j*d + c
+      y_s[idx] = y[hp * head_stride + i * P * d + rem];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      const int h = e / cols, col = e % cols;
+      const int hp = global ? col / P : h, j = global ? col % P : col;
+      const float* a = dout_s + h * d;
+      const float* b = y_s + (hp * P + j) * d;
+      float dot = 0.f;
+      for (int c = 0; c < d; ++c) dot += a[c] * b[c];
+      ws_b[e] += dot;
+    }
+  }
+}
+
+void check_shapes(const char* what, int64_t n_tok, int64_t H, int64_t d, int64_t P) {
+  IHA_CHECK(n_tok >= 0 && H >= 1 && d >= 1 && P >= 1, what, ": bad sizes n_tok=", n_tok, " H=", H,
+            " d=", d, " P=", P);
+  IHA_CHECK(H * P * H <= (int64_t(1) << 30) && d <= (int64_t(1) << 20), what, ": sizes too large H=", H,
+            " P=", P, " d=", d);
+}
+
+unsigned grid_for(int64_t total) {
+  return static_cast<unsigned>(std::min(kMaxBlocks, (total + kThreads - 1) / kThreads));
+}
+
+// Opts a kernel into more than 48 KB of dynamic shared memory; throws naming the sizes if the
+// GPU cannot give it.
+template <class Kernel>
+void set_smem(Kernel kernel, size_t bytes, const char* what) {
+  if (bytes <= 48 * 1024) return;
+  int dev = 0, optin = 0;
+  IHA_CUDA_CHECK(cudaGetDevice(&dev));
+  IHA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  IHA_CHECK(bytes <= static_cast<size_t>(optin), what, " needs ", bytes,
+            " bytes of shared memory for one token's rows; this GPU allows ", optin,
+            " (reduce H, P or d)");
+  IHA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(bytes)));
+}
+
+// Scratch rows for per-block partial sums, stream-ordered.
+class BlockScratch {
+ public:
+  BlockScratch(int64_t floats, cudaStream_t stream) : stream_(stream) {
+    if (floats > 0) IHA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), floats * sizeof(float), stream));
+  }
+  ~BlockScratch() {
+    if (p_ && cudaFreeAsync(p_, stream_) != cudaSuccess) cudaGetLastError();
+  }
+  BlockScratch(const BlockScratch&) = delete;
+  BlockScratch& operator=(const BlockScratch&) = delete;
+  float* get() const { return p_; }
+
+ private:
+  float* p_ = nullptr;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+template <class T>
+void mix_rope_forward_cuda(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d,
+                           int64_t P, const float* alpha, int64_t h_begin, int64_t h_end,
+                           const int64_t* vpos, const RopeSpec& rope, T* virt, int64_t head_stride,
+                           cudaStream_t stream) {
+  check_shapes("mix_rope_forward_cuda", n_tok, H, d, P);
+  IHA_CHECK(0 <= h_begin && h_begin <= h_end && h_end <= H, "mix_rope_forward_cuda: head range [",
+            h_begin, ", ", h_end, ") outside [0, ", H, ")");
+  IHA_CHECK(!rope.on || d % 2 == 0, "RoPE needs an even head dim, got ", d);
+  const int half = pair_half(d, rope.on);
+  const int64_t total = n_tok * P * half;
+  if (total == 0 || h_begin == h_end) return;
+  mix_rope_forward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+      pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), alpha,
+      static_cast<int>(h_begin), static_cast<int>(h_end), vpos, rope.on, rope.base, rope.scale, virt,
+      head_stride, half);
+  IHA_CUDA_LAUNCH_CHECK("mix_rope_forward_kernel");
+}
+
+template <class T>
+void mix_rope_backward_cuda(const float* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre,
+                            int64_t n_tok, int64_t H, int64_t d, int64_t P, const float* alpha,
+                            int64_t h_begin, int64_t h_end, const int64_t* vpos,
+                            const RopeSpec& rope, float* dpre, int64_t ld_dpre, float* dalpha,
+                            cudaStream_t stream) {
+  check_shapes("mix_rope_backward_cuda", n_tok, H, d, P);
+  IHA_CHECK(0 <= h_begin && h_begin <= h_end && h_end <= H, "mix_rope_backward_cuda: head range [",
+            h_begin, ", ", h_end, ") outside [0, ", H, ")");
+  IHA_CHECK(!rope.on || d % 2 == 0, "RoPE needs an even head dim, got ", d);
+  if (n_tok == 0 || h_begin == h_end) return;
+  const int half = pair_half(d, rope.on);
+  const int64_t Hl = h_end - h_begin, E = H * Hl * P;
+  const int64_t nblocks = (n_tok + kTokensPerBlock - 1) / kTokensPerBlock;
+  const size_t smem = sizeof(float) * static_cast<size_t>(H * d + Hl * P * d);
+  set_smem(mix_rope_backward_kernel<T>, smem, "mix_rope_backward_cuda");
+  BlockScratch ws(dalpha ? nblocks * E : 0, stream);
+  mix_rope_backward_kernel<T><<<static_cast<unsigned>(nblocks), kThreads, smem, stream>>>(
+      dvirt, head_stride, pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d),
+      static_cast<int>(P), alpha, static_cast<int>(h_begin), static_cast<int>(h_end), vpos, rope.on,
+      rope.base, rope.scale, dpre, ld_dpre, ws.get(), half);
+  IHA_CUDA_LAUNCH_CHECK("mix_rope_backward_kernel");
+  if (dalpha) {
+    reduce_blocks_kernel<<<static_cast<unsigned>((E + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        ws.get(), nblocks, static_cast<int>(E), dalpha, static_cast<int>(Hl * P), H * P, h_begin * P);
+    IHA_CUDA_LAUNCH_CHECK("reduce_blocks_kernel");
+  }
+}
+
+template <class T>
+void collapse_forward_cuda(const float* y, int64_t head_stride, int64_t n_tok, int64_t H,
+                           int64_t d, int64_t P, Collapse form, const float* C, T* out,
+                           int64_t ld_out, cudaStream_t stream) {
+  check_shapes("collapse_forward_cuda", n_tok, H, d, P);
+  const int64_t total = n_tok * H * d;
+  if (total == 0) return;
+  collapse_forward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+      y, head_stride, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P),
+      form == Collapse::global, C, out, ld_out);
+  IHA_CUDA_LAUNCH_CHECK("collapse_forward_kernel");
+}
+
+template <class T>
+void collapse_backward_cuda(const T* dout, int64_t ld_dout, const float* y, int64_t head_stride,
+                            int64_t n_tok, int64_t H, int64_t d, int64_t P, Collapse form,
+                            const float* C, T* dy, float* dC, cudaStream_t stream) {
+  check_shapes("collapse_backward_cuda", n_tok, H, d, P);
+  const bool global = form == Collapse::global;
+  const int64_t total = H * n_tok * P * d;
+  if (total == 0) return;
+  collapse_backward_dy_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+      dout, ld_dout, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), global, C,
+      dy, head_stride);
+  IHA_CUDA_LAUNCH_CHECK("collapse_backward_dy_kernel");
+  if (!dC) return;
+  const int64_t E = H * (global ? H * P : P);
+  const int64_t nblocks = (n_tok + kTokensPerBlock - 1) / kTokensPerBlock;
+  const size_t smem = sizeof(float) * static_cast<size_t>(H * d + H * P * d);
+  set_smem(collapse_backward_dc_kernel<T>, smem, "collapse_backward_cuda");
+  BlockScratch ws(nblocks * E, stream);
+  collapse_backward_dc_kernel<T><<<static_cast<unsigned>(nblocks), kThreads, smem, stream>>>(
+      dout, ld_dout, y, head_stride, n_tok, static_cast<int>(H), static_cast<int>(d),
+      static_cast<int>(P), global, ws.get());
+  IHA_CUDA_LAUNCH_CHECK("collapse_backward_dc_kernel");
+  reduce_blocks_kernel<<<static_cast<unsigned>((E + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      ws.get(), nblocks, static_cast<int>(E), dC, static_cast<int>(E), 0, 0);
+  IHA_CUDA_LAUNCH_CHECK("reduce_blocks_kernel");
+}
+
+#define IHA_OPS_CUDA_INSTANTIATE(T)                                                              \
+  template void mix_rope_forward_cuda<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t,  \
+                                         const float*, int64_t, int64_t, const int64_t*,         \
+                                         const RopeSpec&, T*, int64_t, cudaStream_t);            \
+  template void mix_rope_backward_cuda<T>(const float*, int64_t, const T*, int64_t, int64_t,     \
+                                          int64_t, int64_t, int64_t, const float*, int64_t,      \
+                                          int64_t, const int64_t*, const RopeSpec&, float*,      \
+                                          int64_t, float*, cudaStream_t);                        \
+  template void collapse_forward_cuda<T>(const float*, int64_t, int64_t, int64_t, int64_t,       \
+                                         int64_t, Collapse, const float*, T*, int64_t,           \
+                                         cudaStream_t);                                          \
+  template void collapse_backward_cuda<T>(const T*, int64_t, const float*, int64_t, int64_t,     \
+                                          int64_t, int64_t, int64_t, Collapse, const float*, T*, \
+                                          float*, cudaStream_t);
+IHA_OPS_CUDA_INSTANTIATE(float)
+IHA_OPS_CUDA_INSTANTIATE(bf16)
+#undef IHA_OPS_CUDA_INSTANTIATE
+
+}  // namespace iha

@@ -1,0 +1,47 @@
+// Internal to lib/attention (not part of the public API): register-blocked AVX-512 tile
+// products for the float flash kernels, used instead of BLAS calls when available.
+//
+// Why not BLAS: a flash tile is small (tens to hundreds of rows, d = 64), and a BLAS call
+// packs both operands on every call and pays its call overhead per tile; here the keys are
+// packed once per kernel call (panels below) and the other operands are read in place.
+//
+// Panels: rows [16p, 16p + 16) of an (n x d) row-major matrix, transposed to [d][16], for
+// p in [0, ceil(n / 16)); rows past n are zero. A panel feeds one 16-lane vector per k.
+//
+// Every product sums over k (or j) in increasing order with one accumulator per output
+// vector, so results are bitwise reproducible and do not depend on how callers cut blocks
+// into row groups.
+//
+// Threading: pure functions of their arguments; callers own all buffers.
+// defines: iha::detail::tile_kernels_available, iha::detail::panel_floats,
+//          iha::detail::pack_panels, iha::detail::scores_nt, iha::detail::accumulate_nn
+#pragma once
+
+#include <cstdint>
+
+namespace iha::detail {
+
+// Lanes per panel.
+constexpr int64_t kPanel = 16;
+
+// True when this build has the AVX-512 kernels and they handle head dim d (d % 16 == 0).
+bool tile_kernels_available(int64_t d);
+
+// Floats needed to pack n rows of width d.
+inline int64_t panel_floats(int64_t n, int64_t d) { return (n + kPanel - 1) / kPanel * kPanel * d; }
+
+// out (panel_floats(n, d) floats) = panels of x (n x d, row stride d).
+void pack_panels(const float* x, int64_t n, int64_t d, float* out);
+
+// s[r][c] = scale * sum_k a[r][k] * x[16 p0 + c][k], for r < rows, c < 16 * npanels, where x
+// is given as panels (panel p0 first). a has row stride lda; s has row stride lds.
+void scores_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d,
+               int64_t p0, int64_t npanels, float scale, float* s, int64_t lds);
+
+// out[i][:] += sum_{j < n} w[i * wi + j * wj] * x[j][:], for i < rows; x and out have d
+// columns (d % 16 == 0) and row strides ldx, ldo. The strides on w let one kernel serve
+// W X (wi = ldw, wj = 1) and W^T X (wi = 1, wj = ldw).
+void accumulate_nn(const float* w, int64_t wi, int64_t wj, int64_t rows, int64_t n,
+                   const float* x, int64_t ldx, int64_t d, float* out, int64_t ldo);
+
+}  // namespace iha::detail

@@ -1,0 +1,39 @@
+// The CUDA device runtime of the library (built only with IHA_CUDA): error checks that name
+// the failing call, the device count, and the device allocator behind
+// Tensor(shape, dtype, Device::cuda).
+//
+// Invariants
+//   - cuda_device_count() never throws: 0 means no usable GPU (no driver, no device), which
+//     is how GPU tests decide to skip.
+//   - The allocator is registered when this library is loaded (and again, idempotently, by
+//     cuda_register_allocator()). On a machine without a GPU, creating a cuda tensor throws
+//     the CUDA error; has_device(Device::cuda) only says the build has GPU support.
+//   - Tensor operations on cuda memory (allocate + zero, copy, zero) are synchronous with the
+//     host: when they return, the bytes are in place for work on any stream. Kernels of the
+//     library are asynchronous on the stream they are given.
+//
+// Threads: the CUDA runtime is thread-safe; the current device is per host thread.
+// defines: IHA_CUDA_CHECK, iha::cuda_check, iha::cuda_device_count, iha::cuda_register_allocator,
+//          iha::cuda_launch_check
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace iha {
+
+// Throws iha::Error("CUDA error in <what>: <name> (<description>)") unless err is cudaSuccess.
+void cuda_check(cudaError_t err, const char* what, const char* file, int line);
+
+// Checks the launch of the kernel just enqueued (configuration errors, not execution errors).
+void cuda_launch_check(const char* kernel, const char* file, int line);
+
+// Number of visible CUDA devices; 0 when there is no driver or no device.
+int cuda_device_count();
+
+// Registers the cudaMalloc-based allocator for Device::cuda with lib/core (idempotent).
+void cuda_register_allocator();
+
+}  // namespace iha
+
+#define IHA_CUDA_CHECK(call) ::iha::cuda_check((call), #call, __FILE__, __LINE__)
+#define IHA_CUDA_LAUNCH_CHECK(kernel) ::iha::cuda_launch_check((kernel), __FILE__, __LINE__)
