@@ -68,10 +68,6 @@ void PosixFile::pread_all(void* buf, size_t n, uint64_t offset, const std::strin
   }
 }
 
-void PosixFile::prefetch(uint64_t offset, uint64_t n) {
-  if (n) ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
-}
-
 void PosixFile::start_writeback(uint64_t offset, uint64_t n) {
 #ifdef __linux__
   // Lets the disk work while we hash the next slice; fsync() still guarantees durability.

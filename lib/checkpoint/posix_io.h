@@ -28,8 +28,7 @@ class PosixFile {
   // the data for the error message (e.g. "tensor 'w'").
   void pwrite_all(const void* buf, size_t n, uint64_t offset, const std::string& what);
   void pread_all(void* buf, size_t n, uint64_t offset, const std::string& what);
-  // Hints: start reading a range ahead of use; start writing back dirty pages of a range.
-  void prefetch(uint64_t offset, uint64_t n);
+  // Starts writing back the dirty pages of a range (a hint; fsync() is what makes it durable).
   void start_writeback(uint64_t offset, uint64_t n);
   // Drops the file's clean pages from the page cache (benchmarks).
   void drop_cache();
