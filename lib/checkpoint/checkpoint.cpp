@@ -12,6 +12,11 @@
 //   5. all-reduce the chunk hashes; rank 0 writes them, manifest.json, fsyncs, renames the
 //      directory to step_N, fsyncs the root, replaces `latest`, prunes old steps
 // A failure at 3-5 removes the temporary directory (rank 0) after the agreement.
+//
+// Load: rank 0 reads the catalog (HDF5) and broadcasts it; registrations are matched against
+// it (names, shapes, dtype rules); every rank preads all it holds and hashes its duty on the
+// way; the all-reduced chunk hashes are compared where the duties cover a chunk exactly, and
+// chunks loaded only in part are re-read whole by one rank each.
 #include "checkpoint/checkpoint.h"
 
 #include <mpi.h>
@@ -47,23 +52,29 @@ constexpr uint64_t kSliceBytes = uint64_t(8) << 20;
 // ---- test hooks: IHA_CKPT_CRASH / IHA_CKPT_FAIL = "<phase>:<rank>" ----
 // Phases in order: begin, created, data_half, data_done, manifest, renamed, latest.
 struct Hooks {
+  // Captured from the environment by the calling thread; parsed inside the first agreement
+  // of a save, so a malformed value fails every rank instead of leaving some waiting.
+  std::string crash_env, fail_env;
   std::string crash_phase, fail_phase;
   int crash_rank = -1, fail_rank = -1;
 
-  static void parse(const char* var, std::string& phase, int& rank) {
-    const char* v = std::getenv(var);
-    if (!v || !*v) return;
-    const std::string s = v;
+  static Hooks from_env() {
+    Hooks h;
+    if (const char* v = std::getenv("IHA_CKPT_CRASH")) h.crash_env = v;
+    if (const char* v = std::getenv("IHA_CKPT_FAIL")) h.fail_env = v;
+    return h;
+  }
+  static void parse_one(const char* var, const std::string& s, std::string& phase, int& rank) {
+    if (s.empty()) return;
     const auto colon = s.find(':');
-    IHA_CONFIG_CHECK(colon != std::string::npos, var, "='", s, "': expected <phase>:<rank>");
+    IHA_CONFIG_CHECK(colon != std::string::npos && colon + 1 < s.size(), var, "='", s,
+                     "': expected <phase>:<rank>");
     phase = s.substr(0, colon);
     rank = std::atoi(s.c_str() + colon + 1);
   }
-  static Hooks from_env() {
-    Hooks h;
-    parse("IHA_CKPT_CRASH", h.crash_phase, h.crash_rank);
-    parse("IHA_CKPT_FAIL", h.fail_phase, h.fail_rank);
-    return h;
+  void parse() {
+    parse_one("IHA_CKPT_CRASH", crash_env, crash_phase, crash_rank);
+    parse_one("IHA_CKPT_FAIL", fail_env, fail_phase, fail_rank);
   }
   void at(const char* phase, int rank) const {
     if (rank == crash_rank && crash_phase == phase) {
@@ -556,9 +567,10 @@ void prune_old(const std::string& root, int keep, int64_t newest_step, const std
 std::string run_save(Communicator& comm, const SaveJob& job, int64_t& bytes_written) {
   const int me = comm.rank();
   const int64_t C = job.opt.hash_chunk_elems;
-  const Hooks& hooks = job.hooks;
+  Hooks hooks = job.hooks;
 
   collective_check(comm, [&] {
+    hooks.parse();
     IHA_CONFIG_CHECK(job.step >= 0, "checkpoint step must be >= 0, got ", job.step);
     IHA_CONFIG_CHECK(C > 0, "hash_chunk_elems must be positive, got ", C);
     IHA_CONFIG_CHECK(!job.root.empty(), "checkpoint root directory is empty");

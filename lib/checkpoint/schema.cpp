@@ -132,11 +132,24 @@ H5Handle file_type(DType dt) {
   return checked(H5Tcopy(base), H5Tclose, "copying an HDF5 type");
 }
 
-H5Handle string_type() {
+// Strings are fixed-length (NUL-padded UTF-8), never variable-length: variable-length data
+// lives in HDF5's global heap, which has no checksum, and one flipped byte there can send
+// HDF5 1.10 into an endless loop. Fixed-length strings sit in checksummed object headers
+// (attributes) or in dataset storage covered by meta_hash (/meta).
+H5Handle string_type(size_t bytes) {
   H5Handle t = checked(H5Tcopy(H5T_C_S1), H5Tclose, "creating a string type");
-  checked(H5Tset_size(t, H5T_VARIABLE), "string type size");
+  checked(H5Tset_size(t, std::max<size_t>(bytes, 1)), "string type size");
+  checked(H5Tset_strpad(t, H5T_STR_NULLPAD), "string type padding");
   checked(H5Tset_cset(t, H5T_CSET_UTF8), "string type charset");
   return t;
+}
+
+// The padded bytes of a fixed-length string type holding s.
+std::string padded(const std::string& s) { return s.empty() ? std::string(1, '\0') : s; }
+
+std::string unpadded(std::string s) {
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+  return s;
 }
 
 H5Handle scalar_space() { return checked(H5Screate(H5S_SCALAR), H5Sclose, "dataspace"); }
@@ -149,12 +162,12 @@ H5Handle simple_space(const Shape& shape) {
 }
 
 void write_attr_string(hid_t obj, const char* name, const std::string& value) {
-  H5Handle t = string_type();
+  H5Handle t = string_type(value.size());
   H5Handle s = scalar_space();
   H5Handle a = checked(H5Acreate2(obj, name, t, s, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
                        std::string("creating attribute ") + name);
-  const char* p = value.c_str();
-  checked(H5Awrite(a, t, &p), std::string("writing attribute ") + name);
+  const std::string bytes = padded(value);
+  checked(H5Awrite(a, t, bytes.data()), std::string("writing attribute ") + name);
 }
 
 void write_attr_i64(hid_t obj, const char* name, int64_t value) {
@@ -177,20 +190,11 @@ std::string read_attr_string(hid_t obj, const char* name, const std::string& whe
   H5Handle a = checked(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose,
                        where + ": attribute '" + name + "' is missing");
   H5Handle ft = checked(H5Aget_type(a), H5Tclose, where + ": attribute '" + name + "'");
-  if (H5Tget_class(ft) != H5T_STRING) throw Error(where + ": attribute '" + name + "' is not a string");
-  if (H5Tis_variable_str(ft) > 0) {
-    H5Handle t = string_type();
-    char* p = nullptr;
-    checked(H5Aread(a, t, &p), where + ": reading attribute '" + name + "'");
-    std::string s = p ? p : "";
-    H5free_memory(p);
-    return s;
-  }
-  const size_t n = H5Tget_size(ft);
-  std::string s(n, '\0');
+  if (H5Tget_class(ft) != H5T_STRING || H5Tis_variable_str(ft) != 0)
+    throw Error(where + ": attribute '" + name + "' is not a fixed-length string");
+  std::string s(H5Tget_size(ft), '\0');
   checked(H5Aread(a, ft, s.data()), where + ": reading attribute '" + name + "'");
-  s.resize(std::strlen(s.c_str()));
-  return s;
+  return unpadded(s);
 }
 
 template <class T>
@@ -245,10 +249,10 @@ void write_meta(hid_t file, hid_t lcpl, const std::string& key, const MetaValue&
           H5Handle d = dataset(H5T_IEEE_F64LE, {});
           checked(H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, &x), what);
         } else if constexpr (std::is_same_v<T, std::string>) {
-          H5Handle t = string_type();
+          H5Handle t = string_type(x.size());
           H5Handle d = dataset(t, {});
-          const char* p = x.c_str();
-          checked(H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, &p), what);
+          const std::string bytes = padded(x);
+          checked(H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()), what);
         } else {
           using E = typename T::value_type;
           const hid_t ft = std::is_same_v<E, int64_t>    ? H5T_STD_I64LE
@@ -276,19 +280,11 @@ MetaValue read_meta(hid_t file, const std::string& key, const std::string& where
   if (nd == 1) H5Sget_simple_extent_dims(s, &n, nullptr);
   const H5T_class_t cls = H5Tget_class(t);
   if (cls == H5T_STRING) {
-    if (nd != 0) throw Error(what + ": string arrays are not supported");
-    H5Handle mt = string_type();
-    if (H5Tis_variable_str(t) <= 0) {
-      std::string s2(H5Tget_size(t), '\0');
-      checked(H5Dread(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, s2.data()), what);
-      s2.resize(std::strlen(s2.c_str()));
-      return s2;
-    }
-    char* p = nullptr;
-    checked(H5Dread(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, &p), what);
-    std::string str = p ? p : "";
-    H5free_memory(p);
-    return str;
+    if (nd != 0 || H5Tis_variable_str(t) != 0)
+      throw Error(what + " is not a fixed-length scalar string");
+    std::string str(H5Tget_size(t), '\0');
+    checked(H5Dread(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, str.data()), what);
+    return unpadded(str);
   }
   auto read_vec = [&](auto tag, hid_t mem) {
     using E = decltype(tag);

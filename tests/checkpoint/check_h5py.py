@@ -63,7 +63,8 @@ def chunk_hashes(stored, chunk):
 
 def check_h5py(step_dir, dump, index):
     with h5py.File(os.path.join(step_dir, "state.h5"), "r") as f:
-        if f.attrs["iha_format"] != "iha-checkpoint" or f.attrs["step"] != index["step"]:
+        # Strings are fixed-length in the file: h5py returns bytes.
+        if f.attrs["iha_format"] != b"iha-checkpoint" or f.attrs["step"] != index["step"]:
             fail("root attributes: %s" % dict(f.attrs))
         chunk = int(f.attrs["hash_chunk_elems"])
         names = []
@@ -85,7 +86,7 @@ def check_h5py(step_dir, dump, index):
                 want_values = want
             if got.dtype != want_values.dtype or got.tobytes() != want_values.tobytes():
                 fail("%s: values differ from what was saved" % t["name"])
-            if ds.attrs["dtype"] != t["dtype"]:
+            if ds.attrs["dtype"].decode() != t["dtype"]:
                 fail("%s: dtype attribute %s" % (t["name"], ds.attrs["dtype"]))
             # The stored bytes themselves, at the dataset's contiguous storage offset.
             if want.size:
