@@ -1001,21 +1001,24 @@ std::string Checkpointer::save(const std::string& root, int64_t step) {
   job.opt = options_;
   job.meta = impl_->meta;
   job.threads = num_threads();
-  // Host-resident copies where needed: always for async saves, and for device tensors.
-  for (const auto& [name, e] : impl_->reg) {
-    Entry copy = e;
-    std::vector<Tensor>& bufs = impl_->snapshot[name];
-    bufs.resize(e.pieces.size());
-    for (size_t k = 0; k < e.pieces.size(); ++k) {
-      const Tensor& src = e.pieces[k].local;
-      if (!options_.async && src.device() == Device::cpu) continue;
-      if (!bufs[k].defined() || bufs[k].numel() != src.numel() || bufs[k].dtype() != src.dtype())
-        bufs[k] = Tensor(src.shape(), src.dtype(), Device::cpu);
-      bufs[k].copy_from(src);
-      copy.pieces[k].local = bufs[k];
+  // Host-resident copies where needed: always for async saves, and for device tensors. The
+  // copy can fail on one rank (out of memory), so it is agreed on like every other step.
+  collective_check(*impl_->io, [&] {
+    for (const auto& [name, e] : impl_->reg) {
+      Entry copy = e;
+      std::vector<Tensor>& bufs = impl_->snapshot[name];
+      bufs.resize(e.pieces.size());
+      for (size_t k = 0; k < e.pieces.size(); ++k) {
+        const Tensor& src = e.pieces[k].local;
+        if (!options_.async && src.device() == Device::cpu) continue;
+        if (!bufs[k].defined() || bufs[k].numel() != src.numel() || bufs[k].dtype() != src.dtype())
+          bufs[k] = Tensor(src.shape(), src.dtype(), Device::cpu);
+        bufs[k].copy_from(src);
+        copy.pieces[k].local = bufs[k];
+      }
+      job.reg.emplace(name, std::move(copy));
     }
-    job.reg.emplace(name, std::move(copy));
-  }
+  });
   if (!options_.async) return run_save(*impl_->io, job, impl_->last_save_bytes);
   const std::string final_dir = join_path(root, step_name(step));
   Impl* impl = impl_.get();

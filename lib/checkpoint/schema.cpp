@@ -19,12 +19,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "checkpoint files store little-endian data written straight from memory");
 
 namespace iha {
-
-std::mutex& hdf5_mutex() {
-  static std::mutex m;
-  return m;
-}
-
 namespace ckpt {
 
 namespace {
