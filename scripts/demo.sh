@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh "$@"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source scripts/env.sh
 if [ -x build/apps/iha-train/iha-train ]; then
   exec mpiexec -n 2 --oversubscribe build/apps/iha-train/iha-train train --config configs/demo.yaml
 fi

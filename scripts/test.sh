@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh "$@"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source scripts/env.sh
 ctest --test-dir build --output-on-failure -j "${IHA_JOBS:-$(nproc)}" --timeout 900
