@@ -10,10 +10,12 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "model/train_checkpoint.h"
 #include "model/trainer.h"
 #include "parallel/comm.h"
 #include "progress.h"
@@ -87,23 +89,102 @@ std::string si(double v) {
   return fmt("%.3g", v) + units[u];
 }
 
+// Where the model of this invocation comes from.
+struct Origin {
+  enum Kind { fresh, resume, weights } kind = fresh;
+  std::string path;   // checkpoint to load (resume: the root; weights: root or step dir)
+  std::optional<CheckpointModel> ck;
+};
+
+// Decides the origin from the command and config; checks what can be checked before the
+// trainer exists. Collective.
+Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
+  Origin o;
+  const std::string& root = cfg.checkpoint.dir;
+  if (args.mode == Mode::eval) {
+    o.kind = Origin::weights;
+    o.path = cfg.eval.checkpoint.empty() ? root : cfg.eval.checkpoint;
+    o.ck = inspect_train_checkpoint(w, o.path, cfg.eval.checkpoint.empty() ? "checkpoint.dir" : "eval.checkpoint");
+  } else if (args.resume) {
+    o.kind = Origin::resume;
+    o.path = root;
+    collective_check(w, [&] {
+      IHA_CONFIG_CHECK(!root.empty(), "--resume needs config key 'checkpoint.dir'");
+      IHA_CONFIG_CHECK(has_checkpoint(root), "--resume: config key 'checkpoint.dir' = '", root,
+                       "' holds no checkpoint (no 'latest')");
+    });
+    o.ck = inspect_train_checkpoint(w, root, "checkpoint.dir");
+  } else {
+    collective_check(w, [&] {
+      IHA_CONFIG_CHECK(!has_checkpoint(root), "config key 'checkpoint.dir' = '", root,
+                       "' already holds checkpoints: continue them with --resume, or choose "
+                       "another directory");
+      if (args.mode == Mode::finetune)
+        IHA_CONFIG_CHECK(!cfg.finetune_from.empty(), "iha-train finetune needs config key "
+                         "'finetune.from' (the checkpoint whose weights start the run)");
+    });
+    if (args.mode == Mode::finetune) {
+      o.kind = Origin::weights;
+      o.path = cfg.finetune_from;
+      o.ck = inspect_train_checkpoint(w, o.path, "finetune.from");
+    }
+  }
+  if (o.ck) collective_check(w, [&] { check_same_architecture(cfg.model, *o.ck); });
+  return o;
+}
+
 template <class T>
 int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> world) {
   Communicator& w = *world;
   const bool root = w.rank() == 0;
-  IHA_CONFIG_CHECK(args.mode == Mode::train, "iha-train ",
-                   args.mode == Mode::eval ? "eval" : "finetune",
-                   " needs checkpoints (lib/checkpoint), which are not integrated yet");
-  IHA_CONFIG_CHECK(!args.resume, "--resume needs checkpoints (lib/checkpoint), which are not "
-                   "integrated yet");
   std::unique_ptr<Reporter> rep;
   collective_check(w, [&] {
-    IHA_CONFIG_CHECK(cfg.steps >= 1, "config key 'train.steps': training needs >= 1 step, got ",
-                     cfg.steps);
+    if (args.mode != Mode::eval)
+      IHA_CONFIG_CHECK(cfg.steps >= 1, "config key 'train.steps': training needs >= 1 step, got ",
+                       cfg.steps);
     rep = std::make_unique<Reporter>(root, cfg.log.jsonl);
   });
-  Trainer<T> trainer(cfg, world);
+  const Origin origin = plan(args, cfg, w);
+  Trainer<T> trainer(cfg, world,
+                     origin.ck ? std::optional<int64_t>(origin.ck->model.window_virtual) : std::nullopt);
   trainer.init();
+  std::unique_ptr<TrainCheckpoints<T>> ckpt;
+  if (origin.ck || !cfg.checkpoint.dir.empty())
+    ckpt = std::make_unique<TrainCheckpoints<T>>(trainer, cfg.checkpoint.keep);
+  if (origin.kind == Origin::resume) {
+    ckpt->load(origin.path, StateParts::everything);
+    rep->console("resumed from " + origin.ck->dir + " at step " + std::to_string(trainer.step()));
+  } else if (origin.kind == Origin::weights) {
+    ckpt->load(origin.path, StateParts::weights);
+    rep->console("loaded the weights of " + origin.ck->dir + " (step " +
+                 std::to_string(origin.ck->step) + ", trained at N=" +
+                 std::to_string(origin.ck->seq_len) + " on mesh " + origin.ck->mesh.str() + ")");
+  }
+
+  auto report_eval = [&](const EvalStats& e, int64_t step) {
+    std::ostringstream os;
+    os << "eval  step " << step << " | loss " << fmt("%.4f", e.loss) << " | accuracy "
+       << fmt("%.3f", e.accuracy);
+    if (e.answers > 0)
+      os << " | answer loss " << fmt("%.4f", e.answer_loss) << " | answer accuracy "
+         << fmt("%.3f", e.answer_accuracy) << " (" << e.answers << " answers)";
+    rep->console(os.str());
+    rep->json(JsonLine()
+                  .add("event", std::string("eval"))
+                  .add("step", step)
+                  .add("loss", e.loss)
+                  .add("accuracy", e.accuracy)
+                  .add("answer_loss", e.answer_loss)
+                  .add("answer_accuracy", e.answer_accuracy)
+                  .add("answers", e.answers)
+                  .add("sequences", e.sequences));
+  };
+
+  if (args.mode == Mode::eval) {
+    IHA_CONFIG_CHECK(cfg.eval.sequences > 0, "config key 'eval.sequences': eval needs >= 1 sequence");
+    report_eval(trainer.evaluate(), origin.ck->step);  // the step the checkpoint was saved at
+    return 0;
+  }
 
   const double peak_rank = measure_gemm_peak(w, cfg.dtype);
   double peak_total = peak_rank;
@@ -127,27 +208,20 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
                   .add("mesh", cfg.mesh.str())
                   .add("seq_len", cfg.seq_len)
                   .add("params", trainer.model().params().flat().numel())
+                  .add("first_step", trainer.step() + 1)
                   .add("peak_flops_per_s", peak_total)
                   .add("flops_per_step", flops_step));
   }
 
-  auto report_eval = [&](const EvalStats& e, int64_t step) {
-    std::ostringstream os;
-    os << "eval  step " << step << " | loss " << fmt("%.4f", e.loss) << " | accuracy "
-       << fmt("%.3f", e.accuracy);
-    if (e.answers > 0)
-      os << " | answer loss " << fmt("%.4f", e.answer_loss) << " | answer accuracy "
-         << fmt("%.3f", e.answer_accuracy) << " (" << e.answers << " answers)";
-    rep->console(os.str());
+  std::string last_checkpoint = origin.kind == Origin::resume ? origin.ck->dir : "";
+  auto save = [&]() {
+    if (cfg.checkpoint.dir.empty()) return;
+    last_checkpoint = ckpt->save(cfg.checkpoint.dir);
+    rep->console("checkpoint " + last_checkpoint);
     rep->json(JsonLine()
-                  .add("event", std::string("eval"))
-                  .add("step", step)
-                  .add("loss", e.loss)
-                  .add("accuracy", e.accuracy)
-                  .add("answer_loss", e.answer_loss)
-                  .add("answer_accuracy", e.answer_accuracy)
-                  .add("answers", e.answers)
-                  .add("sequences", e.sequences));
+                  .add("event", std::string("checkpoint"))
+                  .add("step", trainer.step())
+                  .add("dir", last_checkpoint));
   };
 
   using clock = std::chrono::steady_clock;
@@ -155,27 +229,30 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
   auto t_last = t_start;
   int64_t steps_since = 0;
   const int64_t first_step = trainer.step();
-  while (trainer.step() < cfg.steps) {
+  const int64_t last_step = cfg.stop_after > 0 ? std::min(cfg.steps, first_step + cfg.stop_after) : cfg.steps;
+  while (trainer.step() < last_step) {
     StepStats s;
     try {
       s = trainer.train_step();
     } catch (const NonFiniteLoss& e) {
       if (root) {
-        std::cerr << "iha-train: stopping: " << e.what()
-                  << ". No checkpoint was written after the last good step." << std::endl;
+        std::cerr << "iha-train: stopping: " << e.what() << ". "
+                  << (last_checkpoint.empty() ? std::string("No checkpoint was written.")
+                                              : "The last good checkpoint is " + last_checkpoint + ".")
+                  << std::endl;
       }
       rep->json(JsonLine().add("event", std::string("nonfinite")).add("step", trainer.step() + 1));
       return 3;
     }
     ++steps_since;
-    if (s.step % cfg.log.every == 0 || s.step == cfg.steps) {
+    if (s.step % cfg.log.every == 0 || s.step == last_step) {
       const auto now = clock::now();
       const double dt = std::chrono::duration<double>(now - t_last).count();
       const double elapsed = std::chrono::duration<double>(now - t_start).count();
       const double tok_s = static_cast<double>(s.tokens * steps_since) / dt;
       const double flops_s = flops_step * static_cast<double>(steps_since) / dt;
       const double eta = elapsed / static_cast<double>(s.step - first_step) *
-                         static_cast<double>(cfg.steps - s.step);
+                         static_cast<double>(last_step - s.step);
       const MemoryUse mem = max_memory_use(w);
       std::ostringstream os;
       os << "step " << s.step << "/" << cfg.steps << " | loss " << fmt("%.4f", s.loss);
@@ -205,13 +282,20 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
       t_last = now;
       steps_since = 0;
     }
+    if (cfg.checkpoint.every > 0 && s.step % cfg.checkpoint.every == 0 && s.step != last_step) save();
     if (trainer.has_held_out() && cfg.eval.every > 0 && s.step % cfg.eval.every == 0 &&
         s.step != cfg.steps)
       report_eval(trainer.evaluate(), s.step);
   }
-  if (trainer.has_held_out() && cfg.eval.sequences > 0) report_eval(trainer.evaluate(), trainer.step());
+  if (trainer.step() > first_step || origin.kind != Origin::resume) save();
+  if (trainer.step() == cfg.steps && trainer.has_held_out() && cfg.eval.sequences > 0)
+    report_eval(trainer.evaluate(), trainer.step());
   const double total = std::chrono::duration<double>(clock::now() - t_start).count();
-  rep->console("done: " + std::to_string(trainer.step()) + " steps in " + format_duration(total));
+  rep->console("done: " + std::to_string(trainer.step() - first_step) + " steps in " +
+               format_duration(total) +
+               (trainer.step() < cfg.steps ? " (stopped at step " + std::to_string(trainer.step()) +
+                                                 " of " + std::to_string(cfg.steps) + "; --resume continues)"
+                                           : std::string()));
   rep->json(JsonLine().add("event", std::string("end")).add("step", trainer.step()).add("elapsed_s", total));
   return 0;
 }

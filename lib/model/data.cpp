@@ -6,6 +6,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "checkpoint/hdf5_lock.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -182,11 +183,9 @@ class TwoHopSource final : public SyntheticSource {
 
 // ---- HDF5 ----
 
-std::mutex& hdf5_lock() {
-  // Process-wide: the HDF5 library here is built without thread safety.
-  static std::mutex mu;
-  return mu;
-}
+// Process-wide: the HDF5 library here is built without thread safety, and the checkpoint
+// writer's background thread makes HDF5 calls too.
+std::mutex& hdf5_lock() { return hdf5_mutex(); }
 
 void silence_hdf5_errors() {
   // We report errors ourselves, naming the file and dataset; HDF5's own stack dump would

@@ -34,5 +34,6 @@
 #include "model/optim.h"
 #include "model/params.h"
 #include "model/run_config.h"
+#include "model/train_checkpoint.h"
 #include "model/trainer.h"
 #include "model/transformer.h"

@@ -8,7 +8,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -34,6 +36,19 @@ Result run(const std::string& args, int ranks = 2) {
                           " --oversubscribe " + IHA_TRAIN_BIN + " " + args + " 2>&1";
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// Runs a command (no mpiexec), returning its exit code and output.
+Result shell(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
   if (!p) return r;
   char buf[4096];
   size_t n;
@@ -128,17 +143,128 @@ TEST(IhaTrain, AGoodRunLogsProgressAsJsonLines) {
   std::filesystem::remove(log);
 }
 
-// Runs a command (no mpiexec), returning its exit code and output.
-Result shell(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+// step -> the exact "loss" text of the step events of a JSON-lines log.
+std::map<int, std::string> step_losses(const std::string& log) {
+  std::map<int, std::string> out;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"event\":\"step\"") == std::string::npos) continue;
+    const auto num = [&](const std::string& key) {
+      const size_t at = line.find("\"" + key + "\":") + key.size() + 3;
+      return line.substr(at, line.find_first_of(",}", at) - at);
+    };
+    out[std::stoi(num("step"))] = num("loss");
+  }
+  return out;
+}
+
+// The "loss" of the last eval event of a JSON-lines log, as a number.
+double last_eval_loss(const std::string& log) {
+  std::ifstream in(log);
+  double loss = -1;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"event\":\"eval\"") == std::string::npos) continue;
+    const size_t at = line.find("\"loss\":") + 7;
+    loss = std::stod(line.substr(at, line.find_first_of(",}", at) - at));
+  }
+  return loss;
+}
+
+std::string config_file() { return std::string(IHA_SOURCE_DIR) + "/configs/demo.yaml"; }
+
+TEST(IhaTrain, ResumeContinuesTheLossTrajectoryBitForBit) {
+  const std::string full_dir = tmp("full_ckpt"), dir = tmp("resume_ckpt");
+  const std::string full_log = tmp("full.jsonl"), part_log = tmp("part.jsonl");
+  const std::string base = "train --config " + config_file() +
+                           " --set sequence.length=32 --set train.steps=6 --set logging.every=1"
+                           " --set eval.sequences=0 --set checkpoint.every=0";
+  ASSERT_EQ(run(base + " --set checkpoint.dir=" + full_dir + " --set logging.jsonl=" + full_log).code, 0);
+  const Result first = run(base + " --set train.stop_after=3 --set checkpoint.dir=" + dir +
+                           " --set logging.jsonl=" + part_log);
+  ASSERT_EQ(first.code, 0) << first.output;
+  EXPECT_NE(first.output.find("stopped at step 3 of 6"), std::string::npos) << first.output;
+  // Without --resume, a directory with checkpoints is refused.
+  expect_config_error(base + " --set checkpoint.dir=" + dir, "--resume");
+  const Result second = run(base + " --resume --set checkpoint.dir=" + dir + " --set logging.jsonl=" + part_log);
+  ASSERT_EQ(second.code, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+  const auto a = step_losses(full_log), b = step_losses(part_log);
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);  // %.17g text: equal strings are equal doubles
+  for (const auto& p : {full_dir, dir, full_log, part_log}) std::filesystem::remove_all(p);
+}
+
+TEST(IhaTrain, NonFiniteLossKeepsTheLastGoodCheckpoint) {
+  const std::string dir = tmp("nan_ckpt");
+  const std::string args = demo("--set optim.lr=1e30 --set optim.min_lr=0 --set optim.warmup_steps=0"
+                                " --set train.steps=6 --set checkpoint.every=1 --set checkpoint.dir=" + dir);
+  const Result r = run(args);
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("The last good checkpoint is " + dir + "/step_1"), std::string::npos) << r.output;
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_1");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step_2"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(IhaTrain, EvalAndFinetuneFromACheckpoint) {
+  const std::string dir = tmp("ev_ckpt"), ft_dir = tmp("ft_ckpt"), log = tmp("ev.jsonl"), ev_log = tmp("ev2.jsonl");
+  ASSERT_EQ(run(demo("--set checkpoint.dir=" + dir + " --set logging.jsonl=" + log)).code, 0);
+  const Result ev = run("eval --config " + config_file() + " --set sequence.length=32 --set eval.sequences=8"
+                        " --set checkpoint.dir=" + dir + " --set logging.jsonl=" + ev_log);
+  ASSERT_EQ(ev.code, 0) << ev.output;
+  EXPECT_NE(ev.output.find("eval  step 4 | loss"), std::string::npos) << ev.output;
+  EXPECT_EQ(last_eval_loss(ev_log), last_eval_loss(log));  // same weights, data and mesh
+  const std::string ft = "finetune --config " + config_file() +
+                         " --set sequence.length=64 --set model.rope_scale=0.5 --set train.steps=2"
+                         " --set eval.sequences=4 --set finetune.from=" + dir;
+  const Result f = run(ft + " --set checkpoint.dir=" + ft_dir);
+  ASSERT_EQ(f.code, 0) << f.output;
+  EXPECT_NE(f.output.find("loaded the weights of " + dir + "/step_4"), std::string::npos) << f.output;
+  // Trained at N = 32: W = ceil(32 / 8) = 4 tokens, Wv = 8; N = 64 would default to Wv = 16.
+  EXPECT_NE(f.output.find(" Wv=8 "), std::string::npos) << "the checkpoint's window is kept:\n" << f.output;
+  EXPECT_TRUE(std::filesystem::exists(ft_dir + "/step_2"));
+  expect_config_error(ft + " --set model.ffn=96", "'model.ffn'");
+  expect_config_error(ft + " --set model.window=8", "allow_window_change");
+  expect_config_error("eval --config " + config_file() + " --set checkpoint.dir=" + tmp("nothing"),
+                      "checkpoint.dir");
+  for (const auto& p : {dir, ft_dir, log, ev_log}) std::filesystem::remove_all(p);
+}
+
+TEST(IhaTrain, NumpyReferenceComputesTheSameLoss) {
+  // docs/reference_loss.py reads only the checkpoint and the token file (docs/model.md).
+  ASSERT_EQ(shell(std::string(IHA_PYTHON3) + " -c 'import numpy, h5py'").code, 0)
+      << IHA_PYTHON3 << " lacks numpy or h5py (scripts/install-deps.sh installs python3-numpy python3-h5py)";
+  const std::string txt = tmp("ref.txt"), h5 = tmp("ref.h5");
+  {
+    std::ofstream out(txt, std::ios::binary);
+    for (int i = 0; i < 300; ++i) out << "retrieval " << i * 7919 % 1000 << " at long context; ";
+  }
+  ASSERT_EQ(shell(std::string(IHA_DATA_BIN) + " text " + txt + " " + h5).code, 0);
+  const std::vector<std::string> variants = {
+      "",
+      " --set model.mask=token_causal --set model.collapse=per_head --set model.global_kind=mha"
+      " --set model.P=3 --set model.window=5 --set model.pattern=GLL --set model.layers=3"};
+  for (const std::string& v : variants) {
+    const std::string dir = tmp("ref_ckpt"), log = tmp("ref.jsonl");
+    const std::string data = " --set model.vocab_size=256 --set 'eval={path: " + h5 +
+                             ", sequences: 3, batch: 2}' --set 'data={kind: hdf5, path: " + h5 + "}'";
+    ASSERT_EQ(run(demo("--set train.dtype=float64 --set checkpoint.dir=" + dir + data + v)).code, 0);
+    const Result ev = run("eval --config " + config_file() + " --set sequence.length=32 --set train.dtype=float64"
+                          " --set checkpoint.dir=" + dir + " --set logging.jsonl=" + log + data + v);
+    ASSERT_EQ(ev.code, 0) << ev.output;
+    const Result py = shell(std::string(IHA_PYTHON3) + " " + std::string(IHA_SOURCE_DIR) +
+                            "/docs/reference_loss.py " + dir + " " + h5 + " 32 3");
+    ASSERT_EQ(py.code, 0) << py.output;
+    const double ours = last_eval_loss(log), theirs = std::stod(py.output);
+    EXPECT_NEAR(ours, theirs, 1e-10 * std::fabs(theirs)) << "variant:" << v;
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove(log);
+  }
+  std::filesystem::remove(txt);
+  std::filesystem::remove(h5);
 }
 
 TEST(IhaData, TextBecomesByteTokensThatTrain) {
