@@ -11,10 +11,10 @@
 //   peak_mib       max over ranks of the high-water mark after the steps
 //   activation_mib peak_mib - static_mib: what the steps added at their peak
 //   heap_*_mib     the same from the allocator's own count of bytes in use (glibc mallinfo2,
-//                  sampled every 0.2 ms by a thread during the steps): tensors and buffers
+//                  sampled every 0.2 ms by a thread during the first step): tensors and buffers
 //                  only, without MPI shared-memory segments, libraries and pages the
 //                  allocator keeps after a free. heap_activation_mib is what must fall as 1/R
-//   step_s         median wall time of the steps after the first
+//   step_s         median wall time of the steps after the first (which is not timed)
 //   model_flops    model FLOPs of one step (Trainer::flops_per_step: visible pairs only)
 // run_memory_scaling.sh sweeps N and R and prints the table with the ratios.
 #include <malloc.h>
@@ -82,17 +82,22 @@ int main(int argc, char** argv) {
     Trainer<float> t(cfg, world);
     t.init();
     const double static_mib = app::max_memory_use(*world).rss_mib;
+    // The first step runs with the heap sampler (its peak is every step's peak); the timed
+    // steps after it run without, so the sampler cannot slow them down.
     double heap[2] = {heap_in_use_mib(), 0};
+    {
+      HeapPeak sampler;
+      t.train_step();
+      heap[1] = sampler.stop();
+    }
     std::vector<double> times;
-    HeapPeak sampler;
-    for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t s = 1; s < steps; ++s) {
       bench::idle_barrier(*world);
       const double t0 = bench::now();
       t.train_step();
       bench::idle_barrier(*world);
-      if (s > 0) times.push_back(bench::now() - t0);
+      times.push_back(bench::now() - t0);
     }
-    heap[1] = sampler.stop();
     world->all_reduce(heap, 2, DType::f64, ReduceOp::max, "bench.heap");
     const app::MemoryUse mem = app::max_memory_use(*world);
     if (world->rank() == 0) {
