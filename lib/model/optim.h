@@ -4,12 +4,13 @@
 // state without change.
 // Threads: no shared state; one thread updates a set at a time.
 // defines: iha::OptimConfig, iha::parse_optim_config, iha::learning_rate, iha::AdamW,
-//          iha::sum_of_squares
+//          iha::sum_of_squares, iha::adamw_step
 #pragma once
 
 #include <cstdint>
 
 #include "core/config.h"
+#include "model/model_math.h"
 #include "model/params.h"
 
 namespace iha {
@@ -31,6 +32,11 @@ OptimConfig parse_optim_config(const ConfigNode& node);
 // warmup, then min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2 with p = (step - warmup) /
 // max(1, total - warmup) in [0, 1].
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total);
+
+// The coefficients of AdamW step t (1-based) at learning rate lr, computed in float64 and cast
+// (model_math.h applies them element by element, on the CPU and the GPU alike).
+template <class T>
+AdamWStep<T> adamw_step(const OptimConfig& c, int64_t t, double lr);
 
 // Sum of squares of a flat buffer, accumulated in float64 in index order.
 template <class T>
