@@ -40,8 +40,8 @@ int64_t bits_of(double x) {
   return b;
 }
 
-// Every rank of the group must describe the same layer over the same sequence: agree before
-// any traffic depends on it, so a mismatch is the same ConfigError on every rank, not a hang.
+}  // namespace
+
 void check_agreement(Communicator& c, const LayerConfig& k, int64_t N, LayoutKind layout) {
   check_same_on_all_ranks(c, N, "the sequence length N");
   check_same_on_all_ranks(c, k.D, "the model width D");
@@ -57,6 +57,8 @@ void check_agreement(Communicator& c, const LayerConfig& k, int64_t N, LayoutKin
   check_same_on_all_ranks(c, bits_of(k.rope_scale), "rope_scale");
   check_same_on_all_ranks(c, static_cast<int64_t>(layout), "the sequence layout");
 }
+
+namespace {
 
 template <class T>
 std::unique_ptr<SeqEngine> make_engine(const LayerConfig& cfg, int64_t heads,
@@ -469,14 +471,15 @@ class UlyssesCore final : public AttentionCore<T> {
 
 // ---------------------------------------------------------------- factories
 
-namespace {
+namespace detail {
 std::vector<std::vector<int64_t>> layout_tokens(LayoutKind kind, int64_t N, int64_t R) {
   const SequenceLayout layout(kind, N, R);
   std::vector<std::vector<int64_t>> out;
   for (int64_t s = 0; s < R; ++s) out.push_back(layout.tokens_of(s));
   return out;
 }
-}  // namespace
+}  // namespace detail
+using detail::layout_tokens;
 
 template <class T>
 std::shared_ptr<AttentionCore<T>> make_ring_core(const LayerConfig& cfg, int64_t N,

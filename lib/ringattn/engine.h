@@ -22,7 +22,8 @@
 //   acc dtype: ov, lse, drow, dqv, dkv, dvv and payload gradients (partials merged across
 //              steps are never bf16).
 // defines: iha::detail::EngineBackend, iha::detail::CpuEngineBackend, iha::detail::EngineCache,
-//          iha::detail::SeqEngine, iha::detail::make_ring_engine, iha::detail::make_halo_engine
+//          iha::detail::SeqEngine, iha::detail::make_ring_engine, iha::detail::make_halo_engine,
+//          iha::detail::check_agreement, iha::detail::layout_tokens
 #pragma once
 
 #include <memory>
@@ -31,6 +32,7 @@
 
 #include "attention/flash.h"
 #include "parallel/comm.h"
+#include "parallel/layout.h"
 #include "ringattn/codec.h"
 
 namespace iha::detail {
@@ -163,5 +165,12 @@ std::unique_ptr<SeqEngine> make_halo_engine(const LayerConfig& cfg, int64_t head
                                             std::vector<std::vector<int64_t>> tokens_per_rank,
                                             std::shared_ptr<const EngineBackend> backend,
                                             const std::string& site);
+
+// Every rank of the group must describe the same layer over the same sequence: checked before
+// any traffic depends on it, so a mismatch is the same ConfigError on every rank, not a hang.
+void check_agreement(Communicator& c, const LayerConfig& k, int64_t N, LayoutKind layout);
+
+// Each rank's tokens under SequenceLayout(kind, N, R).
+std::vector<std::vector<int64_t>> layout_tokens(LayoutKind kind, int64_t N, int64_t R);
 
 }  // namespace iha::detail
