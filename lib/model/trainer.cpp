@@ -2,10 +2,33 @@
 
 #include <cmath>
 #include <sstream>
+#include <type_traits>
 
 #include "attention/mask.h"
 #include "core/blas.h"
 #include "ringattn/ringattn.h"
+#if defined(IHA_HAVE_CUDA)
+#include "model/train_cuda.h"
+#else
+namespace iha {
+// A CPU-only build never creates the device state (train.device: cuda is a ConfigError when
+// the config is parsed); this stand-in only lets the device branches below compile.
+class CudaTrainState {
+ public:
+  [[noreturn]] static void absent() { IHA_FAIL("this build has no CUDA support"); }
+  int64_t num_params() const { absent(); }
+  int64_t local_tokens() const { absent(); }
+  void init(uint64_t) { absent(); }
+  void zero_grads() { absent(); }
+  CrossEntropyStats forward_backward(const TokenBatch&, double) { absent(); }
+  CrossEntropyStats evaluate(const TokenBatch&) { absent(); }
+  double reduce_gradients() { absent(); }
+  void scale_gradients(double) { absent(); }
+  void update(const OptimConfig&, int64_t, double) { absent(); }
+  std::vector<NamedTensor> state_tensors() { absent(); }
+};
+}  // namespace iha
+#endif
 
 namespace iha {
 
@@ -55,24 +78,53 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
     if (sp == 1) return make_local_core<T>(lc, N, tiles);
     return make_sequence_parallel_core<T>(lc, N, seq, opt);
   };
-  model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute);
-  opt_ = AdamW<T>(model_->layout());
+  if (cfg_.device == Device::cuda) {
+    collective_check(*world_, [&] {
+      IHA_CONFIG_CHECK((std::is_same<T, float>::value), "config key 'train.dtype': a train.device: cuda "
+                       "run keeps float32 master weights");
+    });
+#if defined(IHA_HAVE_CUDA)
+    gpu_ = std::make_unique<CudaTrainState>(cfg_, cfg_.model, world_);
+#endif
+  } else {
+    model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute);
+    opt_ = AdamW<T>(model_->layout());
+  }
+  const int64_t model_tokens = gpu_ ? gpu_->local_tokens() : model_->local_tokens();
   collective_check(*world_, [&] {
     train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), layout_,
                                                  mesh_->sp_index());
     auto held = make_data_source(cfg_, true);
     if (held) eval_loader_ = std::make_unique<DataLoader>(held, layout_, mesh_->sp_index());
-    IHA_CHECK(train_loader_->local_tokens() == model_->local_tokens(), "data shard holds ",
-              train_loader_->local_tokens(), " tokens, the attention cores ", model_->local_tokens());
+    IHA_CHECK(train_loader_->local_tokens() == model_tokens, "data shard holds ",
+              train_loader_->local_tokens(), " tokens, the attention cores ", model_tokens);
   });
   scalars_.rng = Rng{cfg_.seed, 0};
 }
 
 template <class T>
+Trainer<T>::~Trainer() = default;
+
+template <class T>
+Transformer<T>& Trainer<T>::model() {
+  IHA_CHECK(model_ != nullptr, "the model of a train.device: cuda run lives on the GPU (CudaTrainState)");
+  return *model_;
+}
+
+template <class T>
+int64_t Trainer<T>::num_params() const {
+  return gpu_ ? gpu_->num_params() : model_->params().flat().numel();
+}
+
+template <class T>
 void Trainer<T>::init() {
-  model_->init(cfg_.seed);
-  opt_.m().zero();
-  opt_.v().zero();
+  if (gpu_) {
+    gpu_->init(cfg_.seed);
+  } else {
+    model_->init(cfg_.seed);
+    opt_.m().zero();
+    opt_.v().zero();
+  }
   scalars_ = TrainerScalars{};
   scalars_.rng = Rng{cfg_.seed, 0};
 }
@@ -90,14 +142,21 @@ StepStats Trainer<T>::train_step() {
   world_->all_reduce(&count, 1, DType::i64, ReduceOp::sum, "train.count");
   IHA_CONFIG_CHECK(count > 0, "step ", scalars_.step + 1, ": the batch has no target tokens (data.loss_on?)");
 
-  model_->grads().zero();
   CrossEntropyStats local;
   const double scale = 1.0 / static_cast<double>(count);
-  for (const auto& b : batches) local.add(model_->forward_backward(b, scale));
-
-  // The one gradient reduction of the step: sum over every rank (sequence x data).
-  Tensor& g = model_->grads().flat();
-  world_->all_reduce(g.raw(), g.numel(), g.dtype(), ReduceOp::sum, "train.grad");
+  double grad_sq = 0;
+  if (gpu_) {
+    gpu_->zero_grads();
+    for (const auto& b : batches) local.add(gpu_->forward_backward(b, scale));
+    grad_sq = gpu_->reduce_gradients();
+  } else {
+    model_->grads().zero();
+    for (const auto& b : batches) local.add(model_->forward_backward(b, scale));
+    // The one gradient reduction of the step: sum over every rank (sequence x data).
+    Tensor& g = model_->grads().flat();
+    world_->all_reduce(g.raw(), g.numel(), g.dtype(), ReduceOp::sum, "train.grad");
+    grad_sq = sum_of_squares(model_->grads().data(), g.numel());
+  }
   double sums[4] = {local.loss_sum, local.answer_loss_sum, static_cast<double>(local.answer_count),
                     static_cast<double>(local.answer_correct)};
   world_->all_reduce(sums, 4, DType::f64, ReduceOp::sum, "train.stats");
@@ -108,8 +167,7 @@ StepStats Trainer<T>::train_step() {
   s.answer_accuracy = sums[2] > 0 ? sums[3] / sums[2] : 0;
   s.targets = count;
   s.tokens = cfg_.batch_size * cfg_.seq_len;
-  const T* gp = model_->grads().data();
-  s.grad_norm = std::sqrt(sum_of_squares(gp, g.numel()));
+  s.grad_norm = std::sqrt(grad_sq);
   if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
     std::ostringstream os;
     os << "non-finite training loss at step " << scalars_.step + 1 << " (loss " << s.loss
@@ -117,12 +175,19 @@ StepStats Trainer<T>::train_step() {
     throw NonFiniteLoss(os.str());
   }
   if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) {
-    const T f = static_cast<T>(cfg_.optim.clip / s.grad_norm);
-    T* gw = model_->grads().data();
-    for (int64_t i = 0; i < g.numel(); ++i) gw[i] *= f;
+    if (gpu_) {
+      gpu_->scale_gradients(cfg_.optim.clip / s.grad_norm);
+    } else {
+      const T f = static_cast<T>(cfg_.optim.clip / s.grad_norm);
+      T* gw = model_->grads().data();
+      for (int64_t i = 0; i < model_->grads().flat().numel(); ++i) gw[i] *= f;
+    }
   }
   s.lr = learning_rate(cfg_.optim, scalars_.step, cfg_.steps);
-  opt_.update(cfg_.optim, scalars_.step + 1, s.lr, model_->params(), model_->grads());
+  if (gpu_)
+    gpu_->update(cfg_.optim, scalars_.step + 1, s.lr);
+  else
+    opt_.update(cfg_.optim, scalars_.step + 1, s.lr, model_->params(), model_->grads());
   scalars_.step += 1;
   scalars_.data_cursor += cfg_.batch_size;
   s.step = scalars_.step;
@@ -145,7 +210,7 @@ EvalStats Trainer<T>::evaluate() {
       batches.push_back(eval_loader_->batch(first, std::min(eb, total - first)));
   });
   CrossEntropyStats local;
-  for (const auto& b : batches) local.add(model_->evaluate(b));
+  for (const auto& b : batches) local.add(gpu_ ? gpu_->evaluate(b) : model_->evaluate(b));
   double sums[6] = {local.loss_sum,
                     static_cast<double>(local.count),
                     static_cast<double>(local.correct),
@@ -166,6 +231,7 @@ EvalStats Trainer<T>::evaluate() {
 
 template <class T>
 std::vector<NamedTensor> Trainer<T>::state_tensors() {
+  if (gpu_) return gpu_->state_tensors();
   std::vector<NamedTensor> out;
   const auto& specs = model_->layout()->specs();
   for (size_t i = 0; i < specs.size(); ++i) out.push_back({"param/" + specs[i].name, model_->params().view(i)});
@@ -176,7 +242,7 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
 
 template <class T>
 double Trainer<T>::flops_per_step() const {
-  return model_flops_per_step(model_->config(), cfg_.seq_len, cfg_.batch_size);
+  return model_flops_per_step(cfg_.model, cfg_.seq_len, cfg_.batch_size);
 }
 
 template class Trainer<float>;

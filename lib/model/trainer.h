@@ -15,6 +15,11 @@
 // by name (replicated on every rank), step, data cursor, RNG (seed, counter). The RNG is
 // reserved for stochastic training features; nothing draws from it yet.
 //
+// Device: with train.device: cuda (Trainer<float> only) the model, the gradient reduction and
+// AdamW run on one GPU per rank (CudaTrainState, train_cuda.h); the step's schedule, data, loss
+// count, statistics and checks are this class's, unchanged. model() is then unavailable (the
+// model lives on the GPU); num_params() and state_tensors() serve both.
+//
 // Errors: a configuration or data problem on any rank becomes the same ConfigError on every
 // rank (collective_check). A non-finite loss or gradient norm throws NonFiniteLoss on every
 // rank before the parameters change.
@@ -77,6 +82,8 @@ int64_t count_visible_pairs(const LayerConfig& layer, int64_t N);
 // visible pairs times 4d (forward) + 10d (backward) as in DESIGN.md section 1.
 double model_flops_per_step(const ModelConfig& m, int64_t N, int64_t sequences);
 
+class CudaTrainState;
+
 template <class T>
 class Trainer {
  public:
@@ -85,6 +92,7 @@ class Trainer {
   // data loaders; parameters are uninitialised until init() or a load.
   Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
           std::optional<int64_t> checkpoint_wv = std::nullopt);
+  ~Trainer();
 
   // Fresh parameters from cfg.seed; zero moments, step 0, cursor 0.
   void init();
@@ -96,10 +104,12 @@ class Trainer {
   bool has_held_out() const { return eval_loader_ != nullptr; }
 
   const RunConfig& config() const { return cfg_; }
-  const ModelConfig& model_config() const { return model_->config(); }
+  const ModelConfig& model_config() const { return cfg_.model; }
   ProcessMesh& mesh() { return *mesh_; }
   const SequenceLayout& layout() const { return layout_; }
-  Transformer<T>& model() { return *model_; }
+  // The CPU model (not with train.device: cuda).
+  Transformer<T>& model();
+  int64_t num_params() const;
   AdamW<T>& optimizer() { return opt_; }
   TrainerScalars& scalars() { return scalars_; }
   int64_t step() const { return scalars_.step; }
@@ -117,6 +127,7 @@ class Trainer {
   AdamW<T> opt_;
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
   TrainerScalars scalars_;
+  std::unique_ptr<CudaTrainState> gpu_;  // train.device: cuda
 };
 
 }  // namespace iha
