@@ -1,6 +1,7 @@
 #include "model/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <sstream>
 
@@ -34,6 +35,12 @@ double model_flops_per_step(const ModelConfig& m, int64_t N, int64_t sequences) 
   }
   return static_cast<double>(sequences) * (6.0 * dense * static_cast<double>(N) + attn);
 }
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
 
 void check_mesh_fits_model(const RunConfig& cfg) {
   const int64_t hp = cfg.mesh.hp, H = cfg.model.H;
@@ -164,8 +171,11 @@ StepStats Trainer<T>::train_step() {
   int64_t g_count = 0;
   double sq = 0;
   if (zero) {
+    // Blocking collectives: their whole time is exposed, counted like a wait for the benchmarks.
+    const auto t0 = std::chrono::steady_clock::now();
     world_->reduce_scatter(grads.padded().raw(), grad_shard_.raw(), part_.per_rank(), dtype_of<T>(),
                            "train.grad");
+    world_->counters().add_wait("train.grad", seconds_since(t0));
     g = grad_shard_.template data<T>();
     g_count = part_.per_rank();  // the padding sums to zero
     sq = global_sum(sum_of_squares(g, g_count), "train.norm");
@@ -205,7 +215,9 @@ StepStats Trainer<T>::train_step() {
     opt_.update(cfg_.optim, scalars_.step + 1, s.lr, params.data() + opt_.begin(), g + (opt_.begin() - b));
     const T* src = params.padded().template data<T>() + b;
     std::copy(src, src + part_.per_rank(), param_shard_.template data<T>());
+    const auto t0 = std::chrono::steady_clock::now();
     world_->all_gather(param_shard_.raw(), params.padded().raw(), part_.per_rank(), dtype_of<T>(), "train.params");
+    world_->counters().add_wait("train.params", seconds_since(t0));
   } else {
     opt_.update(cfg_.optim, scalars_.step + 1, s.lr, params, grads);
   }
