@@ -14,7 +14,8 @@
 // table of which scheme is fastest for which (N, P, H, R). R = 1 measures the local layer only.
 //
 //   mpiexec -n R bench_mesh_layer [--N 512,2048] [--P 1,2,4] [--H 4,8] [--d 32] [--B 1]
-//                                 [--reps 3] [--layout zigzag] [--json out.json]
+//                                 [--reps 3] [--layout zigzag] [--kinds global,window]
+//                                 [--json out.json]
 //
 // With more ranks than cores (4 ranks on 2 cores here) times are for trend only; the byte
 // counts do not depend on the machine.
@@ -163,6 +164,12 @@ int main(int argc, char** argv) {
   const int64_t d = args.num("d", 32), B = args.num("B", 1), reps = args.num("reps", 3);
   const LayoutKind layout = parse_layout(args.str("layout", "zigzag"));
   const std::string json = args.str("json", "");
+  std::vector<std::string> kinds;
+  {
+    std::stringstream in(args.str("kinds", "global,window"));
+    for (std::string k; std::getline(in, k, ',');)
+      if (k == "global" || k == "window") kinds.push_back(k);
+  }
 
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ProcessMesh>> meshes;
   struct Row {
@@ -179,7 +186,7 @@ int main(int argc, char** argv) {
                 "H", "sch", "hp", "sp", "fwd s", "bwd s", "total s", "a2a MiB", "ring", "halo", "pring", "phalo",
                 "exposed");
   }
-  for (const std::string kind : {"global", "window"})
+  for (const std::string& kind : kinds)
     for (int64_t N : Ns)
       for (int64_t P : Ps)
         for (int64_t H : Hs) {
