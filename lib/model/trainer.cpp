@@ -212,7 +212,8 @@ StepStats Trainer<T>::train_step() {
     // is that, clipped to the real elements), then gather every rank's range. bf16 compute
     // would update an fp32 master copy of the range here and gather its bf16 cast.
     const int64_t b = part_.begin(world_->rank());
-    opt_.update(cfg_.optim, scalars_.step + 1, s.lr, params.data() + opt_.begin(), g + (opt_.begin() - b));
+    if (opt_.end() > opt_.begin())  // a rank past the real elements holds only padding
+      opt_.update(cfg_.optim, scalars_.step + 1, s.lr, params.data() + opt_.begin(), g + (opt_.begin() - b));
     const T* src = params.padded().template data<T>() + b;
     std::copy(src, src + part_.per_rank(), param_shard_.template data<T>());
     const auto t0 = std::chrono::steady_clock::now();
@@ -279,10 +280,14 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
       } else {
         // This rank's piece of the tensor: one flat range (possibly empty).
         auto [a, b] = part_.piece(rank, s.offset, s.offset + s.numel());
-        if (b <= a) a = b = opt_.begin();
-        nt.tensor = Tensor::view(base + (a - opt_.begin()), {b - a}, dtype_of<T>());
-        nt.begin = b > a ? a - s.offset : 0;
-        nt.end = b > a ? b - s.offset : 0;
+        if (b <= a) {
+          nt.tensor = Tensor::view(base, {0}, dtype_of<T>());
+          nt.begin = nt.end = 0;
+        } else {
+          nt.tensor = Tensor::view(base + (a - opt_.begin()), {b - a}, dtype_of<T>());
+          nt.begin = a - s.offset;
+          nt.end = b - s.offset;
+        }
       }
       out.push_back(std::move(nt));
     }
