@@ -57,6 +57,21 @@ template <class T>
 AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout) : AdamW(layout, 0, layout->total()) {}
 
 template <class T>
+AdamWStep<T> adamw_step(const OptimConfig& c, int64_t t, double lr) {
+  IHA_CHECK(t >= 1, "AdamW step must be >= 1, got ", t);
+  const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(t));
+  AdamWStep<T> s;
+  s.b1 = static_cast<T>(c.beta1);
+  s.b2 = static_cast<T>(c.beta2);
+  s.step_size = static_cast<T>(lr / bc1);
+  s.inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+  s.eps = static_cast<T>(c.eps);
+  s.decay = static_cast<T>(1.0 - lr * c.weight_decay);
+  return s;
+}
+
+template <class T>
 AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout, int64_t begin, int64_t end)
     : layout_(std::move(layout)), begin_(begin), end_(end) {
   IHA_CHECK(0 <= begin && begin <= end && end <= layout_->total(), "AdamW range [", begin, ", ", end,
@@ -67,14 +82,7 @@ AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout, int64_t begin, int64_
 
 template <class T>
 void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, T* p, const T* g) {
-  IHA_CHECK(t >= 1, "AdamW step must be >= 1, got ", t);
-  const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(t));
-  const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(t));
-  const T b1 = static_cast<T>(c.beta1), b2 = static_cast<T>(c.beta2);
-  const T step_size = static_cast<T>(lr / bc1);
-  const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
-  const T eps = static_cast<T>(c.eps);
-  const T decay = static_cast<T>(1.0 - lr * c.weight_decay);
+  const AdamWStep<T> st = adamw_step<T>(c, t, lr);
   T* m = m_.template data<T>();
   T* v = v_.template data<T>();
   // Local index i is buffer element begin + i; each parameter's piece of the range is one run.
@@ -82,12 +90,7 @@ void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, T* p, const T*
     const int64_t first = std::max(s.offset, begin_) - begin_;
     const int64_t last = std::min(s.offset + s.numel(), end_) - begin_;
     const bool wd = s.decay && c.weight_decay > 0;
-    for (int64_t i = first; i < last; ++i) {
-      m[i] = b1 * m[i] + (T(1) - b1) * g[i];
-      v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
-      if (wd) p[i] *= decay;
-      p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
-    }
+    for (int64_t i = first; i < last; ++i) adamw_element(st, wd, p[i], g[i], m[i], v[i]);
   }
 }
 
@@ -101,6 +104,8 @@ void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, ParamSet<T>& p
   update(c, t, lr, params.data(), grads.data());
 }
 
+template AdamWStep<float> adamw_step<float>(const OptimConfig&, int64_t, double);
+template AdamWStep<double> adamw_step<double>(const OptimConfig&, int64_t, double);
 template double sum_of_squares<float>(const float*, int64_t);
 template double sum_of_squares<double>(const double*, int64_t);
 template class AdamW<float>;

@@ -4,12 +4,13 @@
 // state without change.
 // Threads: no shared state; one thread updates a set at a time.
 // defines: iha::OptimConfig, iha::parse_optim_config, iha::learning_rate, iha::AdamW,
-//          iha::sum_of_squares
+//          iha::sum_of_squares, iha::adamw_step
 #pragma once
 
 #include <cstdint>
 
 #include "core/config.h"
+#include "model/model_math.h"
 #include "model/params.h"
 
 namespace iha {
@@ -33,6 +34,11 @@ OptimConfig parse_optim_config(const ConfigNode& node);
 // max(1, total - warmup) in [0, 1].
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total);
 
+// The coefficients of AdamW step t (1-based) at learning rate lr, computed in float64 and cast
+// (model_math.h applies them element by element, on the CPU and the GPU alike).
+template <class T>
+AdamWStep<T> adamw_step(const OptimConfig& c, int64_t t, double lr);
+
 // Sum of squares of a flat buffer, accumulated in float64 in index order.
 template <class T>
 double sum_of_squares(const T* x, int64_t n);
@@ -44,8 +50,9 @@ double sum_of_squares(const T* x, int64_t n);
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p = p - lr * wd * p (decay params only) - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // Element by element, so a sharded update gives the bits of the replicated one.
-// (bf16 compute, when it comes: the fp32 master copy of the same range is the `p` updated here
-// and lives beside the moments, sharded the same way; the caller casts it back to bf16.)
+// (Sharded bf16 compute: the fp32 master copy of the same range is the `p` updated here and
+// lives beside the moments, sharded the same way; the caller casts it back to bf16. The GPU
+// run (train_cuda.h) keeps whole fp32 masters and moments and has no ZeRO yet.)
 template <class T>
 class AdamW {
  public:

@@ -72,6 +72,9 @@ struct RunConfig {
   FlashTiles tiles;
   ModelConfig model;        // window not yet resolved
   DType dtype = DType::f32;
+  Device device = Device::cpu;       // train.device: where the model runs (cuda: one GPU a rank)
+  DType compute_dtype = DType::f32;  // train.compute_dtype: GEMM/attention inputs on the GPU
+                                     // (bf16 default there; on the CPU it is train.dtype)
   bool recompute = true;
   int threads = 1;
   uint64_t seed = 1;        // parameter initialisation

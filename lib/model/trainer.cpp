@@ -4,10 +4,33 @@
 #include <chrono>
 #include <cmath>
 #include <sstream>
+#include <type_traits>
 
 #include "attention/mask.h"
 #include "core/blas.h"
 #include "ringattn/ringattn.h"
+#if defined(IHA_HAVE_CUDA)
+#include "model/train_cuda.h"
+#else
+namespace iha {
+// A CPU-only build never creates the device state (train.device: cuda is a ConfigError when
+// the config is parsed); this stand-in only lets the device branches below compile.
+class CudaTrainState {
+ public:
+  [[noreturn]] static void absent() { IHA_FAIL("this build has no CUDA support"); }
+  int64_t num_params() const { absent(); }
+  int64_t local_tokens() const { absent(); }
+  void init(uint64_t) { absent(); }
+  void zero_grads() { absent(); }
+  CrossEntropyStats forward_backward(const TokenBatch&, double) { absent(); }
+  CrossEntropyStats evaluate(const TokenBatch&) { absent(); }
+  double reduce_gradients() { absent(); }
+  void scale_gradients(double) { absent(); }
+  void update(const OptimConfig&, int64_t, double) { absent(); }
+  std::vector<NamedTensor> state_tensors() { absent(); }
+};
+}  // namespace iha
+#endif
 
 namespace iha {
 
@@ -83,6 +106,34 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
   };
   const int64_t R = world_->size(), rank = world_->rank();
   const bool zero = cfg_.optim.zero;
+  if (cfg_.device == Device::cuda) {
+    collective_check(*world_, [&] {
+      IHA_CONFIG_CHECK((std::is_same<T, float>::value), "config key 'train.dtype': a train.device: cuda "
+                       "run keeps float32 master weights");
+      IHA_CONFIG_CHECK(!zero, "config key 'optim.zero': ZeRO-1 has no GPU implementation yet; with "
+                       "train.device: cuda set optim.zero: false");
+    });
+#if defined(IHA_HAVE_CUDA)
+    gpu_ = std::make_unique<CudaTrainState>(cfg_, cfg_.model, world_);
+#endif
+  } else {
+    build_cpu_state(make_core, R, rank);
+  }
+  const int64_t model_tokens = gpu_ ? gpu_->local_tokens() : model_->local_tokens();
+  collective_check(*world_, [&] {
+    train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), N, tokens_);
+    auto held = make_data_source(cfg_, true);
+    if (held) eval_loader_ = std::make_unique<DataLoader>(held, N, tokens_);
+    IHA_CHECK(train_loader_->local_tokens() == model_tokens, "data shard holds ",
+              train_loader_->local_tokens(), " tokens, the attention cores ", model_tokens);
+  });
+  scalars_.rng = Rng{cfg_.seed, 0};
+}
+
+template <class T>
+void Trainer<T>::build_cpu_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R,
+                                 int64_t rank) {
+  const bool zero = cfg_.optim.zero;
   model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute, zero ? R : 1);
   const auto layout = model_->layout();
   const int64_t L = layout->total();
@@ -102,21 +153,31 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
                                                    "train.grad");
     }
   }
-  collective_check(*world_, [&] {
-    train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), N, tokens_);
-    auto held = make_data_source(cfg_, true);
-    if (held) eval_loader_ = std::make_unique<DataLoader>(held, N, tokens_);
-    IHA_CHECK(train_loader_->local_tokens() == model_->local_tokens(), "data shard holds ",
-              train_loader_->local_tokens(), " tokens, the attention cores ", model_->local_tokens());
-  });
-  scalars_.rng = Rng{cfg_.seed, 0};
+}
+
+template <class T>
+Trainer<T>::~Trainer() = default;
+
+template <class T>
+Transformer<T>& Trainer<T>::model() {
+  IHA_CHECK(model_ != nullptr, "the model of a train.device: cuda run lives on the GPU (CudaTrainState)");
+  return *model_;
+}
+
+template <class T>
+int64_t Trainer<T>::num_params() const {
+  return gpu_ ? gpu_->num_params() : model_->params().flat().numel();
 }
 
 template <class T>
 void Trainer<T>::init() {
-  model_->init(cfg_.seed);
-  opt_.m().zero();
-  opt_.v().zero();
+  if (gpu_) {
+    gpu_->init(cfg_.seed);
+  } else {
+    model_->init(cfg_.seed);
+    opt_.m().zero();
+    opt_.v().zero();
+  }
   scalars_ = TrainerScalars{};
   scalars_.rng = Rng{cfg_.seed, 0};
 }
@@ -144,11 +205,12 @@ StepStats Trainer<T>::train_step() {
   world_->all_reduce(&count, 1, DType::i64, ReduceOp::sum, "train.count");
   IHA_CONFIG_CHECK(count > 0, "step ", scalars_.step + 1, ": the batch has no target tokens (data.loss_on?)");
 
+  CrossEntropyStats local;
+  const double scale = 1.0 / static_cast<double>(count);
+  if (gpu_) return gpu_step(batches, count, scale);
   ParamSet<T>& grads = model_->grads();
   ParamSet<T>& params = model_->params();
   grads.zero();
-  CrossEntropyStats local;
-  const double scale = 1.0 / static_cast<double>(count);
   // Without ZeRO, the last micro-batch's backward starts each bucket's all-reduce as soon as
   // its parameters are final, so the reduction of late blocks runs under the backward of
   // earlier ones (MPI progresses it inside the attention cores' waits and progress() calls).
@@ -185,23 +247,7 @@ StepStats Trainer<T>::train_step() {
     g_count = grads.flat().numel();
     sq = sum_of_squares(g, g_count);
   }
-  double sums[4] = {local.loss_sum, local.answer_loss_sum, static_cast<double>(local.answer_count),
-                    static_cast<double>(local.answer_correct)};
-  world_->all_reduce(sums, 4, DType::f64, ReduceOp::sum, "train.stats");
-
-  StepStats s;
-  s.loss = sums[0] / static_cast<double>(count);
-  s.answer_loss = sums[2] > 0 ? sums[1] / sums[2] : 0;
-  s.answer_accuracy = sums[2] > 0 ? sums[3] / sums[2] : 0;
-  s.targets = count;
-  s.tokens = cfg_.batch_size * cfg_.seq_len;
-  s.grad_norm = std::sqrt(sq);
-  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
-    std::ostringstream os;
-    os << "non-finite training loss at step " << scalars_.step + 1 << " (loss " << s.loss
-       << ", gradient norm " << s.grad_norm << "); parameters were not updated";
-    throw NonFiniteLoss(os.str());
-  }
+  StepStats s = step_stats(local, count, sq);
   if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) {
     const T f = static_cast<T>(cfg_.optim.clip / s.grad_norm);
     for (int64_t i = 0; i < g_count; ++i) g[i] *= f;
@@ -229,6 +275,43 @@ StepStats Trainer<T>::train_step() {
 }
 
 template <class T>
+StepStats Trainer<T>::gpu_step(const std::vector<TokenBatch>& batches, int64_t count, double scale) {
+  CrossEntropyStats local;
+  gpu_->zero_grads();
+  for (const auto& b : batches) local.add(gpu_->forward_backward(b, scale));
+  const double sq = gpu_->reduce_gradients();
+  StepStats s = step_stats(local, count, sq);
+  if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) gpu_->scale_gradients(cfg_.optim.clip / s.grad_norm);
+  s.lr = learning_rate(cfg_.optim, scalars_.step, cfg_.steps);
+  gpu_->update(cfg_.optim, scalars_.step + 1, s.lr);
+  scalars_.step += 1;
+  scalars_.data_cursor += cfg_.batch_size;
+  s.step = scalars_.step;
+  return s;
+}
+
+template <class T>
+StepStats Trainer<T>::step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq) {
+  double sums[4] = {local.loss_sum, local.answer_loss_sum, static_cast<double>(local.answer_count),
+                    static_cast<double>(local.answer_correct)};
+  world_->all_reduce(sums, 4, DType::f64, ReduceOp::sum, "train.stats");
+  StepStats s;
+  s.loss = sums[0] / static_cast<double>(count);
+  s.answer_loss = sums[2] > 0 ? sums[1] / sums[2] : 0;
+  s.answer_accuracy = sums[2] > 0 ? sums[3] / sums[2] : 0;
+  s.targets = count;
+  s.tokens = cfg_.batch_size * cfg_.seq_len;
+  s.grad_norm = std::sqrt(grad_sq);
+  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
+    std::ostringstream os;
+    os << "non-finite training loss at step " << scalars_.step + 1 << " (loss " << s.loss
+       << ", gradient norm " << s.grad_norm << "); parameters were not updated";
+    throw NonFiniteLoss(os.str());
+  }
+  return s;
+}
+
+template <class T>
 EvalStats Trainer<T>::evaluate() {
   IHA_CONFIG_CHECK(eval_loader_ != nullptr, "evaluation needs held-out data: set config key "
                    "'eval.path' to a held-out token file");
@@ -244,7 +327,7 @@ EvalStats Trainer<T>::evaluate() {
       batches.push_back(eval_loader_->batch(first, std::min(eb, total - first)));
   });
   CrossEntropyStats local;
-  for (const auto& b : batches) local.add(model_->evaluate(b));
+  for (const auto& b : batches) local.add(gpu_ ? gpu_->evaluate(b) : model_->evaluate(b));
   double sums[6] = {local.loss_sum,
                     static_cast<double>(local.count),
                     static_cast<double>(local.correct),
@@ -265,6 +348,7 @@ EvalStats Trainer<T>::evaluate() {
 
 template <class T>
 std::vector<NamedTensor> Trainer<T>::state_tensors() {
+  if (gpu_) return gpu_->state_tensors();
   std::vector<NamedTensor> out;
   const auto& specs = model_->layout()->specs();
   for (size_t i = 0; i < specs.size(); ++i)
@@ -297,7 +381,7 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
 
 template <class T>
 double Trainer<T>::flops_per_step() const {
-  return model_flops_per_step(model_->config(), cfg_.seq_len, cfg_.batch_size);
+  return model_flops_per_step(cfg_.model, cfg_.seq_len, cfg_.batch_size);
 }
 
 template class Trainer<float>;

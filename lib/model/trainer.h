@@ -31,6 +31,11 @@
 // cursor, RNG (seed, counter). The RNG is reserved for stochastic training features; nothing
 // draws from it yet.
 //
+// Device: with train.device: cuda (Trainer<float> only) the model, the gradient reduction and
+// AdamW run on one GPU per rank (CudaTrainState, train_cuda.h); the step's schedule, data, loss
+// count, statistics and checks are this class's, unchanged. model() is then unavailable (the
+// model lives on the GPU); num_params() and state_tensors() serve both.
+//
 // Errors: a configuration or data problem on any rank becomes the same ConfigError on every
 // rank (collective_check): a mesh that does not multiply to the world size, or hp not dividing
 // H where a layer kind uses the head scheme. A non-finite loss or gradient norm throws
@@ -87,7 +92,7 @@ struct TrainerScalars {
 struct NamedTensor {
   std::string name;  // "param/<name>", "adam_m/<name>", "adam_v/<name>"
   Tensor tensor;     // view into the live state: the whole tensor, or a flat piece of it
-  Shape shape;       // the global shape
+  Shape shape;       // the global shape (needed when sharded; a whole tensor has its own)
   // With end >= 0, `tensor` holds elements [begin, end) of the flattened global tensor (a
   // ZeRO shard; possibly empty); otherwise it is the whole tensor, replicated.
   int64_t begin = 0, end = -1;
@@ -105,6 +110,8 @@ int64_t count_visible_pairs(const LayerConfig& layer, int64_t N);
 // visible pairs times 4d (forward) + 10d (backward) as in DESIGN.md section 1.
 double model_flops_per_step(const ModelConfig& m, int64_t N, int64_t sequences);
 
+class CudaTrainState;
+
 template <class T>
 class Trainer {
  public:
@@ -113,6 +120,7 @@ class Trainer {
   // data loaders; parameters are uninitialised until init() or a load.
   Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
           std::optional<int64_t> checkpoint_wv = std::nullopt);
+  ~Trainer();
 
   // Fresh parameters from cfg.seed; zero moments, step 0, cursor 0.
   void init();
@@ -124,13 +132,15 @@ class Trainer {
   bool has_held_out() const { return eval_loader_ != nullptr; }
 
   const RunConfig& config() const { return cfg_; }
-  const ModelConfig& model_config() const { return model_->config(); }
+  const ModelConfig& model_config() const { return cfg_.model; }
   ProcessMesh& mesh() { return *mesh_; }
   // This rank's tokens of each sequence (ascending): its rows in the model.
   const std::vector<int64_t>& tokens() const { return tokens_; }
   // ZeRO-1: the split of the flat parameter buffer over the world (ranks = 1 without ZeRO).
   const FlatPartition& partition() const { return part_; }
-  Transformer<T>& model() { return *model_; }
+  // The CPU model (not with train.device: cuda).
+  Transformer<T>& model();
+  int64_t num_params() const;
   AdamW<T>& optimizer() { return opt_; }
   TrainerScalars& scalars() { return scalars_; }
   int64_t step() const { return scalars_.step; }
@@ -142,6 +152,12 @@ class Trainer {
  private:
   // Sum of one double per rank, added in rank order (the same bits on every rank).
   double global_sum(double local, const std::string& site);
+  // The CPU model, optimizer and gradient reduction (replicated or ZeRO-1).
+  void build_cpu_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank);
+  // The global loss statistics of a step and its gradient norm; NonFiniteLoss if not finite.
+  StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
+  // train.device: cuda: the step after the data (CudaTrainState does model, reduction, AdamW).
+  StepStats gpu_step(const std::vector<TokenBatch>& batches, int64_t count, double scale);
 
   RunConfig cfg_;
   std::shared_ptr<Communicator> world_;
@@ -154,6 +170,7 @@ class Trainer {
   Tensor grad_shard_, param_shard_;           // with ZeRO: this rank's range
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
   TrainerScalars scalars_;
+  std::unique_ptr<CudaTrainState> gpu_;  // train.device: cuda
 };
 
 }  // namespace iha

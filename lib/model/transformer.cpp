@@ -139,11 +139,11 @@ template <class T>
 Transformer<T>::~Transformer() = default;
 
 template <class T>
-void Transformer<T>::init(uint64_t seed) {
-  const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(cfg_.layers));
-  const int64_t H = cfg_.H, P = cfg_.P;
-  for (const ParamSpec& s : layout_->specs()) {
-    T* p = params_.data() + s.offset;
+void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* flat, uint64_t seed) {
+  const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(cfg.layers));
+  const int64_t H = cfg.H, P = cfg.P;
+  for (const ParamSpec& s : layout.specs()) {
+    T* p = flat + s.offset;
     const int64_t n = s.numel();
     if (ends_with(s.name, "norm1") || ends_with(s.name, "norm2") || s.name == "norm_f") {
       for (int64_t i = 0; i < n; ++i) p[i] = T(1);
@@ -156,16 +156,21 @@ void Transformer<T>::init(uint64_t seed) {
       const int64_t cols = s.shape[1];
       for (int64_t h = 0; h < H; ++h)
         for (int64_t k = 0; k < cols; ++k) {
-          const bool on = cfg_.collapse == Collapse::per_head || k / P == h;
+          const bool on = cfg.collapse == Collapse::per_head || k / P == h;
           p[h * cols + k] = on ? static_cast<T>(1.0 / static_cast<double>(P)) : T(0);
         }
     } else {
       const bool out_proj = ends_with(s.name, "attn.wo") || ends_with(s.name, "mlp.w_down");
-      const double std = cfg_.init_std * (out_proj ? out_scale : 1.0);
+      const double std = cfg.init_std * (out_proj ? out_scale : 1.0);
       const uint64_t stream = name_stream(s.name.c_str());
       for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(std * normal01(seed, stream, i));
     }
   }
+}
+
+template <class T>
+void Transformer<T>::init(uint64_t seed) {
+  init_model_params<T>(cfg_, *layout_, params_.data(), seed);
 }
 
 template <class T>
@@ -336,6 +341,8 @@ CrossEntropyStats Transformer<T>::evaluate(const TokenBatch& batch) {
   return stats;
 }
 
+template void init_model_params<float>(const ModelConfig&, const ParamLayout&, float*, uint64_t);
+template void init_model_params<double>(const ModelConfig&, const ParamLayout&, double*, uint64_t);
 template class Transformer<float>;
 template class Transformer<double>;
 

@@ -17,7 +17,7 @@
 //     the block in backward; results are bitwise identical with and without it.
 //
 // Threads: one thread drives a model; BLAS and attention kernels may use set_num_threads().
-// defines: iha::make_param_layout, iha::Transformer
+// defines: iha::make_param_layout, iha::init_model_params, iha::Transformer
 #pragma once
 
 #include <functional>
@@ -34,6 +34,11 @@ namespace iha {
 
 // The parameter layout of a model (names, shapes, weight-decay flags), in schema order.
 std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& cfg);
+
+// Writes the initial parameters (docs/model.md "Initialisation") into a flat host buffer of
+// `layout`: the CPU model and the GPU model (transformer_cuda.h) start from the same values.
+template <class T>
+void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* flat, uint64_t seed);
 
 template <class T>
 class Transformer {
