@@ -33,6 +33,7 @@ OptimConfig parse_optim_config(const ConfigNode& n) {
   c.eps = n.get<double>("eps", c.eps);
   c.weight_decay = n.get<double>("weight_decay", c.weight_decay);
   c.clip = n.get<double>("clip", c.clip);
+  c.zero = n.get<bool>("zero", c.zero);
   c.validate();
   return c;
 }
@@ -53,7 +54,7 @@ double sum_of_squares(const T* x, int64_t n) {
 }
 
 template <class T>
-AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout) : m_(layout), v_(layout) {}
+AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout) : AdamW(layout, 0, layout->total()) {}
 
 template <class T>
 AdamWStep<T> adamw_step(const OptimConfig& c, int64_t t, double lr) {
@@ -71,18 +72,36 @@ AdamWStep<T> adamw_step(const OptimConfig& c, int64_t t, double lr) {
 }
 
 template <class T>
+AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout, int64_t begin, int64_t end)
+    : layout_(std::move(layout)), begin_(begin), end_(end) {
+  IHA_CHECK(0 <= begin && begin <= end && end <= layout_->total(), "AdamW range [", begin, ", ", end,
+            ") outside the parameter buffer of ", layout_->total(), " elements");
+  m_ = Tensor({end - begin}, dtype_of<T>());
+  v_ = Tensor({end - begin}, dtype_of<T>());
+}
+
+template <class T>
+void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, T* p, const T* g) {
+  const AdamWStep<T> st = adamw_step<T>(c, t, lr);
+  T* m = m_.template data<T>();
+  T* v = v_.template data<T>();
+  // Local index i is buffer element begin + i; each parameter's piece of the range is one run.
+  for (const ParamSpec& s : layout_->specs()) {
+    const int64_t first = std::max(s.offset, begin_) - begin_;
+    const int64_t last = std::min(s.offset + s.numel(), end_) - begin_;
+    const bool wd = s.decay && c.weight_decay > 0;
+    for (int64_t i = first; i < last; ++i) adamw_element(st, wd, p[i], g[i], m[i], v[i]);
+  }
+}
+
+template <class T>
 void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, ParamSet<T>& params,
                       const ParamSet<T>& grads) {
-  const AdamWStep<T> st = adamw_step<T>(c, t, lr);
-  T* p = params.data();
-  const T* g = grads.data();
-  T* m = m_.data();
-  T* v = v_.data();
-  for (const ParamSpec& s : params.layout().specs()) {
-    const int64_t end = s.offset + s.numel();
-    const bool wd = s.decay && c.weight_decay > 0;
-    for (int64_t i = s.offset; i < end; ++i) adamw_element(st, wd, p[i], g[i], m[i], v[i]);
-  }
+  IHA_CHECK(begin_ == 0 && end_ == layout_->total() && params.flat().numel() == end_ &&
+                grads.flat().numel() == end_,
+            "AdamW::update(ParamSet): the optimizer holds the range [", begin_, ", ", end_,
+            "), not the whole buffer");
+  update(c, t, lr, params.data(), grads.data());
 }
 
 template AdamWStep<float> adamw_step<float>(const OptimConfig&, int64_t, double);

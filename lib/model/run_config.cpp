@@ -83,8 +83,11 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
   c.mesh.dp = positive(mesh, "dp", 1);
   c.mesh.hp = positive(mesh, "hp", 1);
   c.mesh.sp = positive(mesh, "sp", 1);
-  IHA_CONFIG_CHECK(c.mesh.hp == 1, "config key 'mesh.hp': head parallelism is not available yet "
-                   "(it comes with the full mesh, issue 7); set mesh.hp: 1, got ", c.mesh.hp);
+  const ConfigNode schemes = mesh.child("schemes");
+  c.schemes.global = parse_scheme(schemes.get<std::string>("global", c.mesh.hp > 1 ? "head" : "sequence"),
+                                  schemes.key_path("global"));
+  c.schemes.window = parse_scheme(schemes.get<std::string>("window", "sequence"), schemes.key_path("window"));
+  c.grad_bucket_kib = positive(mesh, "grad_bucket_kib", c.grad_bucket_kib);
 
   const ConfigNode seq = root.child("sequence");
   c.seq_len = seq.require<int64_t>("length");

@@ -55,6 +55,7 @@ std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c) {
 template <class T>
 struct Transformer<T>::Block {
   int64_t index = 0;
+  size_t first_param = 0, end_param = 0;  // the block's parameters: contiguous in the layout
   LayerConfig layer;
   std::unique_ptr<IhaLayer<T>> attn;
   IhaWeights<T> w, gw;  // views into params / grads
@@ -80,15 +81,19 @@ struct Transformer<T>::BlockActs {
 };
 
 template <class T>
-Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute)
+Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute,
+                            int64_t pad_multiple)
     : cfg_(cfg), recompute_(recompute) {
   cfg_.validate();
   layout_ = make_param_layout(cfg_);
-  params_ = ParamSet<T>(layout_);
-  grads_ = ParamSet<T>(layout_);
+  params_ = ParamSet<T>(layout_, pad_multiple);
+  grads_ = ParamSet<T>(layout_, pad_multiple);
   embed_ = layout_->index("embed");
   norm_f_ = layout_->index("norm_f");
   lm_head_ = layout_->index("lm_head");
+  // GradientsReady ranges rely on the schema order: embed, blocks, norm_f, lm_head.
+  IHA_CHECK(embed_ == 0 && norm_f_ + 1 == lm_head_ && lm_head_ + 1 == layout_->specs().size(),
+            "parameter layout is not in schema order");
   for (int64_t i = 0; i < cfg_.layers; ++i) {
     auto blk = std::make_unique<Block>();
     blk->index = i;
@@ -100,6 +105,8 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core
               " tokens, block 0's holds ", n_local_);
     blk->attn = std::make_unique<IhaLayer<T>>(blk->layer, core);
     const std::string p = block_prefix(i);
+    blk->first_param = layout_->index(p + "norm1");
+    blk->end_param = layout_->index(p + "mlp.w_down") + 1;
     auto bind = [&](IhaWeights<T>& w, ParamSet<T>& set) {
       w.wq = set.view(p + "attn.wq");
       w.wk = set.view(p + "attn.wk");
@@ -231,7 +238,8 @@ void Transformer<T>::block_backward(Block& blk, const Tensor& dout, BlockActs& a
 }
 
 template <class T>
-CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, double grad_scale) {
+CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, double grad_scale,
+                                                   const GradientsReady& ready) {
   check_batch(batch);
   const DType dt = dtype_of<T>();
   const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
@@ -266,6 +274,7 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
                       params_.view(norm_f_).template data<T>(), inv_f.template data<T>(),
                       dx.template data<T>(), grads_.view(norm_f_).template data<T>());
   f = df = Tensor();
+  if (ready) ready(norm_f_, lm_head_ + 1);
   for (size_t i = blocks_.size(); i-- > 0;) {
     if (recompute_) {
       const Tensor xin = acts[i].x;
@@ -274,11 +283,13 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
     }
     Tensor dxi;
     block_backward(*blocks_[i], dx, acts[i], dxi);
+    if (ready) ready(blocks_[i]->first_param, blocks_[i]->end_param);
     acts[i] = BlockActs();
     dx = dxi;
   }
   embedding_backward<T>(batch.tokens.data(), rows, dx.template data<T>(), D,
                         grads_.view(embed_).template data<T>());
+  if (ready) ready(embed_, embed_ + 1);
   return stats;
 }
 

@@ -343,8 +343,8 @@ TEST(ModelOpsCuda, AdamWMatchesCpuOverSteps) {
   }
   const std::vector<double> p_ref(p.data(), p.data() + n);
   EXPECT_TRUE(close_normwise(from_device(p_d), p_ref, 1e-5, "parameters after 3 steps"));
-  EXPECT_TRUE(close_normwise(from_device(m_d), std::vector<double>(opt.m().data(), opt.m().data() + n), 1e-5, "m"));
-  EXPECT_TRUE(close_normwise(from_device(v_d), std::vector<double>(opt.v().data(), opt.v().data() + n), 1e-5, "v"));
+  EXPECT_TRUE(close_normwise(from_device(m_d), std::vector<double>(opt.m().data<double>(), opt.m().data<double>() + n), 1e-5, "m"));
+  EXPECT_TRUE(close_normwise(from_device(v_d), std::vector<double>(opt.v().data<double>(), opt.v().data<double>() + n), 1e-5, "v"));
 }
 
 }  // namespace
