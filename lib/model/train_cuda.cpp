@@ -58,9 +58,9 @@ void CudaTrainState::update(const OptimConfig& c, int64_t t, double lr) {
 std::vector<NamedTensor> CudaTrainState::state_tensors() {
   std::vector<NamedTensor> out;
   const auto& specs = model_->layout()->specs();
-  for (size_t i = 0; i < specs.size(); ++i) out.push_back({"param/" + specs[i].name, model_->view(model_->params(), i)});
-  for (size_t i = 0; i < specs.size(); ++i) out.push_back({"adam_m/" + specs[i].name, model_->view(m_, i)});
-  for (size_t i = 0; i < specs.size(); ++i) out.push_back({"adam_v/" + specs[i].name, model_->view(v_, i)});
+  for (size_t i = 0; i < specs.size(); ++i) out.push_back({"param/" + specs[i].name, model_->view(model_->params(), i), specs[i].shape});
+  for (size_t i = 0; i < specs.size(); ++i) out.push_back({"adam_m/" + specs[i].name, model_->view(m_, i), specs[i].shape});
+  for (size_t i = 0; i < specs.size(); ++i) out.push_back({"adam_v/" + specs[i].name, model_->view(v_, i), specs[i].shape});
   return out;
 }
 
