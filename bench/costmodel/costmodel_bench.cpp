@@ -36,6 +36,7 @@
 //                                        round trip / 2; both sending at once (a ring step)
 //   allreduce: count                     Communicator::all_reduce of float32 over all ranks
 #include <mpi.h>
+#include <sys/resource.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -376,6 +377,12 @@ Timing run_comm(const std::string& op, const YAML::Node& it, const Limits& lim, 
   return r;
 }
 
+double cpu_seconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 std::string read_loadavg() {
   std::ifstream f("/proc/loadavg");
   std::string a, b, c;
@@ -418,7 +425,7 @@ int main(int argc, char** argv) {
   if (plan["max_reps"]) lim.max_reps = plan["max_reps"].as<int>();
 
   const std::string load_before = read_loadavg();
-  const double t_start = bench::now();
+  const double t_start = bench::now(), cpu_start = cpu_seconds();
   std::ostringstream items;  // this process's result lines
   bool first = true;
   int done = 0;
@@ -449,8 +456,14 @@ int main(int argc, char** argv) {
       ++done;
     }
   }
+  // CPU share of this process while it measured (barrier sleeps excluded): well below 1 means
+  // another user's job took part of its core.
+  const double elapsed_mine = bench::now() - t_start, cpu_mine = cpu_seconds() - cpu_start;
   bench::idle_barrier(world);
   const double elapsed = bench::now() - t_start;
+  double share = cpu_mine / elapsed_mine;
+  std::vector<double> shares(procs);
+  MPI_Gather(&share, 1, MPI_DOUBLE, shares.data(), 1, MPI_DOUBLE, 0, mpi_handle(world));
 
   // Gather every process's lines on process 0.
   const std::string mine = items.str();
@@ -469,7 +482,9 @@ int main(int argc, char** argv) {
     std::ostringstream out;
     out << "{\"processes\": " << procs << ", \"plan\": \"" << json_escape(plan_path)
         << "\", \"loadavg_before\": \"" << load_before << "\", \"loadavg_after\": \"" << read_loadavg()
-        << "\", \"elapsed_s\": " << elapsed << ",\n \"items\": [\n";
+        << "\", \"elapsed_s\": " << elapsed << ", \"cpu_share\": [";
+    for (int p = 0; p < procs; ++p) out << (p ? ", " : "") << shares[p];
+    out << "],\n \"items\": [\n";
     bool f = true;
     for (int p = 0; p < procs; ++p) {
       if (lens[p] == 0) continue;
