@@ -100,10 +100,54 @@ def cmd_validate(a):
     md.append("|---:|---|" + "---:|" * (len(keys) + 1))
     for R, kind, procs, share, pred, meas, err, runs, used, cats in rows:
         md.append(f"| {R} | {procs} proc | " + " | ".join(f"{cats.get(k, 0.0):.3f}" for k in keys) + f" | {pred:.3f} |")
+    md.append("")
+    md += rates_tables(a, variants)
     text = "\n".join(md) + "\n"
     open(os.path.join(a.results, "validation.md"), "w").write(text)
     json.dump(out, open(os.path.join(a.results, "validation.json"), "w"), indent=1)
     print(text)
+
+
+def rates_tables(a, variants):
+    """The measured rates the predictions used (the model's only inputs besides the code's
+    structure), per rank count."""
+    md = []
+    comm = sorted(glob.glob(os.path.join(a.results, "comm_*.json")))
+    by_r = {}
+    for R, kind in variants:
+        if kind != "bench":
+            continue
+        run = load_run(a.config, sp=R, dp=1)
+        bench = sorted(glob.glob(os.path.join(a.results, f"bench_R{R}_*.json")))
+        by_r[R] = (run, cpu_model.load_rates(bench, comm, run), cpu_model.item_seconds(bench), bench)
+    Rs = sorted(by_r)
+    md.append("| attention GFLOP/s on visible pairs | " + " | ".join(f"R={R}" for R in Rs) + " |")
+    md.append("|---|" + "---:|" * len(Rs))
+    for key in sorted(by_r[Rs[0]][1].attn):
+        md.append(f"| {key[0]} {key[1]} | " + " | ".join(f"{by_r[R][1].attn[key] / 1e9:.0f}" for R in Rs) + " |")
+    md.append("")
+    md.append("| GEMM (op, M x N x K, beta) | GFLOP/s |")
+    md.append("|---|---:|")
+    for R in Rs:
+        for k, v in sorted(by_r[R][1].gemm.items()):
+            md.append(f"| R={R} {'T' if k[0] else 'N'}{'T' if k[1] else 'N'} {k[2]}x{k[3]}x{k[4]} b{k[5]:g} | {v / 1e9:.0f} |")
+    md.append("")
+    ops = sorted(by_r[Rs[0]][1].elem)
+    md.append("| element-wise op (elements/s; alloc: bytes/s) | " + " | ".join(f"R={R}" for R in Rs) + " |")
+    md.append("|---|" + "---:|" * len(Rs))
+    for op in ops:
+        md.append(f"| {op} | " + " | ".join(f"{by_r[R][1].elem[op] / 1e9:.2f} G" for R in Rs) + " |")
+    rates = by_r[Rs[0]][1]
+    md.append("")
+    md.append(f"Ping-pong (one way, median over repeats): alpha = t(8 B) = {rates.alpha * 1e6:.2f} us; "
+              + ", ".join(f"{b / 2**20:.3g} MiB: {t * 1e3:.3f} ms ({b / t / 1e9:.1f} GB/s)"
+                          for b, t in rates.pingpong if b >= 2**17) + ".")
+    if rates.allreduce_measured:
+        run = by_r[Rs[0]][0]
+        md.append(f"All-reduce of the {run.model.params()} float gradients over 2 ranks: measured "
+                  f"{rates.allreduce_measured * 1e3:.2f} ms, alpha-beta ring model "
+                  f"{rates.allreduce(run.model.params() * 4, 2) * 1e3:.2f} ms.")
+    return md
 
 
 def cmd_project(a):
