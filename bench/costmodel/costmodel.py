@@ -28,15 +28,21 @@ def measured_runs(results, R, skip, cores):
     ranks had their cores to themselves; MPI ranks spin while waiting, so a calm run is ~1)."""
     out = []
     for p in sorted(glob.glob(os.path.join(results, f"train_R{R}_*.jsonl"))):
-        steps = [json.loads(l) for l in open(p) if '"event":"step"' in l.replace(" ", "")]
+        events = [json.loads(l) for l in open(p) if l.strip()]
+        steps = [e for e in events if e.get("event") == "step"]
         times = [s["step_time_s"] for s in steps if s["step"] > skip]
         share = None
         tp = p[:-len(".jsonl")] + ".time"
-        if os.path.exists(tp):
-            wall, user, sys_ = (float(x) for x in open(tp).read().split()[-3:])
+        fields = open(tp).read().split() if os.path.exists(tp) else []
+        if len(fields) >= 3:
+            wall, user, sys_ = (float(x) for x in fields[-3:])
             share = (user + sys_) / (wall * min(R, cores))
+        # A run cut short (no "end" event, or no timing from bash) is listed but never used:
+        # its CPU share, hence whether the machine was calm, is unknown.
+        complete = any(e.get("event") == "end" for e in events) and share is not None
         if times:
-            out.append(dict(file=os.path.basename(p), steps=times, median=statistics.median(times), cpu_share=share))
+            out.append(dict(file=os.path.basename(p), steps=times, median=statistics.median(times),
+                            cpu_share=share, complete=complete))
     return out
 
 
@@ -75,8 +81,9 @@ def cmd_validate(a):
         rates = cpu_model.load_rates(bench, comm, run, cores_per_rank=share)
         pred, cats, own = cpu_model.predict(run, rates)
         runs = measured_runs(a.results, R, a.skip, a.cores)
-        calm = [r for r in runs if r["cpu_share"] is None or r["cpu_share"] >= a.min_share]
-        used = calm if calm else runs
+        done = [r for r in runs if r["complete"]]
+        calm = [r for r in done if r["cpu_share"] >= a.min_share]
+        used = calm if calm else done
         meas = statistics.median([r["median"] for r in used]) if used else float("nan")
         err = (pred - meas) / meas if used else float("nan")
         key = str(R) if kind == "bench" else f"{R}-solo-rates"
@@ -91,8 +98,8 @@ def cmd_validate(a):
           "|---:|---|---:|---:|---:|---:|---:|---|"]
     for R, kind, procs, share, pred, meas, err, runs, used, cats in rows:
         who = f"{procs} process{'es' if procs > 1 else ''} at once"
-        runs_txt = ", ".join(f"{r['median']:.3f} ({r['cpu_share']:.2f})" if r["cpu_share"] is not None
-                             else f"{r['median']:.3f}" for r in runs)
+        runs_txt = ", ".join(f"{r['median']:.3f} ({r['cpu_share']:.2f})" if r["complete"]
+                             else f"{r['median']:.3f} (interrupted, {len(r['steps'])} steps)" for r in runs)
         md.append(f"| {R} | {who} | {share:.2f} | {pred:.3f} | {meas:.3f} | {100 * err:+.1f}% | {used} of {len(runs)} | {runs_txt} |")
     md.append("")
     keys = ["gemm", "attention", "memory-bound ops", "alloc/copy", "optimizer", "communication", "(sync wait)"]
