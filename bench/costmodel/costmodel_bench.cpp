@@ -7,7 +7,7 @@
 //   costmodel_bench --plan plan.json --json out.json            (one process: solo rates)
 //   mpiexec -n 2 costmodel_bench --plan plan.json --json out.json
 //
-// The plan (written by bench/costmodel/model.py) is a list of groups of items. Every process
+// The plan (written by bench/costmodel/costmodel.py plan) is a list of groups of items. Every process
 // runs each group's items that belong to it: an item with a "rank" field belongs to process
 // rank % processes (the per-rank attention calls of a ring or halo step), one without it to
 // every process (GEMMs and element-wise ops, so with 2 processes both cores are busy, as in a
