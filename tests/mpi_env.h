@@ -1,8 +1,12 @@
 // The world communicator for tests running under mpiexec (set by mpi_main.cpp).
-// defines: iha::test::world, iha::test::set_world
+// defines: iha::test::world, iha::test::set_world, iha::test::SharedDir
 #pragma once
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <memory>
+#include <string>
 
 #include "parallel/comm.h"
 
@@ -15,5 +19,27 @@ inline std::shared_ptr<Communicator>& world_slot() {
 inline void set_world(std::shared_ptr<Communicator> w) { world_slot() = std::move(w); }
 inline Communicator& world() { return *world_slot(); }
 inline std::shared_ptr<Communicator> world_ptr() { return world_slot(); }
+
+// A scratch directory shared by the ranks of this job (they share the launcher, mpiexec, as
+// parent process): /tmp/iha_test_<ppid>_<name>, emptied before and removed after. Collective.
+class SharedDir {
+ public:
+  explicit SharedDir(const std::string& name)
+      : path_("/tmp/iha_test_" + std::to_string(::getppid()) + "_" + name) {
+    world().barrier();
+    if (world().rank() == 0) std::filesystem::remove_all(path_);
+    world().barrier();
+  }
+  ~SharedDir() {
+    world().barrier();
+    if (world().rank() == 0) std::filesystem::remove_all(path_);
+  }
+  SharedDir(const SharedDir&) = delete;
+  SharedDir& operator=(const SharedDir&) = delete;
+  const std::string& str() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 }  // namespace iha::test

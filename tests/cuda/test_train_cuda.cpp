@@ -6,9 +6,7 @@
 // the same loss. Skips without a GPU (the config checks are in tests/model/test_device_config.cpp).
 #include <gtest/gtest.h>
 
-#include <unistd.h>
 
-#include <filesystem>
 #include <map>
 
 #include "cuda_test_util.h"
@@ -21,23 +19,6 @@ namespace {
 
 using test::world;
 
-class CheckpointDir {
- public:
-  explicit CheckpointDir(const std::string& name)
-      : path_("/tmp/iha_test_gpu_ckpt_" + std::to_string(::getppid()) + "_" + name) {
-    world().barrier();
-    if (world().rank() == 0) std::filesystem::remove_all(path_);
-    world().barrier();
-  }
-  ~CheckpointDir() {
-    world().barrier();
-    if (world().rank() == 0) std::filesystem::remove_all(path_);
-  }
-  const std::string& str() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 RunConfig tiny(const std::string& dtype, const std::vector<std::string>& overrides = {}) {
   const int64_t W = world().size();
@@ -58,7 +39,7 @@ std::map<std::string, std::vector<double>> params_of(Trainer<float>& t) {
 
 TEST(TrainCuda, FiveStepsMatchCpuFloat64FromOneCheckpoint) {
   IHA_SKIP_WITHOUT_GPU();
-  CheckpointDir dir("start");
+  test::SharedDir dir("start");
   {
     Trainer<float> start(tiny("float32"), test::world_ptr());
     start.init();
@@ -85,7 +66,7 @@ TEST(TrainCuda, FiveStepsMatchCpuFloat64FromOneCheckpoint) {
 
 TEST(TrainCuda, GpuCheckpointLoadsIntoCpuRun) {
   IHA_SKIP_WITHOUT_GPU();
-  CheckpointDir dir("from_gpu");
+  test::SharedDir dir("from_gpu");
   Trainer<float> g(gpu("float32"), test::world_ptr());
   g.init();
   for (int i = 0; i < 3; ++i) g.train_step();
@@ -100,7 +81,7 @@ TEST(TrainCuda, GpuCheckpointLoadsIntoCpuRun) {
   const EvalStats ce = c.evaluate();
   EXPECT_NEAR(ce.loss, ge.loss, 1e-4 * std::fabs(ce.loss));
   // And back: the CPU checkpoint continues on the GPU from the same state.
-  CheckpointDir dir2("from_cpu");
+  test::SharedDir dir2("from_cpu");
   TrainCheckpoints<float>(c, 2).save(dir2.str());
   Trainer<float> g2(gpu("float32"), test::world_ptr());
   g2.init();

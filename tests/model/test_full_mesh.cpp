@@ -7,10 +7,8 @@
 // into a replicated run bit-exactly. Invalid meshes stop every rank with a ConfigError.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 
 #include "model/train_checkpoint.h"
 #include "model_fixtures.h"
@@ -231,24 +229,6 @@ TEST(FullMeshZero, MomentsAreShardedOverTheWorld) {
   }
 }
 
-// A directory shared by the ranks of this job.
-class CheckpointDir {
- public:
-  explicit CheckpointDir(const std::string& name)
-      : path_("/tmp/iha_test_fullmesh_" + std::to_string(::getppid()) + "_" + name) {
-    world().barrier();
-    if (world().rank() == 0) std::filesystem::remove_all(path_);
-    world().barrier();
-  }
-  ~CheckpointDir() {
-    world().barrier();
-    if (world().rank() == 0) std::filesystem::remove_all(path_);
-  }
-  const std::string& str() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // The two meshes a resume moves between: a head-parallel one and a data x sequence one.
 std::pair<MeshShape, MeshShape> resume_meshes(int64_t R) {
@@ -279,7 +259,7 @@ TEST(FullMeshResume, SaveOnOneMeshResumeOnAnother) {
     to.zero = mv.to_zero;
     to.global = mv.to.hp > 1 ? "head" : "sequence";
     SCOPED_TRACE(from.str() + " -> " + to.str());
-    CheckpointDir dir("resume");
+    test::SharedDir dir("resume");
     TrainRun whole;  // the uninterrupted run on the saving mesh
     {
       Trainer<double> a(run_config(from), test::world_ptr());
@@ -311,7 +291,7 @@ TEST(FullMeshResume, SaveOnOneMeshResumeOnAnother) {
 
 TEST(FullMeshResume, ZeroMomentsLoadIntoAReplicatedRunBitExactly) {
   const int64_t R = world().size();
-  CheckpointDir dir("moments");
+  test::SharedDir dir("moments");
   RunSetup s;
   s.mesh = resume_meshes(R).first;
   s.zero = true;

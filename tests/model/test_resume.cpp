@@ -5,9 +5,7 @@
 // of loaded weights equals that of the run that saved them.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
 
-#include <filesystem>
 
 #include "model/train_checkpoint.h"
 #include "model_fixtures.h"
@@ -22,24 +20,6 @@ using test::world;
 
 std::shared_ptr<Communicator> self_comm() { return test::world_ptr()->split(world().rank(), 0); }
 
-// A directory shared by the ranks of this job (they share the parent launcher process).
-class CheckpointDir {
- public:
-  explicit CheckpointDir(const std::string& name)
-      : path_("/tmp/iha_test_ckpt_" + std::to_string(::getppid()) + "_" + name) {
-    world().barrier();
-    if (world().rank() == 0) std::filesystem::remove_all(path_);
-    world().barrier();
-  }
-  ~CheckpointDir() {
-    world().barrier();
-    if (world().rank() == 0) std::filesystem::remove_all(path_);
-  }
-  const std::string& str() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 RunConfig tiny(int64_t sp, int64_t dp, const std::string& dtype, int64_t N = 23,
                const std::vector<std::string>& overrides = {}) {
@@ -59,7 +39,7 @@ TEST(Resume, SameMeshContinuesBitForBit) {
   full.init();
   for (int i = 0; i < 6; ++i) full_losses.push_back(full.train_step().loss);
 
-  CheckpointDir dir("bitwise");
+  test::SharedDir dir("bitwise");
   {
     Trainer<float> first(cfg, test::world_ptr());
     first.init();
@@ -87,7 +67,7 @@ TEST(Resume, AnotherMeshAgreesInFloat64) {
   std::vector<double> ref_losses;
   for (int i = 0; i < 5; ++i) ref_losses.push_back(ref.train_step().loss);
 
-  CheckpointDir dir("remesh");
+  test::SharedDir dir("remesh");
   {
     Trainer<double> a(tiny(W, 1, "float64"), test::world_ptr());  // sequence-parallel over all
     a.init();
@@ -116,7 +96,7 @@ TEST(Resume, AnotherMeshAgreesInFloat64) {
 
 TEST(Resume, FinetuneLoadsWeightsAtALongerContextAndKeepsTheWindow) {
   const int64_t W = world().size();
-  CheckpointDir dir("finetune");
+  test::SharedDir dir("finetune");
   // Trained at N = 16 without an explicit window: W = ceil(16 / 8) = 2 tokens, Wv = 4.
   RunConfig short_cfg = tiny(1, 1, "float64", 16);
   short_cfg.model.window = WindowSpec{};
@@ -179,7 +159,7 @@ TEST(Resume, FinetuneLoadsWeightsAtALongerContextAndKeepsTheWindow) {
 
 TEST(Resume, EvaluationOfLoadedWeightsEqualsTheSavingRun) {
   const int64_t W = world().size();
-  CheckpointDir dir("eval");
+  test::SharedDir dir("eval");
   const RunConfig cfg = tiny(W, 1, "float32");
   Trainer<float> a(cfg, test::world_ptr());
   a.init();
