@@ -6,7 +6,6 @@
 // the same loss. Skips without a GPU (the config checks are in tests/model/test_device_config.cpp).
 #include <gtest/gtest.h>
 
-
 #include <map>
 
 #include "cuda_test_util.h"
@@ -18,7 +17,6 @@ namespace iha {
 namespace {
 
 using test::world;
-
 
 RunConfig tiny(const std::string& dtype, const std::vector<std::string>& overrides = {}) {
   const int64_t W = world().size();

@@ -7,7 +7,6 @@
 // into a replicated run bit-exactly. Invalid meshes stop every rank with a ConfigError.
 #include <gtest/gtest.h>
 
-
 #include <cstring>
 
 #include "model/train_checkpoint.h"
@@ -228,7 +227,6 @@ TEST(FullMeshZero, MomentsAreShardedOverTheWorld) {
     EXPECT_EQ(n, shape_numel(nt.shape)) << nt.name;
   }
 }
-
 
 // The two meshes a resume moves between: a head-parallel one and a data x sequence one.
 std::pair<MeshShape, MeshShape> resume_meshes(int64_t R) {

@@ -5,8 +5,6 @@
 // of loaded weights equals that of the run that saved them.
 #include <gtest/gtest.h>
 
-
-
 #include "model/train_checkpoint.h"
 #include "model_fixtures.h"
 #include "mpi_env.h"
@@ -19,7 +17,6 @@ using test::close_normwise;
 using test::world;
 
 std::shared_ptr<Communicator> self_comm() { return test::world_ptr()->split(world().rank(), 0); }
-
 
 RunConfig tiny(int64_t sp, int64_t dp, const std::string& dtype, int64_t N = 23,
                const std::vector<std::string>& overrides = {}) {
