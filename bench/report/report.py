@@ -294,6 +294,19 @@ def command_line(commands, suite, limit=1):
     return "bench/run -> " + "; ".join(cmds[:limit]) + more
 
 
+def k_ticks(ax, values):
+    """Log x axis labelled at the measured sizes (4k, 8k, ...), plain numbers on a log y axis."""
+    import matplotlib.ticker as mt
+    vals = sorted(set(values))
+    if vals:
+        ax.set_xticks(vals)
+        ax.set_xticklabels([f"{v // 1024}k" if v >= 1024 and v % 1024 == 0 else str(v) for v in vals])
+        ax.xaxis.set_minor_locator(mt.NullLocator())
+    if ax.get_yscale() == "log":
+        ax.yaxis.set_major_formatter(mt.FuncFormatter(lambda y, _: f"{y:g}"))
+        ax.yaxis.set_minor_formatter(mt.FuncFormatter(lambda y, _: f"{y:g}" if str(f"{y:g}")[0] in "25" else ""))
+
+
 def save_fig(fig, path, mach, commands, suite, baseline):
     import textwrap
     foot = [machine_line(mach), command_line(commands, suite), "Baseline: " + baseline]
@@ -341,8 +354,7 @@ def plots(results, mach, commands, att, stk, sp, mem, model, ckpt, pp):
         axes[1].set(xscale="log", xlabel="N*P (virtual tokens)", ylabel="kernel / sgemm",
                     title="Ratio to sgemm (median, min-max bars)", ylim=(0, None))
         for ax in axes:
-            ax.set_xticks([r["NP"] for r in att if r["phase"] == "fwd" and r["kind"] == "global"])
-            ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            k_ticks(ax, [r["NP"] for r in att if r["phase"] != "layer fwd+bwd"])
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         made["attention"] = "attention.png"
@@ -369,9 +381,10 @@ def plots(results, mach, commands, att, stk, sp, mem, model, ckpt, pp):
 
     seq = [r for r in sp if r["scheme"] == "sequence"]
     if seq:
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+        fig, axes = plt.subplots(1, 3, figsize=(13, 4.6))
         for npx, ax, title in ((16384, axes[0], "Strong scaling, N*P = 16384"),
-                               (None, axes[1], "Weak scaling, N*P = 8192 per rank")):
+                               (32768, axes[1], "Strong scaling, N*P = 32768"),
+                               (None, axes[2], "Weak scaling, N*P = 8192 per rank")):
             for kind, c in (("global", "C0"), ("window", "C1")):
                 for phase, ls in (("fwd", "-"), ("bwd", "--")):
                     if npx:
@@ -388,7 +401,7 @@ def plots(results, mach, commands, att, stk, sp, mem, model, ckpt, pp):
                         ax.plot([r["ranks"] for r in x4], [r[f"eff_{phase}"] for r in x4], "o", mfc="white", color=c)
             ax.axhline(0.85, color="k", lw=0.8, ls=":", label="target 0.85 (2 ranks, N*P >= 16k)")
             ax.set(xlabel="ranks R (hollow: more ranks than cores)", ylabel="efficiency T1 / (R TR)", title=title,
-                   xticks=[1, 2, 4], ylim=(0, 1.15))
+                   xticks=[1, 2, 4], xlim=(0.7, 4.3), ylim=(0, 1.15))
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
@@ -445,6 +458,7 @@ def plots(results, mach, commands, att, stk, sp, mem, model, ckpt, pp):
             wv = ref[0]["window_virtual"] if ref else 0
             ax.set(xscale="log", yscale="log", xlabel="context N (tokens), P = 2", ylabel="peak heap per rank (MiB)",
                    title=f"One {kind} layer fwd+bwd" + (f" (Wv = {wv})" if kind == "window" else ""))
+            k_ticks(ax, [x["N"] for x in mem if x["kind"] == kind])
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         made["memory"] = "memory.png"
@@ -467,6 +481,8 @@ def plots(results, mach, commands, att, stk, sp, mem, model, ckpt, pp):
                     title="Model: activation memory per rank")
         axes[1].set(xscale="log", xlabel="context N (tokens)", ylabel="T1 / (R TR), step time", ylim=(0, 1.15),
                     title="Model: step-time scaling efficiency")
+        for ax in axes:
+            k_ticks(ax, [x["N"] for x in model])
         for ax in axes:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
@@ -493,7 +509,7 @@ def plots(results, mach, commands, att, stk, sp, mem, model, ckpt, pp):
         if pp:
             bw = [s / t / 1e9 for s, t in zip(pp["sizes"], pp["times_s"])]
             axes[1].plot(pp["sizes"], bw, "-o")
-            axes[1].set(xscale="log", xlabel="message bytes", ylabel="GB/s (bytes / one-way time)",
+            axes[1].set(xscale="log", yscale="log", xlabel="message bytes", ylabel="GB/s (bytes / one-way time)",
                         title=f"MPI ping-pong (latency {pp['alpha_s'] * 1e6:.2f} us)")
             axes[1].grid(alpha=0.3)
         made["io"] = "io.png"
@@ -607,8 +623,9 @@ def full(results, report_path):
     ]))
     L.append("")
     L.append("The machine is shared with other engineers' builds and tests; load average (1, 5, 15 min) before "
-             f"and after each suite. With {nproc} cores, a 1-minute load above about {nproc - 1} while a "
-             "suite runs means it competed for the cores: read its figures with that in mind.")
+             f"and after each suite. The load after includes the suite's own processes (up to {nproc} busy "
+             f"ranks here); a 1-minute load above about {nproc} after, or above {nproc - 1} before, means "
+             "other work competed for the cores: read that suite's figures with it in mind.")
     L.append("")
     L.append(table(["suite", "duration", "load before", "load after"],
                    [[s[0], f"{float(s[2]) - float(s[1]):.0f} s", s[3], s[4]] for s in suites]))
@@ -925,6 +942,12 @@ def quick(results, baseline, label=None):
     if suites:
         lines.append(f"Load average before/after: {suites[0][3]} / {suites[0][4]}; "
                      f"{float(suites[0][2]) - float(suites[0][1]):.0f} s.")
+        nproc = int(read_kv(os.path.join(results, "machine.txt")).get("nproc", "2"))
+        # The load after includes this run's own ranks; the load before is other people's work.
+        before = float(suites[0][3].split()[0])
+        if before > nproc - 0.5:
+            lines.append(f"**Warning: the machine was busy (1-min load {before:.1f} on {nproc} cores before the run)**: other work "
+                         "competed with the measurements, so a flag may be noise. Rerun when `uptime` is calm.")
         lines.append("")
     lines.append(table(["metric", "baseline", "now", "spread now", "worse by", "verdict"],
                        [[n, fmt(b), fmt(c), fmt(s), fmt(w), v] for n, b, c, s, w, v in rows]))
