@@ -320,9 +320,14 @@ def save_fig(fig, path, mach, commands, suite, baseline):
             ax.xaxis.set_minor_formatter(mt.NullFormatter())
     fig.tight_layout(rect=(0, h, 1, 1))
     fig.text(0.01, 0.01, text, fontsize=6.5, va="bottom", ha="left", family="monospace")
-    fig.savefig(path, dpi=PLOT_DPI, pil_kwargs={"optimize": True})
+    fig.savefig(path, dpi=PLOT_DPI)
     import matplotlib.pyplot as plt
     plt.close(fig)
+    try:  # a 64-colour palette keeps the committed plots small (line art loses nothing visible)
+        from PIL import Image
+        Image.open(path).convert("RGB").quantize(colors=64).save(path, optimize=True)
+    except ImportError:
+        pass
 
 
 def plots(results, mach, commands, att, stk, sp, mem, model, ckpt, pp):
