@@ -1,0 +1,330 @@
+// iha-train: train, fine-tune or evaluate an IHA language model from a YAML config.
+//
+//   mpiexec -n R iha-train train|finetune|eval --config FILE [--set key=value ...] [--resume]
+//
+// Exit codes: 0 success; 2 bad command line, config or data (the message names the key or
+// file; every rank exits 2); 3 the loss became NaN or Inf (the last good checkpoint is kept);
+// 1 any other error.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/train_checkpoint.h"
+#include "model/trainer.h"
+#include "parallel/comm.h"
+#include "progress.h"
+
+namespace iha::app {
+namespace {
+
+const char* kUsage =
+    "usage: iha-train train|finetune|eval --config FILE [--set key=value ...] [--resume]\n"
+    "  train     train a model (from scratch, or from checkpoint.dir/latest with --resume)\n"
+    "  finetune  load weights from finetune.from and continue at this config's context\n"
+    "  eval      loss and answer accuracy of a checkpoint on held-out data\n"
+    "  --set k=v override a config key (dotted path, YAML value), e.g. --set optim.lr=3e-4\n"
+    "  --resume  continue from the newest checkpoint in checkpoint.dir\n";
+
+enum class Mode { train, finetune, eval };
+
+struct Args {
+  Mode mode = Mode::train;
+  std::string config;
+  std::vector<std::string> overrides;
+  bool resume = false;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  IHA_CONFIG_CHECK(argc >= 2, "missing command (train, finetune or eval)");
+  const std::string cmd = argv[1];
+  if (cmd == "train") {
+    a.mode = Mode::train;
+  } else if (cmd == "finetune") {
+    a.mode = Mode::finetune;
+  } else if (cmd == "eval") {
+    a.mode = Mode::eval;
+  } else {
+    throw ConfigError("unknown command '" + cmd + "' (expected train, finetune or eval)");
+  }
+  for (int i = 2; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "--config" || s == "--set") {
+      IHA_CONFIG_CHECK(i + 1 < argc, "option ", s, " needs a value");
+      (s == "--config" ? a.config : (a.overrides.emplace_back(), a.overrides.back())) = argv[++i];
+    } else if (s.rfind("--config=", 0) == 0) {
+      a.config = s.substr(9);
+    } else if (s.rfind("--set=", 0) == 0) {
+      a.overrides.push_back(s.substr(6));
+    } else if (s == "--resume") {
+      a.resume = true;
+    } else {
+      throw ConfigError("unknown option '" + s + "'");
+    }
+  }
+  IHA_CONFIG_CHECK(!a.config.empty(), "--config FILE is required");
+  IHA_CONFIG_CHECK(!(a.resume && a.mode == Mode::eval), "--resume applies to train and finetune");
+  return a;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string si(double v) {
+  const char* units[] = {"", "k", "M", "G", "T", "P"};
+  int u = 0;
+  while (std::fabs(v) >= 1000 && u < 5) {
+    v /= 1000;
+    ++u;
+  }
+  return fmt("%.3g", v) + units[u];
+}
+
+// Where the model of this invocation comes from.
+struct Origin {
+  enum Kind { fresh, resume, weights } kind = fresh;
+  std::string path;   // checkpoint to load (resume: the root; weights: root or step dir)
+  std::optional<CheckpointModel> ck;
+};
+
+// Decides the origin from the command and config; checks what can be checked before the
+// trainer exists. Collective.
+Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
+  Origin o;
+  const std::string& root = cfg.checkpoint.dir;
+  if (args.mode == Mode::eval) {
+    o.kind = Origin::weights;
+    o.path = cfg.eval.checkpoint.empty() ? root : cfg.eval.checkpoint;
+    o.ck = inspect_train_checkpoint(w, o.path, cfg.eval.checkpoint.empty() ? "checkpoint.dir" : "eval.checkpoint");
+  } else if (args.resume) {
+    o.kind = Origin::resume;
+    o.path = root;
+    collective_check(w, [&] {
+      IHA_CONFIG_CHECK(!root.empty(), "--resume needs config key 'checkpoint.dir'");
+      IHA_CONFIG_CHECK(has_checkpoint(root), "--resume: config key 'checkpoint.dir' = '", root,
+                       "' holds no checkpoint (no 'latest')");
+    });
+    o.ck = inspect_train_checkpoint(w, root, "checkpoint.dir");
+  } else {
+    collective_check(w, [&] {
+      IHA_CONFIG_CHECK(!has_checkpoint(root), "config key 'checkpoint.dir' = '", root,
+                       "' already holds checkpoints: continue them with --resume, or choose "
+                       "another directory");
+      if (args.mode == Mode::finetune)
+        IHA_CONFIG_CHECK(!cfg.finetune_from.empty(), "iha-train finetune needs config key "
+                         "'finetune.from' (the checkpoint whose weights start the run)");
+    });
+    if (args.mode == Mode::finetune) {
+      o.kind = Origin::weights;
+      o.path = cfg.finetune_from;
+      o.ck = inspect_train_checkpoint(w, o.path, "finetune.from");
+    }
+  }
+  if (o.ck) collective_check(w, [&] { check_same_architecture(cfg.model, *o.ck); });
+  return o;
+}
+
+template <class T>
+int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> world) {
+  Communicator& w = *world;
+  const bool root = w.rank() == 0;
+  std::unique_ptr<Reporter> rep;
+  collective_check(w, [&] {
+    if (args.mode != Mode::eval)
+      IHA_CONFIG_CHECK(cfg.steps >= 1, "config key 'train.steps': training needs >= 1 step, got ",
+                       cfg.steps);
+    rep = std::make_unique<Reporter>(root, cfg.log.jsonl);
+  });
+  const Origin origin = plan(args, cfg, w);
+  Trainer<T> trainer(cfg, world,
+                     origin.ck ? std::optional<int64_t>(origin.ck->model.window_virtual) : std::nullopt);
+  trainer.init();
+  std::unique_ptr<TrainCheckpoints<T>> ckpt;
+  if (origin.ck || !cfg.checkpoint.dir.empty())
+    ckpt = std::make_unique<TrainCheckpoints<T>>(trainer, cfg.checkpoint.keep);
+  if (origin.kind == Origin::resume) {
+    ckpt->load(origin.path, StateParts::everything);
+    rep->console("resumed from " + origin.ck->dir + " at step " + std::to_string(trainer.step()));
+  } else if (origin.kind == Origin::weights) {
+    ckpt->load(origin.path, StateParts::weights);
+    rep->console("loaded the weights of " + origin.ck->dir + " (step " +
+                 std::to_string(origin.ck->step) + ", trained at N=" +
+                 std::to_string(origin.ck->seq_len) + " on mesh " + origin.ck->mesh.str() + ")");
+  }
+
+  auto report_eval = [&](const EvalStats& e, int64_t step) {
+    std::ostringstream os;
+    os << "eval  step " << step << " | loss " << fmt("%.4f", e.loss) << " | accuracy "
+       << fmt("%.3f", e.accuracy);
+    if (e.answers > 0)
+      os << " | answer loss " << fmt("%.4f", e.answer_loss) << " | answer accuracy "
+         << fmt("%.3f", e.answer_accuracy) << " (" << e.answers << " answers)";
+    rep->console(os.str());
+    rep->json(JsonLine()
+                  .add("event", std::string("eval"))
+                  .add("step", step)
+                  .add("loss", e.loss)
+                  .add("accuracy", e.accuracy)
+                  .add("answer_loss", e.answer_loss)
+                  .add("answer_accuracy", e.answer_accuracy)
+                  .add("answers", e.answers)
+                  .add("sequences", e.sequences));
+  };
+
+  if (args.mode == Mode::eval) {
+    IHA_CONFIG_CHECK(cfg.eval.sequences > 0, "config key 'eval.sequences': eval needs >= 1 sequence");
+    report_eval(trainer.evaluate(), origin.ck->step);  // the step the checkpoint was saved at
+    return 0;
+  }
+
+  const double peak_rank = measure_gemm_peak(w, cfg.dtype);
+  double peak_total = peak_rank;
+  w.all_reduce(&peak_total, 1, DType::f64, ReduceOp::sum, "log.peak");
+  const double flops_step = trainer.flops_per_step();
+  {
+    std::ostringstream os;
+    os << "iha-train: " << w.size() << " ranks (" << cfg.mesh.str() << "), N=" << cfg.seq_len
+       << " layout=" << layout_name(cfg.layout) << " dtype=" << dtype_name(cfg.dtype)
+       << " recompute=" << (cfg.recompute ? "on" : "off") << "\n  model: "
+       << trainer.model_config().describe() << " params=" << trainer.model().params().flat().numel()
+       << "\n  data: " << make_data_source(cfg, false)->describe()
+       << "\n  batch: " << cfg.batch_size << " sequences/step (" << cfg.accumulation()
+       << " micro-batches of " << cfg.micro_batch << " per replica), " << cfg.steps << " steps"
+       << "\n  peak (" << (cfg.dtype == DType::f64 ? "dgemm" : "sgemm") << ", all ranks at once): "
+       << si(peak_total) << "FLOP/s; model " << si(flops_step) << "FLOP/step";
+    rep->console(os.str());
+    rep->json(JsonLine()
+                  .add("event", std::string("start"))
+                  .add("ranks", static_cast<int64_t>(w.size()))
+                  .add("mesh", cfg.mesh.str())
+                  .add("seq_len", cfg.seq_len)
+                  .add("params", trainer.model().params().flat().numel())
+                  .add("first_step", trainer.step() + 1)
+                  .add("peak_flops_per_s", peak_total)
+                  .add("flops_per_step", flops_step));
+  }
+
+  std::string last_checkpoint = origin.kind == Origin::resume ? origin.ck->dir : "";
+  auto save = [&]() {
+    if (cfg.checkpoint.dir.empty()) return;
+    last_checkpoint = ckpt->save(cfg.checkpoint.dir);
+    rep->console("checkpoint " + last_checkpoint);
+    rep->json(JsonLine()
+                  .add("event", std::string("checkpoint"))
+                  .add("step", trainer.step())
+                  .add("dir", last_checkpoint));
+  };
+
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  auto t_last = t_start;
+  int64_t steps_since = 0;
+  const int64_t first_step = trainer.step();
+  const int64_t last_step = cfg.stop_after > 0 ? std::min(cfg.steps, first_step + cfg.stop_after) : cfg.steps;
+  while (trainer.step() < last_step) {
+    StepStats s;
+    try {
+      s = trainer.train_step();
+    } catch (const NonFiniteLoss& e) {
+      if (root) {
+        std::cerr << "iha-train: stopping: " << e.what() << ". "
+                  << (last_checkpoint.empty() ? std::string("No checkpoint was written.")
+                                              : "The last good checkpoint is " + last_checkpoint + ".")
+                  << std::endl;
+      }
+      rep->json(JsonLine().add("event", std::string("nonfinite")).add("step", trainer.step() + 1));
+      return 3;
+    }
+    ++steps_since;
+    if (s.step % cfg.log.every == 0 || s.step == last_step) {
+      const auto now = clock::now();
+      const double dt = std::chrono::duration<double>(now - t_last).count();
+      const double elapsed = std::chrono::duration<double>(now - t_start).count();
+      const double tok_s = static_cast<double>(s.tokens * steps_since) / dt;
+      const double flops_s = flops_step * static_cast<double>(steps_since) / dt;
+      const double eta = elapsed / static_cast<double>(s.step - first_step) *
+                         static_cast<double>(last_step - s.step);
+      const MemoryUse mem = max_memory_use(w);
+      std::ostringstream os;
+      os << "step " << s.step << "/" << cfg.steps << " | loss " << fmt("%.4f", s.loss);
+      if (s.answer_loss > 0) os << " | answer acc " << fmt("%.3f", s.answer_accuracy);
+      os << " | lr " << fmt("%.2e", s.lr) << " | gnorm " << fmt("%.3g", s.grad_norm) << " | "
+         << si(tok_s) << " tok/s | " << si(flops_s) << "FLOP/s ("
+         << fmt("%.1f", 100.0 * flops_s / peak_total) << "% of peak) | rss/rank "
+         << fmt("%.0f", mem.rss_mib) << " MiB (peak " << fmt("%.0f", mem.peak_rss_mib)
+         << ") | eta " << format_duration(eta);
+      rep->console(os.str());
+      rep->json(JsonLine()
+                    .add("event", std::string("step"))
+                    .add("step", s.step)
+                    .add("loss", s.loss)
+                    .add("answer_loss", s.answer_loss)
+                    .add("answer_accuracy", s.answer_accuracy)
+                    .add("lr", s.lr)
+                    .add("grad_norm", s.grad_norm)
+                    .add("tokens_per_s", tok_s)
+                    .add("flops_per_s", flops_s)
+                    .add("utilization", flops_s / peak_total)
+                    .add("rss_mib_max", mem.rss_mib)
+                    .add("peak_rss_mib_max", mem.peak_rss_mib)
+                    .add("step_time_s", dt / static_cast<double>(steps_since))
+                    .add("elapsed_s", elapsed)
+                    .add("eta_s", eta));
+      t_last = now;
+      steps_since = 0;
+    }
+    if (cfg.checkpoint.every > 0 && s.step % cfg.checkpoint.every == 0 && s.step != last_step) save();
+    if (trainer.has_held_out() && cfg.eval.every > 0 && s.step % cfg.eval.every == 0 &&
+        s.step != cfg.steps)
+      report_eval(trainer.evaluate(), s.step);
+  }
+  if (trainer.step() > first_step || origin.kind != Origin::resume) save();
+  if (trainer.step() == cfg.steps && trainer.has_held_out() && cfg.eval.sequences > 0)
+    report_eval(trainer.evaluate(), trainer.step());
+  const double total = std::chrono::duration<double>(clock::now() - t_start).count();
+  rep->console("done: " + std::to_string(trainer.step() - first_step) + " steps in " +
+               format_duration(total) +
+               (trainer.step() < cfg.steps ? " (stopped at step " + std::to_string(trainer.step()) +
+                                                 " of " + std::to_string(cfg.steps) + "; --resume continues)"
+                                           : std::string()));
+  rep->json(JsonLine().add("event", std::string("end")).add("step", trainer.step()).add("elapsed_s", total));
+  return 0;
+}
+
+}  // namespace
+}  // namespace iha::app
+
+int main(int argc, char** argv) {
+  using namespace iha;
+  using namespace iha::app;
+  MpiRuntime runtime(&argc, &argv);
+  auto world = runtime.world();
+  const bool root = world->rank() == 0;
+  Args args;
+  try {
+    collective_check(*world, [&] { args = parse_args(argc, argv); });
+  } catch (const ConfigError& e) {
+    if (root) std::cerr << "iha-train: error: " << e.what() << "\n\n" << kUsage;
+    return 2;
+  }
+  try {
+    RunConfig cfg;
+    collective_check(*world, [&] { cfg = load_run_config(args.config, args.overrides); });
+    return cfg.dtype == DType::f64 ? run<double>(args, cfg, world) : run<float>(args, cfg, world);
+  } catch (const ConfigError& e) {
+    if (root) std::cerr << "iha-train: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    if (root) std::cerr << "iha-train: error: " << e.what() << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,486 @@
+#include "model/data.h"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+
+#include "checkpoint/hdf5_lock.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace iha {
+
+int64_t TokenBatch::target_count() const {
+  int64_t c = 0;
+  for (int32_t t : targets) c += t >= 0;
+  return c;
+}
+
+namespace {
+
+constexpr int32_t kQueryToken = 0;
+
+// ---- synthetic tasks ----
+
+// The tokens a task places in a sequence (needles and queries), sorted by position; every
+// other position holds filler. answer_positions are positions whose token is an answer.
+struct Placement {
+  std::vector<std::pair<int64_t, int32_t>> placed;
+  std::vector<int64_t> answer_positions;
+};
+
+// k distinct values from [0, n) in random order (partial Fisher-Yates).
+std::vector<int64_t> distinct_draw(Rng& rng, int64_t n, int64_t k) {
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) all[i] = i;
+  for (int64_t i = 0; i < k; ++i) std::swap(all[i], all[i + rng.next_below(n - i)]);
+  all.resize(static_cast<size_t>(k));
+  return all;
+}
+
+// A source whose sequences are filler plus a placement, both pure functions of (seed, s).
+class SyntheticSource : public TokenSource {
+ public:
+  SyntheticSource(int64_t vocab, int64_t N, uint64_t seed, int64_t filler_base, LossOn loss_on)
+      : vocab_(vocab), N_(N), seed_(seed), filler_base_(filler_base), loss_on_(loss_on) {}
+
+  int64_t vocab() const override { return vocab_; }
+  int64_t seq_len() const override { return N_; }
+  int64_t num_sequences() const override { return -1; }
+
+  void fill(int64_t s, const std::vector<TokenRange>& chunks, int32_t* tokens, int32_t* targets,
+            uint8_t* answer) const override {
+    const Placement pl = place(s);
+    auto token_at = [&](int64_t p) -> int32_t {
+      auto it = std::lower_bound(pl.placed.begin(), pl.placed.end(), std::make_pair(p, INT32_MIN));
+      if (it != pl.placed.end() && it->first == p) return it->second;
+      const uint64_t n_filler = static_cast<uint64_t>(vocab_ - filler_base_);
+      const uint64_t h = hash3(seed_ ^ 0xf111e7ull, static_cast<uint64_t>(s), static_cast<uint64_t>(p));
+      return static_cast<int32_t>(filler_base_ +
+                                  static_cast<int64_t>((static_cast<unsigned __int128>(h) * n_filler) >> 64));
+    };
+    auto is_answer = [&](int64_t p) {
+      return std::binary_search(pl.answer_positions.begin(), pl.answer_positions.end(), p);
+    };
+    int64_t row = 0;
+    for (const TokenRange& c : chunks) {
+      for (int64_t n = c.begin; n < c.end; ++n, ++row) {
+        tokens[row] = token_at(n);
+        const bool ans = is_answer(n + 1);
+        answer[row] = ans;
+        targets[row] = (ans || loss_on_ == LossOn::all) ? token_at(n + 1) : -1;
+      }
+    }
+  }
+
+ protected:
+  virtual Placement place(int64_t s) const = 0;
+  // Start of needle slot i of `slots` equal segments of [0, len), each slot `width` tokens.
+  static int64_t slot_position(Rng& rng, int64_t len, int64_t slots, int64_t i, int64_t width) {
+    const int64_t seg = len / slots;
+    return i * seg + static_cast<int64_t>(rng.next_below(static_cast<uint64_t>(seg - width + 1)));
+  }
+  static void finish(Placement& pl) {
+    std::sort(pl.placed.begin(), pl.placed.end());
+    std::sort(pl.answer_positions.begin(), pl.answer_positions.end());
+  }
+
+  int64_t vocab_, N_;
+  uint64_t seed_;
+  int64_t filler_base_;
+  LossOn loss_on_;
+};
+
+class MultiKeySource final : public SyntheticSource {
+ public:
+  MultiKeySource(const MultiKeySpec& spec, int64_t vocab, int64_t N, uint64_t seed)
+      : SyntheticSource(vocab, N, seed, 1 + spec.key_tokens + spec.value_tokens, spec.loss_on),
+        spec_(spec) {}
+  std::string describe() const override {
+    std::ostringstream os;
+    os << "multikey(pairs=" << spec_.pairs << ", queries=" << spec_.queries
+       << ", key_tokens=" << spec_.key_tokens << ", value_tokens=" << spec_.value_tokens
+       << ", N=" << N_ << ", seed=" << seed_ << ")";
+    return os.str();
+  }
+
+ protected:
+  Placement place(int64_t s) const override {
+    Rng rng{hash3(seed_, 0x6d6b6579ull, static_cast<uint64_t>(s)), 0};
+    const int64_t k = spec_.pairs, q = spec_.queries;
+    const int64_t key_base = 1, value_base = 1 + spec_.key_tokens;
+    const std::vector<int64_t> keys = distinct_draw(rng, spec_.key_tokens, k);
+    std::vector<int64_t> values(static_cast<size_t>(k));
+    for (auto& v : values) v = static_cast<int64_t>(rng.next_below(spec_.value_tokens));
+    const int64_t haystack = N_ + 1 - 3 * q;
+    Placement pl;
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t p = slot_position(rng, haystack, k, i, 2);
+      pl.placed.emplace_back(p, static_cast<int32_t>(key_base + keys[i]));
+      pl.placed.emplace_back(p + 1, static_cast<int32_t>(value_base + values[i]));
+    }
+    // Each query asks a pair drawn independently (with replacement): with distinct draws the
+    // last answers could be found by elimination instead of retrieval.
+    for (int64_t j = 0; j < q; ++j) {
+      const int64_t p = haystack + 3 * j;
+      const int64_t asked = static_cast<int64_t>(rng.next_below(k));
+      pl.placed.emplace_back(p, kQueryToken);
+      pl.placed.emplace_back(p + 1, static_cast<int32_t>(key_base + keys[asked]));
+      pl.placed.emplace_back(p + 2, static_cast<int32_t>(value_base + values[asked]));
+      pl.answer_positions.push_back(p + 2);
+    }
+    finish(pl);
+    return pl;
+  }
+
+ private:
+  MultiKeySpec spec_;
+};
+
+class TwoHopSource final : public SyntheticSource {
+ public:
+  TwoHopSource(const TwoHopSpec& spec, int64_t vocab, int64_t N, uint64_t seed)
+      : SyntheticSource(vocab, N, seed, 1 + spec.entity_tokens, spec.loss_on), spec_(spec) {}
+  std::string describe() const override {
+    std::ostringstream os;
+    os << "twohop(chains=" << spec_.chains << ", queries=" << spec_.queries
+       << ", entity_tokens=" << spec_.entity_tokens << ", N=" << N_ << ", seed=" << seed_ << ")";
+    return os.str();
+  }
+
+ protected:
+  Placement place(int64_t s) const override {
+    Rng rng{hash3(seed_, 0x32686f70ull, static_cast<uint64_t>(s)), 0};
+    const int64_t c = spec_.chains, q = spec_.queries;
+    // Chain i is a = ent[3i] -> b = ent[3i+1] -> c = ent[3i+2]; facts 2i (a b), 2i+1 (b c).
+    const std::vector<int64_t> ent = distinct_draw(rng, spec_.entity_tokens, 3 * c);
+    const std::vector<int64_t> fact_order = distinct_draw(rng, 2 * c, 2 * c);
+    const int64_t haystack = N_ + 1 - 3 * q;
+    Placement pl;
+    for (int64_t slot = 0; slot < 2 * c; ++slot) {
+      const int64_t f = fact_order[slot], chain = f / 2, hop = f % 2;
+      const int64_t p = slot_position(rng, haystack, 2 * c, slot, 2);
+      pl.placed.emplace_back(p, static_cast<int32_t>(1 + ent[3 * chain + hop]));
+      pl.placed.emplace_back(p + 1, static_cast<int32_t>(1 + ent[3 * chain + hop + 1]));
+    }
+    for (int64_t j = 0; j < q; ++j) {
+      const int64_t p = haystack + 3 * j;
+      const int64_t asked = static_cast<int64_t>(rng.next_below(c));
+      pl.placed.emplace_back(p, kQueryToken);
+      pl.placed.emplace_back(p + 1, static_cast<int32_t>(1 + ent[3 * asked]));
+      pl.placed.emplace_back(p + 2, static_cast<int32_t>(1 + ent[3 * asked + 2]));
+      pl.answer_positions.push_back(p + 2);
+    }
+    finish(pl);
+    return pl;
+  }
+
+ private:
+  TwoHopSpec spec_;
+};
+
+// ---- HDF5 ----
+
+// Process-wide: the HDF5 library here is built without thread safety, and the checkpoint
+// writer's background thread makes HDF5 calls too.
+std::mutex& hdf5_lock() { return hdf5_mutex(); }
+
+void silence_hdf5_errors() {
+  // We report errors ourselves, naming the file and dataset; HDF5's own stack dump would
+  // only bury that message.
+  static std::once_flag once;
+  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+}
+
+// Closes an HDF5 id on scope exit.
+struct H5Id {
+  hid_t id = -1;
+  herr_t (*close)(hid_t) = nullptr;
+  H5Id(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
+  ~H5Id() {
+    if (id >= 0 && close) close(id);
+  }
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+};
+
+const char* type_class_name(H5T_class_t c) {
+  switch (c) {
+    case H5T_INTEGER: return "integer";
+    case H5T_FLOAT: return "floating-point";
+    case H5T_STRING: return "string";
+    case H5T_COMPOUND: return "compound";
+    case H5T_ENUM: return "enum";
+    case H5T_ARRAY: return "array";
+    default: return "non-numeric";
+  }
+}
+
+class Hdf5TokenSource final : public TokenSource {
+ public:
+  Hdf5TokenSource(const std::string& path, const std::string& dataset, int64_t N, int64_t model_vocab)
+      : path_(path), dataset_(dataset), N_(N) {
+    std::lock_guard<std::mutex> lock(hdf5_lock());
+    silence_hdf5_errors();
+    const std::string where = "token file '" + path + "'";
+    IHA_CONFIG_CHECK(N >= 1, where, ": sequence length must be >= 1, got ", N);
+    if (H5Fis_hdf5(path.c_str()) <= 0) {
+      FILE* f = fopen(path.c_str(), "rb");
+      if (!f) throw ConfigError(where + ": cannot open the file (missing or unreadable)");
+      fclose(f);
+      throw ConfigError(where + ": not an HDF5 file (or a truncated or corrupted one)");
+    }
+    file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    IHA_CONFIG_CHECK(file_ >= 0, where, ": HDF5 cannot open it (truncated or corrupted?)");
+    const std::string ds = where + ", dataset '" + dataset + "'";
+    const htri_t exists = H5Lexists(file_, dataset.c_str(), H5P_DEFAULT);
+    if (exists <= 0) {
+      close_all();
+      throw ConfigError(ds + ": no such dataset");
+    }
+    dset_ = H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT);
+    if (dset_ < 0) {
+      close_all();
+      throw ConfigError(ds + ": cannot open the dataset (not a dataset, or the file is damaged)");
+    }
+    try {
+      {
+        H5Id type(H5Dget_type(dset_), H5Tclose);
+        const H5T_class_t cls = H5Tget_class(type.id);
+        IHA_CONFIG_CHECK(cls == H5T_INTEGER, ds, ": has ", type_class_name(cls),
+                         " elements; token ids must be an integer type (e.g. uint8, uint16, int32)");
+      }
+      H5Id space(H5Dget_space(dset_), H5Sclose);
+      const int rank = H5Sget_simple_extent_ndims(space.id);
+      IHA_CONFIG_CHECK(rank == 1, ds, ": must be 1-D, has ", rank, " dimensions");
+      hsize_t dims[1] = {0};
+      H5Sget_simple_extent_dims(space.id, dims, nullptr);
+      total_ = static_cast<int64_t>(dims[0]);
+      IHA_CONFIG_CHECK(total_ > 0, ds, ": is empty");
+      IHA_CONFIG_CHECK(H5Aexists(dset_, "vocab_size") > 0, ds,
+                       ": has no 'vocab_size' attribute (the number of token ids)");
+      H5Id attr(H5Aopen(dset_, "vocab_size", H5P_DEFAULT), H5Aclose);
+      H5Id atype(H5Aget_type(attr.id), H5Tclose);
+      IHA_CONFIG_CHECK(H5Tget_class(atype.id) == H5T_INTEGER, ds,
+                       ": attribute 'vocab_size' must be an integer");
+      int64_t v = 0;
+      IHA_CONFIG_CHECK(H5Aread(attr.id, H5T_NATIVE_INT64, &v) >= 0, ds,
+                       ": cannot read attribute 'vocab_size'");
+      vocab_ = v;
+      IHA_CONFIG_CHECK(vocab_ >= 1, ds, ": vocab_size must be >= 1, got ", vocab_);
+      IHA_CONFIG_CHECK(vocab_ <= model_vocab, ds, ": vocab_size ", vocab_,
+                       " exceeds the model's (config key 'model.vocab_size' = ", model_vocab, ")");
+      IHA_CONFIG_CHECK(total_ >= N + 1, ds, ": holds ", total_, " tokens, fewer than one sequence of ",
+                       N, " tokens plus its label needs (", N + 1, ")");
+    } catch (...) {
+      close_all();
+      throw;
+    }
+  }
+  ~Hdf5TokenSource() override {
+    std::lock_guard<std::mutex> lock(hdf5_lock());
+    close_all();
+  }
+
+  int64_t vocab() const override { return vocab_; }
+  int64_t seq_len() const override { return N_; }
+  int64_t num_sequences() const override { return (total_ - 1) / N_; }
+  std::string describe() const override {
+    return "hdf5 '" + path_ + "' dataset '" + dataset_ + "' (" + std::to_string(total_) +
+           " tokens, vocab_size " + std::to_string(vocab_) + ", " +
+           std::to_string(num_sequences()) + " sequences of " + std::to_string(N_) + ")";
+  }
+
+  void fill(int64_t s, const std::vector<TokenRange>& chunks, int32_t* tokens, int32_t* targets,
+            uint8_t* answer) const override {
+    int64_t row = 0;
+    std::vector<int64_t> buf;
+    for (const TokenRange& c : chunks) {
+      if (c.empty()) continue;
+      const int64_t first = s * N_ + c.begin, count = c.size() + 1;
+      buf.resize(static_cast<size_t>(count));
+      read(first, count, buf.data());
+      for (int64_t i = 0; i < count; ++i) {
+        IHA_CONFIG_CHECK(buf[i] >= 0 && buf[i] < vocab_, "token file '", path_, "', dataset '",
+                         dataset_, "': token ", first + i, " has id ", buf[i],
+                         ", outside [0, vocab_size = ", vocab_, ")");
+      }
+      for (int64_t i = 0; i < c.size(); ++i, ++row) {
+        tokens[row] = static_cast<int32_t>(buf[i]);
+        targets[row] = static_cast<int32_t>(buf[i + 1]);
+        answer[row] = 0;
+      }
+    }
+  }
+
+ private:
+  void read(int64_t first, int64_t count, int64_t* out) const {
+    std::lock_guard<std::mutex> lock(hdf5_lock());
+    H5Id fspace(H5Dget_space(dset_), H5Sclose);
+    const hsize_t start[1] = {static_cast<hsize_t>(first)}, cnt[1] = {static_cast<hsize_t>(count)};
+    H5Sselect_hyperslab(fspace.id, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
+    H5Id mspace(H5Screate_simple(1, cnt, nullptr), H5Sclose);
+    const herr_t rc = H5Dread(dset_, H5T_NATIVE_INT64, mspace.id, fspace.id, H5P_DEFAULT, out);
+    IHA_CONFIG_CHECK(rc >= 0, "token file '", path_, "', dataset '", dataset_,
+                     "': reading tokens [", first, ", ", first + count,
+                     ") failed (truncated or corrupted file?)");
+  }
+  void close_all() {
+    if (dset_ >= 0) H5Dclose(dset_);
+    if (file_ >= 0) H5Fclose(file_);
+    dset_ = file_ = -1;
+  }
+
+  std::string path_, dataset_;
+  int64_t N_ = 0, total_ = 0, vocab_ = 0;
+  hid_t file_ = -1, dset_ = -1;
+};
+
+void check_queries(int64_t queries) {
+  IHA_CONFIG_CHECK(queries >= 1, "config key 'data.queries': must be >= 1, got ", queries);
+}
+
+}  // namespace
+
+std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int64_t vocab,
+                                                  int64_t N, uint64_t seed) {
+  IHA_CONFIG_CHECK(spec.pairs >= 1, "config key 'data.pairs': must be >= 1, got ", spec.pairs);
+  IHA_CONFIG_CHECK(spec.value_tokens >= 1, "config key 'data.value_tokens': must be >= 1, got ",
+                   spec.value_tokens);
+  IHA_CONFIG_CHECK(spec.key_tokens >= spec.pairs, "config key 'data.key_tokens': ", spec.pairs,
+                   " distinct keys need at least as many key tokens, got ", spec.key_tokens);
+  check_queries(spec.queries);
+  const int64_t used = 1 + spec.key_tokens + spec.value_tokens;
+  IHA_CONFIG_CHECK(used < vocab, "config key 'model.vocab_size': the multikey task needs ", used,
+                   " ids (query marker, data.key_tokens, data.value_tokens) plus at least one "
+                   "filler id, got ", vocab);
+  const int64_t haystack = N + 1 - 3 * spec.queries;
+  IHA_CONFIG_CHECK(haystack >= 2 * spec.pairs, "config key 'sequence.length': ", spec.pairs,
+                   " pairs and ", spec.queries, " queries need at least ",
+                   2 * spec.pairs + 3 * spec.queries - 1, " tokens, got ", N);
+  return std::make_shared<MultiKeySource>(spec, vocab, N, seed);
+}
+
+std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t vocab, int64_t N,
+                                                uint64_t seed) {
+  IHA_CONFIG_CHECK(spec.chains >= 1, "config key 'data.chains': must be >= 1, got ", spec.chains);
+  IHA_CONFIG_CHECK(spec.entity_tokens >= 3 * spec.chains, "config key 'data.entity_tokens': ",
+                   spec.chains, " chains need ", 3 * spec.chains, " distinct entities, got ",
+                   spec.entity_tokens);
+  check_queries(spec.queries);
+  const int64_t used = 1 + spec.entity_tokens;
+  IHA_CONFIG_CHECK(used < vocab, "config key 'model.vocab_size': the twohop task needs ", used,
+                   " ids (query marker, data.entity_tokens) plus at least one filler id, got ", vocab);
+  const int64_t haystack = N + 1 - 3 * spec.queries;
+  IHA_CONFIG_CHECK(haystack >= 4 * spec.chains, "config key 'sequence.length': ", spec.chains,
+                   " chains and ", spec.queries, " queries need at least ",
+                   4 * spec.chains + 3 * spec.queries - 1, " tokens, got ", N);
+  return std::make_shared<TwoHopSource>(spec, vocab, N, seed);
+}
+
+std::shared_ptr<TokenSource> open_token_file(const std::string& path, const std::string& dataset,
+                                             int64_t N, int64_t model_vocab) {
+  return std::make_shared<Hdf5TokenSource>(path, dataset, N, model_vocab);
+}
+
+// ---- writer ----
+
+TokenFileWriter::TokenFileWriter(const std::string& path, const std::string& dataset,
+                                 int64_t vocab, const std::string& tokenizer)
+    : path_(path), dataset_(dataset), vocab_(vocab) {
+  IHA_CONFIG_CHECK(vocab >= 1 && vocab <= (int64_t(1) << 32), "token file '", path,
+                   "': vocab_size must be in [1, 2^32], got ", vocab);
+  std::lock_guard<std::mutex> lock(hdf5_lock());
+  silence_hdf5_errors();
+  file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  IHA_CONFIG_CHECK(file_ >= 0, "token file '", path, "': cannot create it");
+  const hid_t ftype = vocab <= 256 ? H5T_STD_U8LE : vocab <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
+  const hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk[1] = {1 << 20};
+  H5Id space(H5Screate_simple(1, dims, maxdims), H5Sclose);
+  H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_chunk(dcpl.id, 1, chunk);
+  dset_ = H5Dcreate2(file_, dataset.c_str(), ftype, space.id, H5P_DEFAULT, dcpl.id, H5P_DEFAULT);
+  IHA_CONFIG_CHECK(dset_ >= 0, "token file '", path, "': cannot create dataset '", dataset, "'");
+  H5Id aspace(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5Acreate2(dset_, "vocab_size", H5T_STD_I64LE, aspace.id, H5P_DEFAULT, H5P_DEFAULT),
+            H5Aclose);
+  H5Awrite(attr.id, H5T_NATIVE_INT64, &vocab_);
+  if (!tokenizer.empty()) {
+    H5Id stype(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(stype.id, tokenizer.size());
+    H5Id tattr(H5Acreate2(dset_, "tokenizer", stype.id, aspace.id, H5P_DEFAULT, H5P_DEFAULT),
+               H5Aclose);
+    H5Awrite(tattr.id, stype.id, tokenizer.data());
+  }
+}
+
+TokenFileWriter::~TokenFileWriter() {
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+void TokenFileWriter::append(const int64_t* tokens, int64_t count) {
+  IHA_CHECK(dset_ >= 0, "token file '", path_, "' is closed");
+  for (int64_t i = 0; i < count; ++i)
+    IHA_CONFIG_CHECK(tokens[i] >= 0 && tokens[i] < vocab_, "token file '", path_, "': token ",
+                     written_ + i, " has id ", tokens[i], ", outside [0, ", vocab_, ")");
+  if (count == 0) return;
+  std::lock_guard<std::mutex> lock(hdf5_lock());
+  const hsize_t new_size[1] = {static_cast<hsize_t>(written_ + count)};
+  IHA_CHECK(H5Dset_extent(dset_, new_size) >= 0, "token file '", path_, "': cannot extend");
+  H5Id fspace(H5Dget_space(dset_), H5Sclose);
+  const hsize_t start[1] = {static_cast<hsize_t>(written_)}, cnt[1] = {static_cast<hsize_t>(count)};
+  H5Sselect_hyperslab(fspace.id, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
+  H5Id mspace(H5Screate_simple(1, cnt, nullptr), H5Sclose);
+  IHA_CHECK(H5Dwrite(dset_, H5T_NATIVE_INT64, mspace.id, fspace.id, H5P_DEFAULT, tokens) >= 0,
+            "token file '", path_, "': write failed");
+  written_ += count;
+}
+
+void TokenFileWriter::close() {
+  std::lock_guard<std::mutex> lock(hdf5_lock());
+  if (dset_ >= 0) H5Dclose(dset_);
+  if (file_ >= 0) {
+    const herr_t rc = H5Fclose(file_);
+    file_ = dset_ = -1;
+    IHA_CHECK(rc >= 0, "token file '", path_, "': closing failed (disk full?)");
+  }
+  file_ = dset_ = -1;
+}
+
+// ---- loader ----
+
+DataLoader::DataLoader(std::shared_ptr<TokenSource> source, const SequenceLayout& layout,
+                       int64_t sp_index)
+    : source_(std::move(source)) {
+  IHA_CHECK(source_ != nullptr, "DataLoader needs a source");
+  IHA_CHECK(layout.tokens() == source_->seq_len(), "layout has N = ", layout.tokens(),
+            " but the data has sequences of ", source_->seq_len());
+  for (const TokenRange& c : layout.chunks_of(sp_index))
+    if (!c.empty()) chunks_.push_back(c);
+  n_local_ = layout.local_count(sp_index);
+}
+
+TokenBatch DataLoader::batch(int64_t first, int64_t count) const {
+  TokenBatch b;
+  b.B = count;
+  b.n = n_local_;
+  const size_t rows = static_cast<size_t>(count * n_local_);
+  b.tokens.resize(rows);
+  b.targets.resize(rows);
+  b.answer.resize(rows);
+  const int64_t total = source_->num_sequences();
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t s = first + i;
+    if (total > 0) s %= total;
+    const size_t off = static_cast<size_t>(i * n_local_);
+    source_->fill(s, chunks_, b.tokens.data() + off, b.targets.data() + off, b.answer.data() + off);
+  }
+  return b;
+}
+
+}  // namespace iha

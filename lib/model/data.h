@@ -1,0 +1,133 @@
+// Token data: sequences of N + 1 tokens (N inputs, each with the next token as its label),
+// from an HDF5 token file or from a built-in synthetic task, and the loader that gives each
+// rank only its shard of each sequence (the SequenceLayout map says which tokens) with the
+// label after each of its chunks.
+//
+// A source is a pure function of the sequence index: sequence s is the same whichever rank,
+// mesh or order asks for it, so a resumed or re-meshed run sees the same data. The position in
+// the data is one integer (sequences consumed), kept by the trainer and checkpointed.
+//
+// HDF5 token files (docs/training.md): a 1-D integer dataset (default name "tokens"; any
+// integer type, e.g. uint8 for bytes, uint16, int32) with an integer attribute `vocab_size` on
+// the dataset; every id must be in [0, vocab_size). Sequence s is tokens[s*N, s*N + N + 1)
+// (consecutive sequences share one token); there are floor((T - 1) / N) of them and the
+// loader wraps around after the last.
+//
+// Synthetic tasks (docs/training.md): multi-key retrieval (RULER-style multi-key needle in a
+// haystack) and 2-hop relation composition. Token 0 is the query marker; other ids are split
+// into key/value (or entity) alphabets and filler.
+//
+// Threads: a source is read by one thread at a time. HDF5 is not thread-safe here; the reader
+// serialises its calls on one process-wide mutex.
+// defines: iha::TokenBatch, iha::TokenSource, iha::MultiKeySpec, iha::TwoHopSpec,
+//          iha::LossOn, iha::make_multikey_source, iha::make_twohop_source,
+//          iha::open_token_file, iha::TokenFileWriter, iha::DataLoader
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/layout.h"
+
+namespace iha {
+
+// One micro-batch as one rank holds it: B sequences, n local tokens of each (rows in ascending
+// global position, as the layout orders them). target -1: no loss on this row.
+struct TokenBatch {
+  int64_t B = 0, n = 0;
+  std::vector<int32_t> tokens;   // [B * n]
+  std::vector<int32_t> targets;  // [B * n]
+  std::vector<uint8_t> answer;   // [B * n] 1 where the target is an answer token
+  int64_t target_count() const;
+};
+
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  virtual int64_t vocab() const = 0;
+  virtual int64_t seq_len() const = 0;  // N
+  // Number of distinct sequences; -1 for an endless (synthetic) source.
+  virtual int64_t num_sequences() const = 0;
+  // For sequence s and the given chunks of its positions (ascending, disjoint, within [0, N)),
+  // writes one row per position n: tokens = x[n], targets = x[n + 1] (or -1 where the source
+  // trains on answers only), answer = 1 where x[n + 1] is an answer token.
+  virtual void fill(int64_t s, const std::vector<TokenRange>& chunks, int32_t* tokens,
+                    int32_t* targets, uint8_t* answer) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+enum class LossOn : uint8_t { all, answer };
+
+// Multi-key retrieval: `pairs` (key, value) pairs with distinct keys at random depths in
+// filler, then `queries` blocks (QUERY, key, value), each asking a pair drawn uniformly (with
+// replacement, so no answer follows by elimination); the value is the answer. Keys are uniform over `key_tokens` ids,
+// values uniform over `value_tokens` ids.
+struct MultiKeySpec {
+  int64_t pairs = 4;
+  int64_t queries = 1;
+  int64_t key_tokens = 16;
+  int64_t value_tokens = 16;
+  LossOn loss_on = LossOn::answer;
+};
+
+// 2-hop composition: `chains` chains a -> b -> c over distinct entities, stated as 2-token
+// facts (a b), (b c) in shuffled order at random depths in filler; a query (QUERY, a, c)
+// asks for the entity two hops from a chain drawn uniformly (with replacement); c is the
+// answer.
+struct TwoHopSpec {
+  int64_t chains = 4;
+  int64_t queries = 1;
+  int64_t entity_tokens = 32;
+  LossOn loss_on = LossOn::answer;
+};
+
+// The sources: synthetic ones are a pure function of (seed, s). Throw ConfigError naming the
+// data.* key when the task does not fit the vocabulary or the sequence length.
+std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int64_t vocab,
+                                                  int64_t N, uint64_t seed);
+std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t vocab, int64_t N,
+                                                uint64_t seed);
+// Opens an HDF5 token file; errors name the file and dataset (missing, wrong dtype or rank,
+// no vocab_size, vocab_size above the model's, too short for one sequence). Ids are checked
+// against vocab_size as they are read.
+std::shared_ptr<TokenSource> open_token_file(const std::string& path, const std::string& dataset,
+                                             int64_t N, int64_t model_vocab);
+// Writes an HDF5 token file: a 1-D dataset of the narrowest unsigned type holding vocab - 1
+// (uint8, uint16 or uint32), chunked and extendible, with the vocab_size attribute and, when
+// not empty, a `tokenizer` string attribute. Tokens are appended in blocks; close() (or the
+// destructor) finishes the file. Ids outside [0, vocab) are an error naming the position.
+class TokenFileWriter {
+ public:
+  TokenFileWriter(const std::string& path, const std::string& dataset, int64_t vocab,
+                  const std::string& tokenizer = "");
+  ~TokenFileWriter();
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+  void append(const int64_t* tokens, int64_t count);
+  void close();
+  int64_t written() const { return written_; }
+
+ private:
+  std::string path_, dataset_;
+  int64_t vocab_, written_ = 0;
+  int64_t file_ = -1, dset_ = -1;  // HDF5 ids (hid_t)
+};
+
+// Gives one rank its shard of consecutive sequences.
+class DataLoader {
+ public:
+  DataLoader(std::shared_ptr<TokenSource> source, const SequenceLayout& layout, int64_t sp_index);
+  // Sequences [first, first + count) of the source (wrapping around a finite source).
+  TokenBatch batch(int64_t first, int64_t count) const;
+  const TokenSource& source() const { return *source_; }
+  int64_t local_tokens() const { return n_local_; }
+
+ private:
+  std::shared_ptr<TokenSource> source_;
+  std::vector<TokenRange> chunks_;
+  int64_t n_local_ = 0;
+};
+
+}  // namespace iha

@@ -1,0 +1,118 @@
+#include "model/model_config.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace iha {
+
+const char* global_kind_name(GlobalKind k) { return k == GlobalKind::iha ? "iha" : "mha"; }
+
+void ModelConfig::validate() const {
+  IHA_CONFIG_CHECK(vocab >= 2, "config key 'model.vocab_size': must be >= 2, got ", vocab);
+  IHA_CONFIG_CHECK(vocab <= INT32_MAX, "config key 'model.vocab_size': must fit in 32 bits, got ",
+                   vocab);
+  IHA_CONFIG_CHECK(layers >= 1, "config key 'model.layers': must be >= 1, got ", layers);
+  IHA_CONFIG_CHECK(ffn >= 1, "config key 'model.ffn': must be >= 1, got ", ffn);
+  IHA_CONFIG_CHECK(!pattern.empty(), "config key 'model.pattern': must not be empty");
+  for (char c : pattern)
+    IHA_CONFIG_CHECK(c == 'L' || c == 'G', "config key 'model.pattern': '", pattern,
+                     "' may only contain L (sliding-window IHA) and G (global layer)");
+  IHA_CONFIG_CHECK(std::isfinite(norm_eps) && norm_eps > 0, "config key 'model.norm_eps': must be > 0, got ",
+                   norm_eps);
+  IHA_CONFIG_CHECK(std::isfinite(init_std) && init_std > 0, "config key 'model.init_std': must be > 0, got ",
+                   init_std);
+  IHA_CONFIG_CHECK(!(window.window && window.window_virtual),
+                   "config keys 'model.window' and 'model.window_virtual': give at most one of them");
+  IHA_CONFIG_CHECK(!window.window || *window.window >= 1, "config key 'model.window': must be >= 1 "
+                   "token, got ", window.window.value_or(0));
+  IHA_CONFIG_CHECK(!window.window_virtual || *window.window_virtual >= 1, "config key "
+                   "'model.window_virtual': must be >= 1 virtual token, got ", window.window_virtual.value_or(0));
+  LayerConfig c;
+  c.D = D;
+  c.H = H;
+  c.d = d;
+  c.P = P;
+  c.collapse = collapse;
+  c.mask = mask;
+  c.rope = rope;
+  c.rope_base = rope_base;
+  c.rope_scale = rope_scale;
+  c.validate("model.");
+}
+
+void ModelConfig::resolve_window(int64_t n_train, std::optional<int64_t> checkpoint_wv) {
+  window_virtual = resolve_window_virtual(window, P, n_train, checkpoint_wv, "model.");
+}
+
+LayerConfig ModelConfig::layer_config(int64_t i) const {
+  LayerConfig c;
+  c.D = D;
+  c.H = H;
+  c.d = d;
+  c.collapse = collapse;
+  c.mask = mask;
+  c.rope = rope;
+  c.rope_base = rope_base;
+  c.rope_scale = rope_scale;
+  const bool window = block_kind(i) == 'L';
+  if (window) IHA_CHECK(window_virtual >= 1, "the window of model block ", i, " is not resolved");
+  if (block_is_iha(i)) {
+    c.P = P;
+    c.window_virtual = window ? window_virtual : 0;
+  } else {
+    c.P = 1;
+    c.mixing = false;
+    c.collapse = Collapse::per_head;
+    c.window_virtual = window ? (window_virtual + P - 1) / P : 0;
+  }
+  return c;
+}
+
+std::string ModelConfig::describe() const {
+  std::ostringstream os;
+  os << "V=" << vocab << " D=" << D << " H=" << H << " d=" << d << " P=" << P << " layers=" << layers
+     << " ffn=" << ffn << " pattern=" << pattern << " window_kind=" << global_kind_name(window_kind)
+     << " global_kind=" << global_kind_name(global_kind)
+     << " Wv=" << window_virtual << " (window " << (window_virtual + P - 1) / P
+     << " tokens) collapse=" << collapse_name(collapse)
+     << " mask=" << mask_name(mask) << " rope=" << (rope ? "on" : "off");
+  if (rope) os << " rope_base=" << rope_base << " rope_scale=" << rope_scale;
+  return os.str();
+}
+
+ModelConfig parse_model_config(const ConfigNode& n) {
+  ModelConfig m;
+  m.vocab = n.require<int64_t>("vocab_size");
+  m.D = n.require<int64_t>("D");
+  m.H = n.require<int64_t>("H");
+  m.d = n.get<int64_t>("d", m.H > 0 && m.D % m.H == 0 ? m.D / m.H : 0);
+  m.P = n.get<int64_t>("P", 2);
+  m.layers = n.get<int64_t>("layers", 5);
+  m.ffn = n.get<int64_t>("ffn", 0);
+  if (m.ffn == 0 && !n.has("ffn")) {
+    // LLaMA's rule: 2/3 of 4D, rounded up to a multiple of 8.
+    m.ffn = ((8 * m.D / 3) + 7) / 8 * 8;
+  }
+  m.pattern = n.get<std::string>("pattern", "LLLLG");
+  auto kind = [&](const char* key) {
+    const std::string k = n.get<std::string>(key, "iha");
+    if (k == "iha") return GlobalKind::iha;
+    if (k == "mha") return GlobalKind::mha;
+    throw ConfigError("config key '" + n.key_path(key) + "': unknown kind '" + k +
+                      "' (expected iha or mha)");
+  };
+  m.global_kind = kind("global_kind");
+  m.window_kind = kind("window_kind");
+  m.collapse = parse_collapse(n.get<std::string>("collapse", "global"), n.key_path("collapse"));
+  m.mask = parse_mask(n.get<std::string>("mask", "flat_causal"), n.key_path("mask"));
+  m.rope = n.get<bool>("rope", true);
+  m.rope_base = n.get<double>("rope_base", 500000.0);
+  m.rope_scale = n.get<double>("rope_scale", 1.0);
+  m.norm_eps = n.get<double>("norm_eps", 1e-5);
+  m.init_std = n.get<double>("init_std", 0.02);
+  m.window = parse_window_spec(n);
+  m.validate();
+  return m;
+}
+
+}  // namespace iha

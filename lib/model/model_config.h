@@ -1,0 +1,69 @@
+// The architecture of the decoder-only IHA transformer (DESIGN.md section 7, docs/model.md):
+// sizes, the layer pattern, the attention settings shared by all layers, and how each block's
+// LayerConfig follows from them (window resolution of DESIGN.md section 1 included).
+// Invariant: layer_config() needs the window resolved first (resolve_window). Threads: plain data.
+// defines: iha::GlobalKind, iha::ModelConfig, iha::parse_model_config
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/config.h"
+
+namespace iha {
+
+// What attention a block of the pattern uses: IHA (P pseudo-heads, mixing and collapse), or
+// plain causal MHA (P = 1, no mixing or collapse parameters). Set separately for the `G`
+// (global) and `L` (sliding-window) blocks; an MHA window block keeps the same window in
+// original tokens, ceil(Wv / P).
+enum class GlobalKind : uint8_t { iha, mha };
+const char* global_kind_name(GlobalKind k);
+
+struct ModelConfig {
+  int64_t vocab = 0;   // vocabulary size V
+  int64_t D = 0;       // model width
+  int64_t H = 0;       // heads
+  int64_t d = 0;       // head dim
+  int64_t P = 2;       // pseudo-heads per head of IHA layers
+  int64_t layers = 5;  // blocks
+  int64_t ffn = 0;     // SwiGLU hidden width F
+  // Block i is pattern[i % pattern.size()]: 'L' sliding-window IHA, 'G' global layer.
+  std::string pattern = "LLLLG";
+  GlobalKind global_kind = GlobalKind::iha;
+  GlobalKind window_kind = GlobalKind::iha;
+  Collapse collapse = Collapse::global;
+  MaskKind mask = MaskKind::flat_causal;
+  bool rope = true;
+  double rope_base = 500000.0;
+  double rope_scale = 1.0;
+  double norm_eps = 1e-5;
+  double init_std = 0.02;
+  // How the config states the window (resolved into window_virtual by resolve_window).
+  WindowSpec window;
+  // Wv of the 'L' blocks in virtual tokens; 0 until resolve_window() is called.
+  int64_t window_virtual = 0;
+
+  // Throws ConfigError naming the key ("model.<field>") at fault.
+  void validate() const;
+  // DESIGN.md section 1 window rule; n_train is the training context in tokens, checkpoint_wv
+  // the Wv stored in a checkpoint the model is loaded from (if any).
+  void resolve_window(int64_t n_train, std::optional<int64_t> checkpoint_wv);
+  char block_kind(int64_t i) const { return pattern[static_cast<size_t>(i) % pattern.size()]; }
+  bool has_window_blocks() const { return pattern.find('L') != std::string::npos; }
+  // Whether block i is an IHA layer (has mixing and collapse parameters).
+  bool block_is_iha(int64_t i) const {
+    return (block_kind(i) == 'L' ? window_kind : global_kind) == GlobalKind::iha;
+  }
+  // The attention layer of block i (window resolved first).
+  LayerConfig layer_config(int64_t i) const;
+  // One-line summary for logs.
+  std::string describe() const;
+};
+
+// Reads the `model:` section. Keys: vocab_size, D, H, d, P, layers, ffn, pattern, global_kind,
+// window_kind, collapse, mask, rope, rope_base, rope_scale, window | window_virtual, allow_window_change,
+// norm_eps, init_std. The window is not resolved here.
+ModelConfig parse_model_config(const ConfigNode& node);
+
+}  // namespace iha

@@ -1,0 +1,70 @@
+// The per-token pieces of the transformer around the attention layer, forward and backward,
+// CPU, float and double: token embedding, RMSNorm, SwiGLU MLP, LM head with cross-entropy.
+// All are pointwise in the sequence, so a rank applies them to whichever tokens it holds.
+// Rows are tokens; every row-major matrix has its row length as leading dimension.
+// Backward functions accumulate (+=) parameter gradients and write (=) input gradients unless
+// stated otherwise. Sums inside a row are taken in float64 for both dtypes.
+// Threads: plain functions without shared state; BLAS products use set_num_threads() threads.
+// defines: iha::embedding_forward, iha::embedding_backward, iha::rmsnorm_forward,
+//          iha::rmsnorm_backward, iha::SwigluCache, iha::swiglu_forward, iha::swiglu_backward,
+//          iha::CrossEntropyStats, iha::cross_entropy_forward_backward
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace iha {
+
+// x[r][:] = table[tokens[r]][:] for r < rows; table is [vocab, D]. Token ids are checked.
+template <class T>
+void embedding_forward(const int32_t* tokens, int64_t rows, const T* table, int64_t vocab,
+                       int64_t D, T* x);
+// dtable[tokens[r]][:] += dx[r][:], rows in ascending order (a fixed summation order).
+template <class T>
+void embedding_backward(const int32_t* tokens, int64_t rows, const T* dx, int64_t D, T* dtable);
+
+// y = x * r * g with r = 1 / sqrt(mean(x^2) + eps) per row; inv_rms[r] keeps r for backward.
+template <class T>
+void rmsnorm_forward(const T* x, int64_t rows, int64_t D, const T* g, double eps, T* y,
+                     T* inv_rms);
+// dx = r * (g*dy - x * r^2 * mean(g*dy*x)) (written); dg += sum_rows dy * x * r.
+template <class T>
+void rmsnorm_backward(const T* x, const T* dy, int64_t rows, int64_t D, const T* g,
+                      const T* inv_rms, T* dx, T* dg);
+
+// SwiGLU MLP: a = x W_gate, u = x W_up (both [rows, F]), h = silu(a) * u, y = h W_down.
+// W_gate, W_up are [D, F], W_down is [F, D]. The cache keeps a and u; h is recomputed.
+struct SwigluCache {
+  Tensor gate, up;  // [rows, F]
+};
+template <class T>
+void swiglu_forward(const T* x, int64_t rows, int64_t D, int64_t F, const T* w_gate,
+                    const T* w_up, const T* w_down, T* y, SwigluCache& cache);
+// dx written; dW_gate, dW_up, dW_down accumulate.
+template <class T>
+void swiglu_backward(const T* x, const T* dy, int64_t rows, int64_t D, int64_t F,
+                     const T* w_gate, const T* w_up, const T* w_down, const SwigluCache& cache,
+                     T* dx, T* dw_gate, T* dw_up, T* dw_down);
+
+// Cross-entropy of logits [rows, V] against targets (-1: no loss on this row), summed; the
+// row's prediction is its first arg-max. `answer` (may be null) flags rows whose target is an
+// answer token of a synthetic task; their loss and hits are also counted apart.
+struct CrossEntropyStats {
+  double loss_sum = 0;         // sum of -log softmax(logits)[target] over rows with a target
+  int64_t count = 0;           // rows with a target
+  int64_t correct = 0;         // rows whose arg-max equals the target
+  double answer_loss_sum = 0;  // the same three restricted to answer rows
+  int64_t answer_count = 0;
+  int64_t answer_correct = 0;
+  void add(const CrossEntropyStats& o);
+};
+// In place: when grad_scale != 0, logits are overwritten with
+// grad_scale * (softmax(logits) - onehot(target)) (zero rows where target < 0), the gradient
+// of grad_scale * loss_sum. Targets must be in [0, V) or -1.
+template <class T>
+CrossEntropyStats cross_entropy_forward_backward(T* logits, int64_t rows, int64_t V,
+                                                 const int32_t* targets, const uint8_t* answer,
+                                                 double grad_scale);
+
+}  // namespace iha

@@ -1,0 +1,90 @@
+#include "model/optim.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace iha {
+
+void OptimConfig::validate() const {
+  auto finite = [](double x) { return std::isfinite(x); };
+  IHA_CONFIG_CHECK(finite(lr) && lr > 0, "config key 'optim.lr': must be > 0, got ", lr);
+  IHA_CONFIG_CHECK(finite(min_lr) && min_lr >= 0 && min_lr <= lr,
+                   "config key 'optim.min_lr': must be in [0, optim.lr], got ", min_lr);
+  IHA_CONFIG_CHECK(warmup_steps >= 0, "config key 'optim.warmup_steps': must be >= 0, got ",
+                   warmup_steps);
+  IHA_CONFIG_CHECK(finite(beta1) && beta1 >= 0 && beta1 < 1,
+                   "config key 'optim.beta1': must be in [0, 1), got ", beta1);
+  IHA_CONFIG_CHECK(finite(beta2) && beta2 >= 0 && beta2 < 1,
+                   "config key 'optim.beta2': must be in [0, 1), got ", beta2);
+  IHA_CONFIG_CHECK(finite(eps) && eps > 0, "config key 'optim.eps': must be > 0, got ", eps);
+  IHA_CONFIG_CHECK(finite(weight_decay) && weight_decay >= 0,
+                   "config key 'optim.weight_decay': must be >= 0, got ", weight_decay);
+  IHA_CONFIG_CHECK(finite(clip) && clip >= 0, "config key 'optim.clip': must be >= 0 (0 disables), got ",
+                   clip);
+}
+
+OptimConfig parse_optim_config(const ConfigNode& n) {
+  OptimConfig c;
+  c.lr = n.get<double>("lr", c.lr);
+  c.min_lr = n.get<double>("min_lr", c.min_lr);
+  c.warmup_steps = n.get<int64_t>("warmup_steps", c.warmup_steps);
+  c.beta1 = n.get<double>("beta1", c.beta1);
+  c.beta2 = n.get<double>("beta2", c.beta2);
+  c.eps = n.get<double>("eps", c.eps);
+  c.weight_decay = n.get<double>("weight_decay", c.weight_decay);
+  c.clip = n.get<double>("clip", c.clip);
+  c.validate();
+  return c;
+}
+
+double learning_rate(const OptimConfig& c, int64_t step, int64_t total) {
+  if (step < c.warmup_steps)
+    return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
+  const double span = static_cast<double>(std::max<int64_t>(1, total - c.warmup_steps));
+  const double p = std::min(1.0, static_cast<double>(step - c.warmup_steps) / span);
+  return c.min_lr + (c.lr - c.min_lr) * 0.5 * (1.0 + std::cos(M_PI * p));
+}
+
+template <class T>
+double sum_of_squares(const T* x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return s;
+}
+
+template <class T>
+AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout) : m_(layout), v_(layout) {}
+
+template <class T>
+void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, ParamSet<T>& params,
+                      const ParamSet<T>& grads) {
+  IHA_CHECK(t >= 1, "AdamW step must be >= 1, got ", t);
+  const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(t));
+  const T b1 = static_cast<T>(c.beta1), b2 = static_cast<T>(c.beta2);
+  const T step_size = static_cast<T>(lr / bc1);
+  const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+  const T eps = static_cast<T>(c.eps);
+  const T decay = static_cast<T>(1.0 - lr * c.weight_decay);
+  T* p = params.data();
+  const T* g = grads.data();
+  T* m = m_.data();
+  T* v = v_.data();
+  for (const ParamSpec& s : params.layout().specs()) {
+    const int64_t end = s.offset + s.numel();
+    const bool wd = s.decay && c.weight_decay > 0;
+    for (int64_t i = s.offset; i < end; ++i) {
+      m[i] = b1 * m[i] + (T(1) - b1) * g[i];
+      v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
+      if (wd) p[i] *= decay;
+      p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+    }
+  }
+}
+
+template double sum_of_squares<float>(const float*, int64_t);
+template double sum_of_squares<double>(const double*, int64_t);
+template class AdamW<float>;
+template class AdamW<double>;
+
+}  // namespace iha

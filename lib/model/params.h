@@ -1,0 +1,64 @@
+// Named parameters in one flat buffer. Every parameter (and its gradient and optimizer moments)
+// is a view into a contiguous buffer laid out in a fixed order, so one all-reduce, one norm and
+// one optimizer loop cover the whole model, and a flat element range (what optimizer-state
+// sharding will split) is well defined. The order and names are the model's public schema
+// (docs/model.md).
+// Invariant: views stay valid while their ParamSet lives (the buffer never reallocates).
+// Threads: no internal synchronisation; one thread writes a set at a time.
+// defines: iha::ParamSpec, iha::ParamLayout, iha::ParamSet
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace iha {
+
+struct ParamSpec {
+  std::string name;    // e.g. "blocks.3.attn.wq"
+  Shape shape;
+  bool decay = false;  // AdamW weight decay applies (matrices of linear maps and embeddings)
+  int64_t offset = 0;  // first element in the flat buffer
+  int64_t numel() const { return shape_numel(shape); }
+};
+
+// The ordered list of parameters and their offsets (shared by params, grads and moments).
+class ParamLayout {
+ public:
+  void add(const std::string& name, Shape shape, bool decay);
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  int64_t total() const { return total_; }
+  // Index of a parameter by name; throws naming it if absent.
+  size_t index(const std::string& name) const;
+  bool contains(const std::string& name) const;
+
+ private:
+  std::vector<ParamSpec> specs_;
+  int64_t total_ = 0;
+};
+
+// One flat buffer of dtype T holding a value for every parameter of a layout.
+template <class T>
+class ParamSet {
+ public:
+  ParamSet() = default;
+  explicit ParamSet(std::shared_ptr<const ParamLayout> layout);
+  const ParamLayout& layout() const { return *layout_; }
+  Tensor& flat() { return flat_; }
+  const Tensor& flat() const { return flat_; }
+  T* data() { return flat_.template data<T>(); }
+  const T* data() const { return flat_.template data<T>(); }
+  // A view of parameter i (or by name) with its shape; valid while this set lives.
+  Tensor view(size_t i) const;
+  Tensor view(const std::string& name) const { return view(layout_->index(name)); }
+  void zero() { flat_.zero(); }
+
+ private:
+  std::shared_ptr<const ParamLayout> layout_;
+  Tensor flat_;
+};
+
+}  // namespace iha

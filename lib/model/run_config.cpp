@@ -1,0 +1,158 @@
+#include "model/run_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include "core/rng.h"
+
+namespace iha {
+
+namespace {
+
+LossOn parse_loss_on(const ConfigNode& n) {
+  const std::string s = n.get<std::string>("loss_on", "answer");
+  if (s == "answer") return LossOn::answer;
+  if (s == "all") return LossOn::all;
+  throw ConfigError("config key '" + n.key_path("loss_on") + "': unknown value '" + s +
+                    "' (expected answer or all)");
+}
+
+DType parse_compute_dtype(const ConfigNode& n) {
+  const std::string s = n.get<std::string>("dtype", "float32");
+  if (s == "float32" || s == "f32") return DType::f32;
+  if (s == "float64" || s == "f64") return DType::f64;
+  throw ConfigError("config key '" + n.key_path("dtype") + "': unknown dtype '" + s +
+                    "' (expected float32 or float64)");
+}
+
+int64_t positive(const ConfigNode& n, const std::string& key, int64_t fallback) {
+  const int64_t v = n.get<int64_t>(key, fallback);
+  IHA_CONFIG_CHECK(v >= 1, "config key '", n.key_path(key), "': must be >= 1, got ", v);
+  return v;
+}
+
+int64_t non_negative(const ConfigNode& n, const std::string& key, int64_t fallback) {
+  const int64_t v = n.get<int64_t>(key, fallback);
+  IHA_CONFIG_CHECK(v >= 0, "config key '", n.key_path(key), "': must be >= 0, got ", v);
+  return v;
+}
+
+}  // namespace
+
+RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
+  RunConfig c;
+  c.text = text;
+
+  const ConfigNode mesh = root.child("mesh");
+  c.mesh.dp = positive(mesh, "dp", 1);
+  c.mesh.hp = positive(mesh, "hp", 1);
+  c.mesh.sp = positive(mesh, "sp", 1);
+  IHA_CONFIG_CHECK(c.mesh.hp == 1, "config key 'mesh.hp': head parallelism is not available yet "
+                   "(it comes with the full mesh, issue 7); set mesh.hp: 1, got ", c.mesh.hp);
+
+  const ConfigNode seq = root.child("sequence");
+  c.seq_len = seq.require<int64_t>("length");
+  IHA_CONFIG_CHECK(c.seq_len >= 2, "config key 'sequence.length': must be >= 2, got ", c.seq_len);
+  c.layout = parse_layout(seq.get<std::string>("layout", "zigzag"), seq.key_path("layout"));
+  c.tiles.q = positive(seq, "tile_q", c.tiles.q);
+  c.tiles.k = positive(seq, "tile_k", c.tiles.k);
+
+  c.model = parse_model_config(root.child("model"));
+
+  const ConfigNode tr = root.child("train");
+  c.dtype = parse_compute_dtype(tr);
+  c.steps = non_negative(tr, "steps", 0);
+  c.stop_after = non_negative(tr, "stop_after", 0);
+  c.batch_size = positive(tr, "batch_size", 8);
+  c.micro_batch = positive(tr, "micro_batch", std::max<int64_t>(1, c.batch_size / c.mesh.dp));
+  IHA_CONFIG_CHECK(c.batch_size % (c.mesh.dp * c.micro_batch) == 0, "config key 'train.batch_size': ",
+                   c.batch_size, " sequences per step must be a multiple of mesh.dp (", c.mesh.dp,
+                   ") * train.micro_batch (", c.micro_batch, ")");
+  c.recompute = tr.get<bool>("recompute", true);
+  c.threads = static_cast<int>(positive(tr, "threads", 1));
+  c.seed = static_cast<uint64_t>(non_negative(tr, "seed", 1));
+
+  c.optim = parse_optim_config(root.child("optim"));
+
+  const ConfigNode data = root.child("data");
+  c.data.kind = data.get<std::string>("kind", "multikey");
+  if (c.data.kind == "multikey") {
+    c.data.seed = static_cast<uint64_t>(non_negative(data, "seed", 1));
+    MultiKeySpec& m = c.data.multikey;
+    m.pairs = positive(data, "pairs", m.pairs);
+    m.queries = positive(data, "queries", m.queries);
+    m.key_tokens = positive(data, "key_tokens", m.key_tokens);
+    m.value_tokens = positive(data, "value_tokens", m.value_tokens);
+    m.loss_on = parse_loss_on(data);
+  } else if (c.data.kind == "twohop") {
+    c.data.seed = static_cast<uint64_t>(non_negative(data, "seed", 1));
+    TwoHopSpec& t = c.data.twohop;
+    t.chains = positive(data, "chains", t.chains);
+    t.queries = positive(data, "queries", t.queries);
+    t.entity_tokens = positive(data, "entity_tokens", t.entity_tokens);
+    t.loss_on = parse_loss_on(data);
+  } else if (c.data.kind == "hdf5") {
+    c.data.path = data.require<std::string>("path");
+    c.data.dataset = data.get<std::string>("dataset", "tokens");
+  } else {
+    throw ConfigError("config key 'data.kind': unknown kind '" + c.data.kind +
+                      "' (expected multikey, twohop or hdf5)");
+  }
+
+  const ConfigNode ev = root.child("eval");
+  c.eval.every = non_negative(ev, "every", 0);
+  c.eval.sequences = non_negative(ev, "sequences", c.eval.sequences);
+  c.eval.batch = positive(ev, "batch", c.eval.batch);
+  if (c.data.kind == "hdf5") {
+    c.eval.path = ev.get<std::string>("path", "");
+  } else {
+    c.eval.queries = positive(ev, "queries", c.eval.queries);
+  }
+  c.eval.checkpoint = ev.get<std::string>("checkpoint", "");
+
+  const ConfigNode ck = root.child("checkpoint");
+  c.checkpoint.dir = ck.get<std::string>("dir", "");
+  c.checkpoint.every = non_negative(ck, "every", 0);
+  c.checkpoint.keep = positive(ck, "keep", c.checkpoint.keep);
+
+  const ConfigNode lg = root.child("logging");
+  c.log.every = positive(lg, "every", c.log.every);
+  c.log.jsonl = lg.get<std::string>("jsonl", "");
+
+  const ConfigNode ft = root.child("finetune");
+  c.finetune_from = ft.get<std::string>("from", "");
+
+  root.finish();
+  return c;
+}
+
+RunConfig load_run_config(const std::string& file, const std::vector<std::string>& overrides) {
+  ConfigNode loaded = ConfigNode::from_file(file);
+  YAML::Node root = loaded.raw();
+  for (const std::string& o : overrides) ConfigNode::apply_override(root, o);
+  YAML::Emitter out;
+  out << root;
+  const std::string text = out.c_str();
+  return parse_run_config(ConfigNode::from_string(text, file), text);
+}
+
+std::shared_ptr<TokenSource> make_data_source(const RunConfig& c, bool held_out) {
+  const int64_t N = c.seq_len, V = c.model.vocab;
+  if (c.data.kind == "hdf5") {
+    if (!held_out) return open_token_file(c.data.path, c.data.dataset, N, V);
+    if (c.eval.path.empty()) return nullptr;
+    return open_token_file(c.eval.path, c.data.dataset, N, V);
+  }
+  // Held-out synthetic sequences come from a seed derived from data.seed, so they are never
+  // among the training sequences' streams.
+  const uint64_t seed = held_out ? hash3(c.data.seed, 0x68656c64ull, 0) : c.data.seed;
+  if (c.data.kind == "twohop") {
+    TwoHopSpec spec = c.data.twohop;
+    if (held_out) spec.queries = c.eval.queries;
+    return make_twohop_source(spec, V, N, seed);
+  }
+  MultiKeySpec spec = c.data.multikey;
+  if (held_out) spec.queries = c.eval.queries;
+  return make_multikey_source(spec, V, N, seed);
+}
+
+}  // namespace iha

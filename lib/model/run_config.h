@@ -1,0 +1,92 @@
+// The run configuration of iha-train: one YAML file (plus --set overrides) holding mesh,
+// sequence, model, training, optimizer, data, evaluation, checkpoint and logging settings.
+// Every key is documented in docs/training.md. Reading is strict: an unknown key, a wrong type
+// or an invalid value throws ConfigError naming the dotted key.
+// Threads: plain data; parsing is local (wrap it in collective_check to agree across ranks).
+// defines: iha::DataConfig, iha::EvalConfig, iha::CheckpointConfig, iha::LogConfig,
+//          iha::RunConfig, iha::load_run_config, iha::parse_run_config, iha::make_data_source
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention/flash.h"
+#include "core/config.h"
+#include "core/tensor.h"
+#include "model/data.h"
+#include "model/model_config.h"
+#include "model/optim.h"
+#include "parallel/layout.h"
+#include "parallel/mesh.h"
+
+namespace iha {
+
+struct DataConfig {
+  std::string kind = "multikey";  // multikey | twohop | hdf5
+  uint64_t seed = 1;              // synthetic tasks: sequence s is a function of (seed, s)
+  MultiKeySpec multikey;
+  TwoHopSpec twohop;
+  std::string path;               // hdf5: token file
+  std::string dataset = "tokens";
+};
+
+struct EvalConfig {
+  int64_t every = 0;        // evaluate every this many steps (0: only at the end of training)
+  int64_t sequences = 64;   // held-out sequences per evaluation
+  int64_t batch = 8;        // sequences per forward on each data-parallel replica
+  int64_t queries = 1;      // synthetic tasks: queries per held-out sequence (RULER: one)
+  std::string path;         // hdf5: held-out token file (synthetic tasks use another seed)
+  std::string checkpoint;   // `eval` mode: checkpoint directory (default: checkpoint.dir)
+};
+
+struct CheckpointConfig {
+  std::string dir;          // empty: no checkpoints
+  int64_t every = 0;        // save every this many steps (0: only at the end)
+  int64_t keep = 2;         // keep the newest this many
+};
+
+struct LogConfig {
+  int64_t every = 10;       // console and JSON line every this many steps
+  std::string jsonl;        // JSON-lines log file (empty: none)
+};
+
+struct RunConfig {
+  std::string text;         // the effective YAML after overrides (saved with checkpoints)
+  MeshShape mesh;
+  int64_t seq_len = 0;      // N, tokens per sequence
+  LayoutKind layout = LayoutKind::zigzag;
+  FlashTiles tiles;
+  ModelConfig model;        // window not yet resolved
+  DType dtype = DType::f32;
+  bool recompute = true;
+  int threads = 1;
+  uint64_t seed = 1;        // parameter initialisation
+  int64_t steps = 0;        // optimizer steps of the run (the schedule's total)
+  int64_t stop_after = 0;   // stop after this many steps of one invocation (0: run to steps)
+  int64_t batch_size = 0;   // sequences per optimizer step, over all data-parallel replicas
+  int64_t micro_batch = 0;  // sequences per forward/backward on one replica
+  OptimConfig optim;
+  DataConfig data;
+  EvalConfig eval;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  std::string finetune_from;  // finetune: checkpoint directory the weights come from
+
+  // Gradient accumulation steps: batch_size / (dp * micro_batch).
+  int64_t accumulation() const { return batch_size / (mesh.dp * micro_batch); }
+};
+
+// Reads a YAML file, applies "key=value" overrides, parses and validates (ConfigError naming
+// the key on any problem; unknown keys included).
+RunConfig load_run_config(const std::string& file, const std::vector<std::string>& overrides);
+// Parses an already loaded root node; `text` is kept as RunConfig::text.
+RunConfig parse_run_config(const ConfigNode& root, const std::string& text);
+
+// The data source of the run (train: data.seed; held_out: the evaluation stream, i.e. a
+// derived seed for synthetic tasks and eval.path for HDF5). Returns null for held_out when the
+// run has no held-out data.
+std::shared_ptr<TokenSource> make_data_source(const RunConfig& cfg, bool held_out);
+
+}  // namespace iha

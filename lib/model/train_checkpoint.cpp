@@ -1,0 +1,178 @@
+#include "model/train_checkpoint.h"
+
+#include <filesystem>
+
+namespace iha {
+
+namespace {
+
+constexpr const char* kFormat = "iha-train/1";
+
+CheckpointOptions options_for(int64_t keep) {
+  CheckpointOptions o;
+  o.keep_last = static_cast<int>(keep);
+  return o;
+}
+
+GlobalKind parse_kind(const std::string& s, const std::string& what) {
+  if (s == "iha") return GlobalKind::iha;
+  if (s == "mha") return GlobalKind::mha;
+  throw ConfigError(what + ": unknown attention kind '" + s + "'");
+}
+
+}  // namespace
+
+CheckpointModel inspect_train_checkpoint(Communicator& world, const std::string& path,
+                                         const std::string& key) {
+  CheckpointModel ck;
+  collective_check(world, [&] {
+    IHA_CONFIG_CHECK(!path.empty(), "config key '", key, "': no checkpoint given");
+    std::string dir;
+    try {
+      dir = resolve_checkpoint(path);
+    } catch (const ConfigError& e) {
+      throw ConfigError("config key '" + key + "': " + e.what());
+    }
+    const CheckpointInfo info = inspect_checkpoint(dir);
+    const std::string where = "checkpoint '" + dir + "'";
+    IHA_CONFIG_CHECK(info.has_meta("format") && info.get<std::string>("format") == kFormat, where,
+                     " was not written by iha-train (meta/format is not '", kFormat, "')");
+    ck.dir = dir;
+    ck.step = info.get<int64_t>("step");
+    ModelConfig& m = ck.model;
+    m.vocab = info.get<int64_t>("model/vocab_size");
+    m.D = info.get<int64_t>("model/D");
+    m.H = info.get<int64_t>("model/H");
+    m.d = info.get<int64_t>("model/d");
+    m.P = info.get<int64_t>("model/P");
+    m.layers = info.get<int64_t>("model/layers");
+    m.ffn = info.get<int64_t>("model/ffn");
+    m.window_virtual = info.get<int64_t>("model/window_virtual");
+    m.rope = info.get<int64_t>("model/rope") != 0;
+    m.pattern = info.get<std::string>("model/pattern");
+    m.global_kind = parse_kind(info.get<std::string>("model/global_kind"), where);
+    m.window_kind = parse_kind(info.get<std::string>("model/window_kind"), where);
+    m.collapse = parse_collapse(info.get<std::string>("model/collapse"), where + " meta/model/collapse");
+    m.mask = parse_mask(info.get<std::string>("model/mask"), where + " meta/model/mask");
+    m.rope_base = info.get<double>("model/rope_base");
+    m.rope_scale = info.get<double>("model/rope_scale");
+    m.norm_eps = info.get<double>("model/norm_eps");
+    ck.dtype = parse_dtype(info.get<std::string>("dtype"));
+    const auto& mesh = info.get<std::vector<int64_t>>("mesh");
+    IHA_CONFIG_CHECK(mesh.size() == 3, where, ": meta/mesh must hold dp, hp, sp");
+    ck.mesh = MeshShape{mesh[0], mesh[1], mesh[2]};
+    ck.layout = info.get<std::string>("layout");
+    ck.seq_len = info.get<int64_t>("seq_len");
+  });
+  return ck;
+}
+
+void check_same_architecture(const ModelConfig& c, const CheckpointModel& ck) {
+  const ModelConfig& m = ck.model;
+  auto differ = [&](const char* key, const std::string& mine, const std::string& theirs) {
+    throw ConfigError("config key 'model." + std::string(key) + "' is " + mine +
+                      " but checkpoint '" + ck.dir + "' holds a model with " + theirs +
+                      " (the architecture must match the checkpoint)");
+  };
+  auto same_int = [&](const char* key, int64_t mine, int64_t theirs) {
+    if (mine != theirs) differ(key, std::to_string(mine), std::to_string(theirs));
+  };
+  auto same_str = [&](const char* key, const std::string& mine, const std::string& theirs) {
+    if (mine != theirs) differ(key, "'" + mine + "'", "'" + theirs + "'");
+  };
+  same_int("vocab_size", c.vocab, m.vocab);
+  same_int("D", c.D, m.D);
+  same_int("H", c.H, m.H);
+  same_int("d", c.d, m.d);
+  same_int("P", c.P, m.P);
+  same_int("layers", c.layers, m.layers);
+  same_int("ffn", c.ffn, m.ffn);
+  same_str("pattern", c.pattern, m.pattern);
+  same_str("global_kind", global_kind_name(c.global_kind), global_kind_name(m.global_kind));
+  same_str("window_kind", global_kind_name(c.window_kind), global_kind_name(m.window_kind));
+  same_str("collapse", collapse_name(c.collapse), collapse_name(m.collapse));
+  same_str("mask", mask_name(c.mask), mask_name(m.mask));
+  same_str("rope", c.rope ? "true" : "false", m.rope ? "true" : "false");
+}
+
+bool has_checkpoint(const std::string& root) {
+  return !root.empty() && std::filesystem::exists(std::filesystem::path(root) / "latest");
+}
+
+template <class T>
+TrainCheckpoints<T>::TrainCheckpoints(Trainer<T>& trainer, int64_t keep)
+    : t_(trainer), ckpt_(trainer.mesh().world_ptr(), options_for(keep)) {
+  register_state(StateParts::everything);
+}
+
+template <class T>
+void TrainCheckpoints<T>::register_state(StateParts parts) {
+  ckpt_.clear();
+  for (NamedTensor& nt : t_.state_tensors()) {
+    if (parts == StateParts::weights && nt.name.rfind("param/", 0) != 0) continue;
+    ckpt_.add_tensor(nt.name, nt.tensor, nt.tensor.shape());
+  }
+}
+
+template <class T>
+std::string TrainCheckpoints<T>::save(const std::string& root) {
+  const RunConfig& cfg = t_.config();
+  const ModelConfig& m = t_.model_config();
+  const TrainerScalars& s = t_.scalars();
+  ckpt_.set_meta("format", std::string(kFormat));
+  ckpt_.set_meta("step", s.step);
+  ckpt_.set_meta("data/cursor", s.data_cursor);
+  ckpt_.set_meta("rng/seed", s.rng.seed);
+  ckpt_.set_meta("rng/counter", s.rng.counter);
+  ckpt_.set_meta("config", cfg.text);
+  ckpt_.set_meta("mesh", std::vector<int64_t>{cfg.mesh.dp, cfg.mesh.hp, cfg.mesh.sp});
+  ckpt_.set_meta("layout", std::string(layout_name(cfg.layout)));
+  ckpt_.set_meta("seq_len", cfg.seq_len);
+  ckpt_.set_meta("dtype", std::string(cfg.dtype == DType::f64 ? "float64" : "float32"));
+  ckpt_.set_meta("model/vocab_size", m.vocab);
+  ckpt_.set_meta("model/D", m.D);
+  ckpt_.set_meta("model/H", m.H);
+  ckpt_.set_meta("model/d", m.d);
+  ckpt_.set_meta("model/P", m.P);
+  ckpt_.set_meta("model/layers", m.layers);
+  ckpt_.set_meta("model/ffn", m.ffn);
+  ckpt_.set_meta("model/window_virtual", m.window_virtual);
+  ckpt_.set_meta("model/rope", static_cast<int64_t>(m.rope ? 1 : 0));
+  ckpt_.set_meta("model/pattern", m.pattern);
+  ckpt_.set_meta("model/global_kind", std::string(global_kind_name(m.global_kind)));
+  ckpt_.set_meta("model/window_kind", std::string(global_kind_name(m.window_kind)));
+  ckpt_.set_meta("model/collapse", std::string(collapse_name(m.collapse)));
+  ckpt_.set_meta("model/mask", std::string(mask_name(m.mask)));
+  ckpt_.set_meta("model/rope_base", m.rope_base);
+  ckpt_.set_meta("model/rope_scale", m.rope_scale);
+  ckpt_.set_meta("model/norm_eps", m.norm_eps);
+  return ckpt_.save(root, s.step);
+}
+
+template <class T>
+CheckpointInfo TrainCheckpoints<T>::load(const std::string& path, StateParts parts) {
+  register_state(parts);
+  LoadOptions opt;
+  opt.ignore_unregistered = parts == StateParts::weights;
+  CheckpointInfo info;
+  try {
+    info = ckpt_.load(path, opt);
+  } catch (...) {
+    register_state(StateParts::everything);
+    throw;
+  }
+  register_state(StateParts::everything);
+  if (parts == StateParts::everything) {
+    TrainerScalars& s = t_.scalars();
+    s.step = info.get<int64_t>("step");
+    s.data_cursor = info.get<int64_t>("data/cursor");
+    s.rng.seed = info.get<uint64_t>("rng/seed");
+    s.rng.counter = info.get<uint64_t>("rng/counter");
+  }
+  return info;
+}
+
+template class TrainCheckpoints<float>;
+template class TrainCheckpoints<double>;
+
+}  // namespace iha

@@ -1,0 +1,68 @@
+// Checkpoints of a training run on lib/checkpoint: what a Trainer saves (every parameter and
+// AdamW moment by name, replicated on every rank; step, data cursor, RNG, the config text, the
+// mesh, layout and the architecture as metadata; schema in docs/model.md), and how a run
+// resumes (everything), fine-tunes or evaluates (weights only) from one.
+//
+// Invariants
+//   - A resumed run on the same mesh continues with the bits of the uninterrupted run: the
+//     whole state is restored and every step is deterministic.
+//   - Tensors are global and replicated, so any mesh and world size loads any checkpoint.
+//   - The architecture of the config must equal the checkpoint's (the RoPE settings and
+//     norm_eps may differ, for context extension); the window follows DESIGN.md section 1.
+//
+// Threads: collective calls, one thread, like Trainer.
+// defines: iha::CheckpointModel, iha::inspect_train_checkpoint, iha::check_same_architecture,
+//          iha::has_checkpoint, iha::StateParts, iha::TrainCheckpoints
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "checkpoint/checkpoint.h"
+#include "model/trainer.h"
+
+namespace iha {
+
+// What a checkpoint says about its run, read before a trainer is built.
+struct CheckpointModel {
+  std::string dir;        // the step directory
+  int64_t step = 0;
+  ModelConfig model;      // window resolved: model.window_virtual is the checkpoint's Wv
+  DType dtype = DType::f32;
+  MeshShape mesh;
+  std::string layout;
+  int64_t seq_len = 0;
+};
+
+// Collective over world. `key` names the config key the path came from, for messages.
+CheckpointModel inspect_train_checkpoint(Communicator& world, const std::string& path,
+                                         const std::string& key);
+// Throws ConfigError naming the first model.<key> whose value differs between the config and
+// the checkpoint (rope_base, rope_scale and norm_eps may differ; the window is checked by the
+// window rule when the trainer resolves it).
+void check_same_architecture(const ModelConfig& config, const CheckpointModel& ck);
+// Whether `root` holds a committed checkpoint (`root/latest` exists). Local.
+bool has_checkpoint(const std::string& root);
+
+enum class StateParts : uint8_t { weights, everything };
+
+template <class T>
+class TrainCheckpoints {
+ public:
+  // Collective over the trainer's world. keep: committed checkpoints kept in a root.
+  TrainCheckpoints(Trainer<T>& trainer, int64_t keep);
+  // Saves the whole state as root/step_<step> and moves root/latest to it; returns the step
+  // directory. Collective.
+  std::string save(const std::string& root);
+  // Loads a checkpoint (root or step directory). weights: the parameters only (fine-tune,
+  // eval; the optimizer state, step and cursor stay as they are); everything: also the AdamW
+  // moments, step, data cursor and RNG (resume). Collective.
+  CheckpointInfo load(const std::string& path, StateParts parts);
+
+ private:
+  void register_state(StateParts parts);
+  Trainer<T>& t_;
+  Checkpointer ckpt_;
+};
+
+}  // namespace iha

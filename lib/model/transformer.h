@@ -1,0 +1,90 @@
+// The decoder-only pre-norm transformer with IHA attention (docs/model.md):
+//   x = embed[tokens]
+//   per block i: x = x + Attn_i(RMSNorm(x; norm1)); x = x + SwiGLU_i(RMSNorm(x; norm2))
+//   logits = RMSNorm(x; norm_f) lm_head;  loss = sum of cross-entropies / count of targets
+// on the tokens one rank holds. The attention layers get their cores from a factory, so the
+// same model runs on one process (make_local_core) or sequence-parallel (ring/halo cores);
+// everything else is per token and needs no communication. Parameter gradients are this
+// rank's share; the caller sums them over ranks (one all-reduce of grads().flat()).
+//
+// Invariants
+//   - Parameters and gradients are flat buffers (params.h); names and shapes are the schema
+//     of docs/model.md. Initialisation is a pure function of (seed, name, index).
+//   - Deterministic: the same inputs give the same bits (fixed reduction orders).
+//   - Activation recomputation keeps only each block's input during forward and recomputes
+//     the block in backward; results are bitwise identical with and without it.
+//
+// Threads: one thread drives a model; BLAS and attention kernels may use set_num_threads().
+// defines: iha::make_param_layout, iha::Transformer
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "attention/layer.h"
+#include "model/data.h"
+#include "model/model_config.h"
+#include "model/ops.h"
+#include "model/params.h"
+
+namespace iha {
+
+// The parameter layout of a model (names, shapes, weight-decay flags), in schema order.
+std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& cfg);
+
+template <class T>
+class Transformer {
+ public:
+  // Makes the attention core of a block from its layer config and block index.
+  using CoreFactory =
+      std::function<std::shared_ptr<AttentionCore<T>>(const LayerConfig& layer, int64_t block)>;
+
+  // cfg must have its window resolved. All cores must hold the same number of local tokens.
+  Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  int64_t local_tokens() const { return n_local_; }
+  bool recompute() const { return recompute_; }
+  void set_recompute(bool on) { recompute_ = on; }
+  ParamSet<T>& params() { return params_; }
+  const ParamSet<T>& params() const { return params_; }
+  ParamSet<T>& grads() { return grads_; }
+  std::shared_ptr<const ParamLayout> layout() const { return layout_; }
+
+  // docs/model.md "Initialisation": normal(0, init_std) for linear maps and embedding
+  // (output projections wo and w_down scaled by 1/sqrt(2 layers)); RMSNorm gains 1;
+  // IHA mixing identity and collapse 1/P (DESIGN.md section 1).
+  void init(uint64_t seed);
+
+  // Forward on one micro-batch and backward of grad_scale * (sum of the cross-entropies on
+  // this rank); parameter gradients accumulate (+=) into grads(). Collective when the cores
+  // are (every rank of the sequence group calls it with the same B).
+  CrossEntropyStats forward_backward(const TokenBatch& batch, double grad_scale);
+  // Forward only (evaluation); keeps no activations.
+  CrossEntropyStats evaluate(const TokenBatch& batch);
+
+  // Forward only, returning the logits [B * n, V] (tests and inspection).
+  Tensor logits(const TokenBatch& batch);
+
+ private:
+  struct Block;
+  struct BlockActs;
+  void block_forward(Block& blk, const Tensor& x, Tensor& out, BlockActs& acts);
+  void block_backward(Block& blk, const Tensor& dout, BlockActs& acts, Tensor& dx);
+  Tensor embed(const TokenBatch& batch);
+  void check_batch(const TokenBatch& batch) const;
+
+  ModelConfig cfg_;
+  bool recompute_;
+  int64_t n_local_ = 0;
+  std::shared_ptr<ParamLayout> layout_;
+  ParamSet<T> params_, grads_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  size_t embed_, norm_f_, lm_head_;  // parameter indices
+};
+
+}  // namespace iha

@@ -1,0 +1,296 @@
+// iha-train as a user runs it: mpiexec -n 2 with configs and overrides. Bad command lines,
+// configs and data files stop every rank with exit code 2 and a message naming the key or
+// file; a NaN loss stops with exit code 3; a good run logs the progress figures as JSON lines.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "h5_files.h"
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr of all ranks
+};
+
+std::string tmp(const std::string& name) {
+  return "/tmp/iha_app_test_" + std::to_string(::getpid()) + "_" + name;
+}
+
+// Runs iha-train under mpiexec with `ranks` processes.
+Result run(const std::string& args, int ranks = 2) {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+  const std::string cmd = std::string(IHA_MPIEXEC) + " -n " + std::to_string(ranks) +
+                          " --oversubscribe " + IHA_TRAIN_BIN + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// Runs a command (no mpiexec), returning its exit code and output.
+Result shell(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// The demo config shrunk to a few seconds.
+std::string demo(const std::string& extra = "") {
+  return std::string("train --config ") + IHA_SOURCE_DIR + "/configs/demo.yaml" +
+         " --set sequence.length=32 --set train.steps=4 --set eval.sequences=8 --set eval.every=2"
+         " --set logging.every=2 --set checkpoint.dir= --set logging.jsonl= " + extra;
+}
+
+void expect_config_error(const std::string& args, const std::string& needle, int ranks = 2) {
+  const Result r = run(args, ranks);
+  EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in:\n" << r.output;
+}
+
+TEST(IhaTrain, BadCommandLines) {
+  expect_config_error("", "missing command");
+  expect_config_error("fly --config x.yaml", "unknown command 'fly'");
+  expect_config_error("train", "--config FILE is required");
+  expect_config_error("train --config x.yaml --speed 3", "unknown option '--speed'");
+  expect_config_error("train --config /tmp/iha_no_such_config.yaml", "cannot open config file");
+}
+
+TEST(IhaTrain, BadConfigsNameTheKey) {
+  expect_config_error(demo("--set model.heads=4"), "unknown config key 'model.heads'");
+  expect_config_error(demo("--set optim.lr=fast"), "'optim.lr'");
+  expect_config_error(demo("--set mesh.hp=2"), "'mesh.hp'");
+  expect_config_error(demo("--set sequence.layout=spiral"), "'sequence.layout'");
+  expect_config_error(demo("--set mesh.sp=1"), "world size");  // 1 rank of mesh, 2 launched
+  expect_config_error(demo("--set badoverride"), "expected key=value");
+  const std::string bad_yaml = tmp("bad.yaml");
+  std::ofstream(bad_yaml) << "mesh: {sp: 2\nmodel: [\n";
+  expect_config_error("train --config " + bad_yaml, "YAML syntax error");
+  std::filesystem::remove(bad_yaml);
+}
+
+TEST(IhaTrain, BadDataFilesNameTheFile) {
+  const std::string f = tmp("float.h5");
+  iha::test::RawTokenFile raw;
+  raw.tokens.assign(200, 3);
+  raw.file_type = H5T_IEEE_F64LE;
+  raw.vocab_size = 48;
+  iha::test::write_raw_token_file(f, raw);
+  // Switching to HDF5 data replaces the data section and drops the synthetic eval.queries.
+  const std::string hdf5 = "--set 'eval={sequences: 0}' --set 'data={kind: hdf5, path: " + f + "}'";
+  expect_config_error(demo(hdf5), f);
+  expect_config_error(demo(hdf5), "floating-point");
+  raw.file_type = H5T_STD_U16LE;
+  raw.tokens[150] = 47;
+  raw.vocab_size = 40;  // id 47 is out of range: only one rank reads it
+  iha::test::write_raw_token_file(f, raw);
+  expect_config_error(demo(hdf5), "has id 47");
+  expect_config_error(demo("--set 'eval={sequences: 0}' --set 'data={kind: hdf5}'"), "'data.path' is required");
+  // A synthetic-only key under HDF5 data is unknown there.
+  expect_config_error(demo("--set 'data={kind: hdf5, path: " + f + "}'"), "unknown config key 'eval.queries'");
+  std::filesystem::remove(f);
+}
+
+TEST(IhaTrain, NonFiniteLossStopsWithExitCode3) {
+  const Result r = run(demo("--set optim.lr=1e30 --set optim.min_lr=0 --set optim.warmup_steps=0 --set train.steps=6"));
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("non-finite training loss"), std::string::npos) << r.output;
+}
+
+TEST(IhaTrain, AGoodRunLogsProgressAsJsonLines) {
+  const std::string log = tmp("log.jsonl");
+  const Result r = run(demo("--set logging.jsonl=" + log));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* s : {"step 4/4", "tok/s", "% of peak", "rss/rank", "eta", "answer accuracy"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << " missing from:\n" << r.output;
+  std::ifstream in(log);
+  std::string line;
+  int steps = 0, evals = 0;
+  while (std::getline(in, line)) {
+    if (line.find("\"event\":\"step\"") != std::string::npos) {
+      ++steps;
+      for (const char* k : {"\"loss\":", "\"tokens_per_s\":", "\"flops_per_s\":", "\"utilization\":",
+                            "\"rss_mib_max\":", "\"eta_s\":", "\"step\":"})
+        EXPECT_NE(line.find(k), std::string::npos) << k << " missing from " << line;
+    }
+    evals += line.find("\"event\":\"eval\"") != std::string::npos;
+  }
+  EXPECT_EQ(steps, 2);  // steps 2 and 4
+  EXPECT_EQ(evals, 2);  // step 2 and the end
+  std::filesystem::remove(log);
+}
+
+// step -> the exact "loss" text of the step events of a JSON-lines log.
+std::map<int, std::string> step_losses(const std::string& log) {
+  std::map<int, std::string> out;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"event\":\"step\"") == std::string::npos) continue;
+    const auto num = [&](const std::string& key) {
+      const size_t at = line.find("\"" + key + "\":") + key.size() + 3;
+      return line.substr(at, line.find_first_of(",}", at) - at);
+    };
+    out[std::stoi(num("step"))] = num("loss");
+  }
+  return out;
+}
+
+// The "loss" of the last eval event of a JSON-lines log, as a number.
+double last_eval_loss(const std::string& log) {
+  std::ifstream in(log);
+  double loss = -1;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"event\":\"eval\"") == std::string::npos) continue;
+    const size_t at = line.find("\"loss\":") + 7;
+    loss = std::stod(line.substr(at, line.find_first_of(",}", at) - at));
+  }
+  return loss;
+}
+
+std::string config_file() { return std::string(IHA_SOURCE_DIR) + "/configs/demo.yaml"; }
+
+TEST(IhaTrain, ResumeContinuesTheLossTrajectoryBitForBit) {
+  const std::string full_dir = tmp("full_ckpt"), dir = tmp("resume_ckpt");
+  const std::string full_log = tmp("full.jsonl"), part_log = tmp("part.jsonl");
+  const std::string base = "train --config " + config_file() +
+                           " --set sequence.length=32 --set train.steps=6 --set logging.every=1"
+                           " --set eval.sequences=0 --set checkpoint.every=0";
+  ASSERT_EQ(run(base + " --set checkpoint.dir=" + full_dir + " --set logging.jsonl=" + full_log).code, 0);
+  const Result first = run(base + " --set train.stop_after=3 --set checkpoint.dir=" + dir +
+                           " --set logging.jsonl=" + part_log);
+  ASSERT_EQ(first.code, 0) << first.output;
+  EXPECT_NE(first.output.find("stopped at step 3 of 6"), std::string::npos) << first.output;
+  // Without --resume, a directory with checkpoints is refused.
+  expect_config_error(base + " --set checkpoint.dir=" + dir, "--resume");
+  const Result second = run(base + " --resume --set checkpoint.dir=" + dir + " --set logging.jsonl=" + part_log);
+  ASSERT_EQ(second.code, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+  const auto a = step_losses(full_log), b = step_losses(part_log);
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);  // %.17g text: equal strings are equal doubles
+  for (const auto& p : {full_dir, dir, full_log, part_log}) std::filesystem::remove_all(p);
+}
+
+TEST(IhaTrain, NonFiniteLossKeepsTheLastGoodCheckpoint) {
+  const std::string dir = tmp("nan_ckpt");
+  const std::string args = demo("--set optim.lr=1e30 --set optim.min_lr=0 --set optim.warmup_steps=0"
+                                " --set train.steps=6 --set checkpoint.every=1 --set checkpoint.dir=" + dir);
+  const Result r = run(args);
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("The last good checkpoint is " + dir + "/step_1"), std::string::npos) << r.output;
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_1");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step_2"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(IhaTrain, EvalAndFinetuneFromACheckpoint) {
+  const std::string dir = tmp("ev_ckpt"), ft_dir = tmp("ft_ckpt"), log = tmp("ev.jsonl"), ev_log = tmp("ev2.jsonl");
+  ASSERT_EQ(run(demo("--set checkpoint.dir=" + dir + " --set logging.jsonl=" + log)).code, 0);
+  const Result ev = run("eval --config " + config_file() + " --set sequence.length=32 --set eval.sequences=8"
+                        " --set checkpoint.dir=" + dir + " --set logging.jsonl=" + ev_log);
+  ASSERT_EQ(ev.code, 0) << ev.output;
+  EXPECT_NE(ev.output.find("eval  step 4 | loss"), std::string::npos) << ev.output;
+  EXPECT_EQ(last_eval_loss(ev_log), last_eval_loss(log));  // same weights, data and mesh
+  const std::string ft = "finetune --config " + config_file() +
+                         " --set sequence.length=64 --set model.rope_scale=0.5 --set train.steps=2"
+                         " --set eval.sequences=4 --set finetune.from=" + dir;
+  const Result f = run(ft + " --set checkpoint.dir=" + ft_dir);
+  ASSERT_EQ(f.code, 0) << f.output;
+  EXPECT_NE(f.output.find("loaded the weights of " + dir + "/step_4"), std::string::npos) << f.output;
+  // Trained at N = 32: W = ceil(32 / 8) = 4 tokens, Wv = 8; N = 64 would default to Wv = 16.
+  EXPECT_NE(f.output.find(" Wv=8 "), std::string::npos) << "the checkpoint's window is kept:\n" << f.output;
+  EXPECT_TRUE(std::filesystem::exists(ft_dir + "/step_2"));
+  expect_config_error(ft + " --set model.ffn=96", "'model.ffn'");
+  expect_config_error(ft + " --set model.window=8", "allow_window_change");
+  expect_config_error("eval --config " + config_file() + " --set checkpoint.dir=" + tmp("nothing"),
+                      "checkpoint.dir");
+  for (const auto& p : {dir, ft_dir, log, ev_log}) std::filesystem::remove_all(p);
+}
+
+TEST(IhaTrain, NumpyReferenceComputesTheSameLoss) {
+  // docs/reference_loss.py reads only the checkpoint and the token file (docs/model.md).
+  ASSERT_EQ(shell(std::string(IHA_PYTHON3) + " -c 'import numpy, h5py'").code, 0)
+      << IHA_PYTHON3 << " lacks numpy or h5py (scripts/install-deps.sh installs python3-numpy python3-h5py)";
+  const std::string txt = tmp("ref.txt"), h5 = tmp("ref.h5");
+  {
+    std::ofstream out(txt, std::ios::binary);
+    for (int i = 0; i < 300; ++i) out << "retrieval " << i * 7919 % 1000 << " at long context; ";
+  }
+  ASSERT_EQ(shell(std::string(IHA_DATA_BIN) + " text " + txt + " " + h5).code, 0);
+  const std::vector<std::string> variants = {
+      "",
+      " --set model.mask=token_causal --set model.collapse=per_head --set model.global_kind=mha"
+      " --set model.P=3 --set model.window=5 --set model.pattern=GLL --set model.layers=3"};
+  for (const std::string& v : variants) {
+    const std::string dir = tmp("ref_ckpt"), log = tmp("ref.jsonl");
+    const std::string data = " --set model.vocab_size=256 --set 'eval={path: " + h5 +
+                             ", sequences: 3, batch: 2}' --set 'data={kind: hdf5, path: " + h5 + "}'";
+    ASSERT_EQ(run(demo("--set train.dtype=float64 --set checkpoint.dir=" + dir + data + v)).code, 0);
+    const Result ev = run("eval --config " + config_file() + " --set sequence.length=32 --set train.dtype=float64"
+                          " --set checkpoint.dir=" + dir + " --set logging.jsonl=" + log + data + v);
+    ASSERT_EQ(ev.code, 0) << ev.output;
+    const Result py = shell(std::string(IHA_PYTHON3) + " " + std::string(IHA_SOURCE_DIR) +
+                            "/docs/reference_loss.py " + dir + " " + h5 + " 32 3");
+    ASSERT_EQ(py.code, 0) << py.output;
+    const double ours = last_eval_loss(log), theirs = std::stod(py.output);
+    EXPECT_NEAR(ours, theirs, 1e-10 * std::fabs(theirs)) << "variant:" << v;
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove(log);
+  }
+  std::filesystem::remove(txt);
+  std::filesystem::remove(h5);
+}
+
+TEST(IhaData, TextBecomesByteTokensThatTrain) {
+  const std::string txt = tmp("corpus.txt"), h5 = tmp("corpus.h5");
+  {
+    std::ofstream out(txt, std::ios::binary);
+    for (int i = 0; i < 400; ++i) out << "the quick brown fox " << i << " jumps\n" << char(0xE9);
+  }
+  const Result conv = shell(std::string(IHA_DATA_BIN) + " text " + txt + " " + h5);
+  ASSERT_EQ(conv.code, 0) << conv.output;
+  EXPECT_NE(conv.output.find("vocab_size 256"), std::string::npos) << conv.output;
+  const Result info = shell(std::string(IHA_DATA_BIN) + " info " + h5 + " --seq-len 64");
+  ASSERT_EQ(info.code, 0) << info.output;
+  EXPECT_NE(info.output.find("ids in sequences: [10, 233]"), std::string::npos) << info.output;  // '\n', 0xE9
+  const Result train = run(demo("--set model.vocab_size=256 --set 'eval={path: " + h5 +
+                                ", sequences: 4}' --set 'data={kind: hdf5, path: " + h5 + "}'"));
+  EXPECT_EQ(train.code, 0) << train.output;
+  EXPECT_NE(train.output.find("eval  step 4 | loss"), std::string::npos) << train.output;
+  // Bad input: a missing text file, and a text file given to `info`.
+  EXPECT_EQ(shell(std::string(IHA_DATA_BIN) + " text /tmp/iha_no_such.txt " + h5).code, 2);
+  const Result bad = shell(std::string(IHA_DATA_BIN) + " info " + txt);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("not an HDF5 file"), std::string::npos) << bad.output;
+  EXPECT_EQ(shell(std::string(IHA_DATA_BIN) + " convert").code, 2);
+  std::filesystem::remove(txt);
+  std::filesystem::remove(h5);
+}
+
+}  // namespace

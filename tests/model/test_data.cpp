@@ -1,0 +1,400 @@
+// Token data: synthetic tasks (structure, purity in (seed, index), shards equal to the whole),
+// HDF5 token files (round trip, shard reads with labels, wrap-around) and every bad-file case
+// with an error naming the file and the problem; run configs with bad keys, types and values.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "h5_files.h"
+#include "model/data.h"
+#include "model/run_config.h"
+#include "model_fixtures.h"
+
+namespace iha {
+namespace {
+
+// The whole sequence s (N inputs plus the last label) read through one chunk.
+struct Whole {
+  std::vector<int32_t> tokens, targets;
+  std::vector<uint8_t> answer;
+};
+Whole whole(const TokenSource& src, int64_t s) {
+  const int64_t N = src.seq_len();
+  Whole w;
+  w.tokens.resize(N);
+  w.targets.resize(N);
+  w.answer.resize(N);
+  src.fill(s, {{0, N}}, w.tokens.data(), w.targets.data(), w.answer.data());
+  return w;
+}
+
+MultiKeySpec mk(LossOn loss_on = LossOn::answer, int64_t queries = 2) {
+  MultiKeySpec m;
+  m.pairs = 4;
+  m.queries = queries;
+  m.key_tokens = 16;
+  m.value_tokens = 16;
+  m.loss_on = loss_on;
+  return m;
+}
+
+TEST(Synthetic, MultiKeyStructure) {
+  const int64_t N = 60, V = 40;  // ids: 0 query, 1-16 keys, 17-32 values, 33-39 filler
+  auto src = make_multikey_source(mk(LossOn::all), V, N, 7);
+  std::set<int32_t> values_seen;
+  for (int64_t s = 0; s < 200; ++s) {
+    const Whole w = whole(*src, s);
+    std::vector<int32_t> x(w.tokens);
+    x.push_back(w.targets.back());  // the full N + 1 tokens
+    std::map<int32_t, int32_t> pairs;
+    int64_t answers = 0;
+    for (int64_t p = 0; p + 1 < N + 1; ++p) {
+      const bool key = x[p] >= 1 && x[p] <= 16;
+      if (key && (p == 0 || x[p - 1] != 0)) {  // a needle: key then value
+        ASSERT_GE(x[p + 1], 17) << "s " << s << " p " << p;
+        ASSERT_LE(x[p + 1], 32);
+        ASSERT_EQ(pairs.count(x[p]), 0u) << "keys must be distinct";
+        pairs[x[p]] = x[p + 1];
+        values_seen.insert(x[p + 1]);
+      }
+    }
+    ASSERT_EQ(pairs.size(), 4u) << "sequence " << s;
+    // Two queries at the end: QUERY key value, the value being the key's needle value.
+    for (int64_t j = 0; j < 2; ++j) {
+      const int64_t p = N + 1 - 6 + 3 * j;
+      ASSERT_EQ(x[p], 0);
+      ASSERT_EQ(pairs.count(x[p + 1]), 1u);
+      ASSERT_EQ(x[p + 2], pairs[x[p + 1]]);
+      ASSERT_EQ(w.answer[p + 1], 1);  // the row predicting the value
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      answers += w.answer[n];
+      ASSERT_EQ(w.targets[n], x[n + 1]);  // loss on all tokens: every label
+    }
+    ASSERT_EQ(answers, 2);
+  }
+  EXPECT_EQ(values_seen.size(), 16u) << "values are drawn from all 16 value tokens";
+}
+
+TEST(Synthetic, AnswerOnlyLossAndPurity) {
+  const int64_t N = 50, V = 40;
+  auto a = make_multikey_source(mk(LossOn::answer), V, N, 3);
+  auto b = make_multikey_source(mk(LossOn::answer), V, N, 3);
+  auto c = make_multikey_source(mk(LossOn::answer), V, N, 4);
+  const Whole wa = whole(*a, 11), wb = whole(*b, 11), wc = whole(*c, 11), wd = whole(*a, 12);
+  EXPECT_EQ(wa.tokens, wb.tokens);
+  EXPECT_NE(wa.tokens, wc.tokens);  // another seed
+  EXPECT_NE(wa.tokens, wd.tokens);  // another sequence
+  for (int64_t n = 0; n < N; ++n) EXPECT_EQ(wa.targets[n] >= 0, wa.answer[n] == 1) << n;
+}
+
+TEST(Synthetic, ShardsEqualTheWholeSequence) {
+  // Every layout and rank count: each rank's rows are the whole sequence's rows at its tokens.
+  const int64_t N = 37, V = 40;
+  std::vector<std::shared_ptr<TokenSource>> sources = {
+      make_multikey_source(mk(LossOn::answer), V, N, 5),
+      make_twohop_source(TwoHopSpec{}, V, N, 5)};
+  for (auto& src : sources) {
+    for (LayoutKind kind : {LayoutKind::contiguous, LayoutKind::zigzag}) {
+      for (int64_t R = 1; R <= 4; ++R) {
+        const SequenceLayout layout(kind, N, R);
+        const Whole w0 = whole(*src, 3), w1 = whole(*src, 4);
+        for (int64_t r = 0; r < R; ++r) {
+          DataLoader loader(src, layout, r);
+          const TokenBatch b = loader.batch(3, 2);
+          const auto toks = layout.tokens_of(r);
+          ASSERT_EQ(b.n, static_cast<int64_t>(toks.size()));
+          for (size_t i = 0; i < toks.size(); ++i) {
+            EXPECT_EQ(b.tokens[i], w0.tokens[toks[i]]);
+            EXPECT_EQ(b.targets[i], w0.targets[toks[i]]);
+            EXPECT_EQ(b.answer[i], w0.answer[toks[i]]);
+            EXPECT_EQ(b.tokens[b.n + i], w1.tokens[toks[i]]);
+            EXPECT_EQ(b.targets[b.n + i], w1.targets[toks[i]]);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Synthetic, TwoHopAnswerIsTwoHopsAway) {
+  const int64_t N = 80, V = 40;
+  TwoHopSpec spec;
+  spec.chains = 4;
+  spec.queries = 1;
+  spec.entity_tokens = 32;
+  spec.loss_on = LossOn::all;
+  auto src = make_twohop_source(spec, V, N, 9);
+  for (int64_t s = 0; s < 100; ++s) {
+    const Whole w = whole(*src, s);
+    std::vector<int32_t> x(w.tokens);
+    x.push_back(w.targets.back());
+    std::map<int32_t, int32_t> next;  // fact a -> b
+    for (int64_t p = 0; p + 4 < N + 1; ++p)
+      if (x[p] >= 1 && x[p] <= 32 && x[p + 1] >= 1 && x[p + 1] <= 32) {
+        next[x[p]] = x[p + 1];
+        ++p;
+      }
+    ASSERT_EQ(next.size(), 8u) << "4 chains give 8 facts, sequence " << s;
+    const int32_t a = x[N - 1], c = x[N];
+    ASSERT_EQ(x[N - 2], 0);
+    ASSERT_EQ(next.count(a), 1u);
+    ASSERT_EQ(next.count(next[a]), 1u);
+    EXPECT_EQ(c, next[next[a]]);
+    EXPECT_EQ(w.answer[N - 1], 1);
+  }
+}
+
+TEST(Synthetic, TasksThatDoNotFitAreConfigErrors) {
+  auto expect_key = [](const std::function<void()>& f, const std::string& key) {
+    try {
+      f();
+      ADD_FAILURE() << "no error, expected one naming " << key;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  };
+  expect_key([] { make_multikey_source(mk(), 33, 60, 1); }, "model.vocab_size");  // no filler id
+  expect_key([] { make_multikey_source(mk(), 40, 9, 1); }, "sequence.length");
+  MultiKeySpec many = mk();
+  many.pairs = 17;
+  expect_key([&] { make_multikey_source(many, 60, 200, 1); }, "data.key_tokens");
+  TwoHopSpec th;
+  th.chains = 11;
+  expect_key([&] { make_twohop_source(th, 60, 200, 1); }, "data.entity_tokens");
+}
+
+// ---- HDF5 token files ----
+
+class TokenFiles : public ::testing::Test {
+ protected:
+  std::string path(const std::string& name) {
+    const std::string p = "/tmp/iha_test_data_" + std::to_string(::getpid()) + "_" + name + ".h5";
+    files_.push_back(p);
+    return p;
+  }
+  void TearDown() override {
+    for (const auto& f : files_) std::filesystem::remove(f);
+  }
+  // The error message of opening and reading the first sequences of a file.
+  std::string error_of(const std::string& file, int64_t N = 4, int64_t model_vocab = 32) {
+    try {
+      auto src = open_token_file(file, "tokens", N, model_vocab);
+      DataLoader loader(src, SequenceLayout(LayoutKind::contiguous, N, 1), 0);
+      loader.batch(0, src->num_sequences());
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  }
+  std::vector<std::string> files_;
+};
+
+TEST_F(TokenFiles, RoundTripShardsAndLabels) {
+  const std::string f = path("ok");
+  std::vector<int64_t> tokens(41);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 7) % 200);
+  {
+    TokenFileWriter w(f, "tokens", 200, "bytes");
+    w.append(tokens.data(), 20);
+    w.append(tokens.data() + 20, 21);
+  }
+  const int64_t N = 10;
+  auto src = open_token_file(f, "tokens", N, 256);
+  EXPECT_EQ(src->vocab(), 200);
+  EXPECT_EQ(src->num_sequences(), 4);  // floor((41 - 1) / 10)
+  for (LayoutKind kind : {LayoutKind::contiguous, LayoutKind::zigzag})
+    for (int64_t R = 1; R <= 3; ++R) {
+      const SequenceLayout layout(kind, N, R);
+      for (int64_t r = 0; r < R; ++r) {
+        DataLoader loader(src, layout, r);
+        const TokenBatch b = loader.batch(3, 2);  // sequences 3 and 4 = 0 (wraps)
+        const auto toks = layout.tokens_of(r);
+        for (size_t i = 0; i < toks.size(); ++i) {
+          EXPECT_EQ(b.tokens[i], tokens[3 * N + toks[i]]);
+          EXPECT_EQ(b.targets[i], tokens[3 * N + toks[i] + 1]);  // the label after every chunk too
+          EXPECT_EQ(b.tokens[b.n + i], tokens[toks[i]]);
+          EXPECT_EQ(b.answer[i], 0);
+        }
+      }
+    }
+}
+
+TEST_F(TokenFiles, WriterPicksTheNarrowTypeAndRefusesBadIds) {
+  const std::string f = path("narrow");
+  {
+    TokenFileWriter w(f, "tokens", 256, "bytes");
+    const std::vector<int64_t> t = {0, 255, 3};
+    w.append(t.data(), 3);
+  }
+  hid_t file = H5Fopen(f.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = H5Dopen2(file, "tokens", H5P_DEFAULT);
+  hid_t t = H5Dget_type(d);
+  EXPECT_EQ(H5Tget_size(t), 1u);
+  EXPECT_EQ(H5Tget_sign(t), H5T_SGN_NONE);
+  H5Tclose(t);
+  H5Dclose(d);
+  H5Fclose(file);
+  TokenFileWriter w(path("bad"), "tokens", 10);
+  const std::vector<int64_t> bad = {1, 10};
+  EXPECT_THROW(w.append(bad.data(), 2), ConfigError);
+}
+
+TEST_F(TokenFiles, BadFilesNameTheFileAndTheProblem) {
+  auto expect_error = [&](const std::string& file, const std::string& what, int64_t N = 4) {
+    const std::string msg = error_of(file, N);
+    EXPECT_NE(msg.find(file), std::string::npos) << "message does not name the file: " << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << "expected '" << what << "' in: " << msg;
+  };
+  expect_error("/tmp/iha_no_such_file.h5", "missing or unreadable");
+
+  const std::string text = path("text");
+  std::ofstream(text) << "this is not an HDF5 file\n";
+  expect_error(text, "not an HDF5 file");
+
+  test::RawTokenFile good;
+  good.tokens.assign(40, 5);
+  const std::string truncated = path("truncated");
+  test::write_raw_token_file(truncated, good);
+  std::filesystem::resize_file(truncated, std::filesystem::file_size(truncated) - 100);
+  expect_error(truncated, "truncated");
+
+  test::RawTokenFile fl = good;
+  fl.file_type = H5T_IEEE_F32LE;
+  const std::string floats = path("float");
+  test::write_raw_token_file(floats, fl);
+  expect_error(floats, "floating-point");
+
+  test::RawTokenFile big = good;
+  big.tokens[22] = 32;  // == vocab_size
+  const std::string out_of_range = path("range");
+  test::write_raw_token_file(out_of_range, big);
+  expect_error(out_of_range, "token 22 has id 32");
+
+  test::RawTokenFile neg = good;
+  neg.tokens[3] = -1;
+  const std::string negative = path("negative");
+  test::write_raw_token_file(negative, neg);
+  expect_error(negative, "token 3 has id -1");
+
+  test::RawTokenFile empty = good;
+  empty.tokens.clear();
+  const std::string empty_file = path("empty");
+  test::write_raw_token_file(empty_file, empty);
+  expect_error(empty_file, "is empty");
+
+  const std::string short_file = path("short");
+  test::write_raw_token_file(short_file, good);
+  expect_error(short_file, "fewer than one sequence", 40);
+
+  test::RawTokenFile no_vocab = good;
+  no_vocab.vocab_size = -1;
+  const std::string nv = path("novocab");
+  test::write_raw_token_file(nv, no_vocab);
+  expect_error(nv, "vocab_size");
+
+  test::RawTokenFile wide = good;
+  wide.vocab_size = 33;
+  const std::string wv = path("widevocab");
+  test::write_raw_token_file(wv, wide);
+  expect_error(wv, "model.vocab_size");
+
+  test::RawTokenFile two_d = good;
+  two_d.two_d = true;
+  const std::string td = path("2d");
+  test::write_raw_token_file(td, two_d);
+  expect_error(td, "must be 1-D");
+
+  test::RawTokenFile other = good;
+  other.dataset = "ids";
+  const std::string od = path("dataset");
+  test::write_raw_token_file(od, other);
+  expect_error(od, "no such dataset");
+}
+
+// ---- run configs ----
+
+std::string base_yaml() { return test::tiny_run_yaml(1, 1, "zigzag", "float32", 23, "answer"); }
+
+std::string config_error(const std::vector<std::string>& overrides, const std::string& yaml = base_yaml()) {
+  try {
+    test::run_config_from(yaml, overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RunConfig, TheTinyConfigParses) {
+  const RunConfig c = test::run_config_from(base_yaml());
+  EXPECT_EQ(c.seq_len, 23);
+  EXPECT_EQ(c.layout, LayoutKind::zigzag);
+  EXPECT_EQ(c.model.D, 16);
+  EXPECT_EQ(c.accumulation(), 2);
+  EXPECT_EQ(c.data.multikey.pairs, 4);
+  EXPECT_FALSE(c.text.empty());
+}
+
+TEST(RunConfig, BadKeysTypesAndValuesNameTheKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"model.heads=4", "model.heads"},                 // unknown key
+      {"sequence.lenght=4", "sequence.lenght"},         // typo
+      {"colour=red", "colour"},                          // unknown top-level key
+      {"optim.lr=fast", "optim.lr"},                     // wrong type
+      {"train.steps=[1, 2]", "train.steps"},             // wrong type
+      {"model.D=8.5", "model.D"},
+      {"mesh.hp=2", "mesh.hp"},                          // not available yet
+      {"mesh.sp=0", "mesh.sp"},
+      {"sequence.layout=spiral", "sequence.layout"},
+      {"sequence.length=1", "sequence.length"},
+      {"train.dtype=bf16", "train.dtype"},
+      {"train.batch_size=7", "train.batch_size"},       // not a multiple of micro_batch
+      {"model.pattern=LLX", "model.pattern"},
+      {"model.global_kind=linear", "model.global_kind"},
+      {"model.P=0", "model.P"},
+      {"model.d=5", "model.d"},                          // RoPE needs an even head dim
+      {"model.vocab_size=1", "model.vocab_size"},
+      {"model.rope_scale=0", "model.rope_scale"},
+      {"model.collapse=sum", "model.collapse"},
+      {"model.mask=bidirectional", "model.mask"},
+      {"data.kind=web", "data.kind"},
+      {"data.pairs=0", "data.pairs"},
+      {"data.loss_on=some", "data.loss_on"},
+      {"data.chains=3", "data.chains"},                  // a twohop key under multikey
+      {"eval.path=x.h5", "eval.path"},                   // only HDF5 data has a held-out file
+      {"logging.every=0", "logging.every"},
+      {"checkpoint.keep=0", "checkpoint.keep"},
+      {"model=3", "model"},                              // a section that is not a mapping
+  };
+  for (const auto& [override_, key] : cases) {
+    const std::string msg = config_error({override_});
+    EXPECT_NE(msg.find("'" + key), std::string::npos) << override_ << " -> '" << msg << "'";
+  }
+  // The base config gives model.window; window_virtual as well is an error naming both.
+  const std::string both = config_error({"model.window_virtual=4"});
+  EXPECT_NE(both.find("'model.window' and 'model.window_virtual'"), std::string::npos) << both;
+  EXPECT_NE(config_error({"model.window=0"}).find("'model.window'"), std::string::npos);
+  // A required key that is missing.
+  const std::string no_d = config_error({}, "model: {vocab_size: 8, H: 2}\nsequence: {length: 8}\n");
+  EXPECT_NE(no_d.find("model.D"), std::string::npos) << no_d;
+  const std::string no_len = config_error({}, "model: {vocab_size: 8, D: 4, H: 2}\n");
+  EXPECT_NE(no_len.find("sequence.length"), std::string::npos) << no_len;
+}
+
+TEST(RunConfig, SyntheticDataChecksRunAtSourceCreation) {
+  RunConfig c = test::run_config_from(base_yaml(), {"data.key_tokens=30"});  // 1+30+8 > 32
+  try {
+    make_data_source(c, false);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.vocab_size"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace iha

@@ -1,0 +1,208 @@
+// Training on a mesh against training on one process, under mpiexec with 1-4 ranks:
+// 5 optimizer steps with sequence-parallel degree = world size (and data x sequence meshes
+// where the world allows), both layouts, answer-only and all-token losses. float64: losses and
+// parameters within 1e-10 normwise; float32: losses within 1e-4. Every rank ends with the same
+// parameter bits. Errors raised on one rank reach every rank.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "model/trainer.h"
+#include "model_fixtures.h"
+#include "h5_files.h"
+#include "mpi_env.h"
+#include "reference/compare.h"
+
+namespace iha {
+namespace {
+
+using test::close_normwise;
+using test::world;
+
+// A communicator holding only this rank: the single-process reference runs on it.
+std::shared_ptr<Communicator> self_comm() {
+  return test::world_ptr()->split(test::world().rank(), 0);
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<double> params;
+};
+
+template <class T>
+TrainRun train(const RunConfig& cfg, std::shared_ptr<Communicator> comm, int steps = 5) {
+  Trainer<T> t(cfg, comm);
+  t.init();
+  TrainRun r;
+  for (int i = 0; i < steps; ++i) r.losses.push_back(t.train_step().loss);
+  r.params = test::as_f64(t.model().params().flat());
+  return r;
+}
+
+struct MeshCase {
+  std::string layout;
+  std::string loss_on;
+  int64_t N;
+};
+
+class MeshCases : public ::testing::TestWithParam<MeshCase> {};
+
+std::string mesh_name(const ::testing::TestParamInfo<MeshCase>& i) {
+  return i.param.layout + "_" + i.param.loss_on + "_N" + std::to_string(i.param.N);
+}
+
+// The meshes this world size allows: (dp, sp) with dp * sp = world.
+std::vector<std::pair<int64_t, int64_t>> meshes() {
+  const int64_t W = world().size();
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t dp = 1; dp <= W; ++dp)
+    if (W % dp == 0) out.emplace_back(dp, W / dp);
+  return out;
+}
+
+TEST_P(MeshCases, Float64LossesAndParametersMatchOneProcess) {
+  const MeshCase c = GetParam();
+  const RunConfig ref_cfg =
+      test::run_config_from(test::tiny_run_yaml(1, 1, c.layout, "float64", c.N, c.loss_on));
+  const TrainRun ref = train<double>(ref_cfg, self_comm());
+  for (auto [dp, sp] : meshes()) {
+    const RunConfig cfg =
+        test::run_config_from(test::tiny_run_yaml(sp, dp, c.layout, "float64", c.N, c.loss_on));
+    const TrainRun got = train<double>(cfg, test::world_ptr());
+    const std::string what = "dp=" + std::to_string(dp) + " sp=" + std::to_string(sp);
+    EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-10, "losses " + what));
+    EXPECT_TRUE(close_normwise(got.params, ref.params, 1e-10, "parameters " + what));
+    // The losses actually move (a test that cannot fail would not be a test).
+    EXPECT_NE(ref.losses.front(), ref.losses.back());
+  }
+}
+
+TEST_P(MeshCases, Float32LossesMatchOneProcess) {
+  const MeshCase c = GetParam();
+  const RunConfig ref_cfg =
+      test::run_config_from(test::tiny_run_yaml(1, 1, c.layout, "float32", c.N, c.loss_on));
+  const TrainRun ref = train<float>(ref_cfg, self_comm());
+  const int64_t W = world().size();
+  const RunConfig cfg =
+      test::run_config_from(test::tiny_run_yaml(W, 1, c.layout, "float32", c.N, c.loss_on));
+  const TrainRun got = train<float>(cfg, test::world_ptr());
+  EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-4, "float32 losses"));
+}
+
+// N = 23 divides by nothing; N = 7 leaves a zigzag chunk empty on 4 ranks.
+INSTANTIATE_TEST_SUITE_P(Mesh, MeshCases,
+                         ::testing::Values(MeshCase{"zigzag", "all", 23},
+                                           MeshCase{"contiguous", "all", 23},
+                                           MeshCase{"zigzag", "answer", 23},
+                                           MeshCase{"contiguous", "answer", 16},
+                                           MeshCase{"zigzag", "all", 7}),
+                         mesh_name);
+
+TEST(Mesh, EveryRankHoldsTheSameParameterBits) {
+  const int64_t W = world().size();
+  const RunConfig cfg = test::run_config_from(test::tiny_run_yaml(W, 1, "zigzag", "float32", 23, "all"));
+  const TrainRun r = train<float>(cfg, test::world_ptr(), 3);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (double x : r.params) {
+    uint64_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    h = (h ^ bits) * 0x100000001b3ull;
+  }
+  std::vector<uint64_t> all(W);
+  world().all_gather(&h, all.data(), 1, DType::i64, "test");
+  for (int64_t r = 1; r < W; ++r) EXPECT_EQ(all[r], all[0]) << "rank " << r << " drifted";
+}
+
+TEST(Mesh, SameRunTwiceGivesTheSameBits) {
+  const int64_t W = world().size();
+  const RunConfig cfg = test::run_config_from(test::tiny_run_yaml(W, 1, "zigzag", "float32", 23, "answer"));
+  const TrainRun a = train<float>(cfg, test::world_ptr(), 3);
+  const TrainRun b = train<float>(cfg, test::world_ptr(), 3);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.params, b.params);
+}
+
+TEST(Mesh, EvaluationMatchesOneProcess) {
+  const int64_t W = world().size();
+  const RunConfig ref_cfg = test::run_config_from(test::tiny_run_yaml(1, 1, "zigzag", "float64", 23, "answer"));
+  const RunConfig cfg = test::run_config_from(test::tiny_run_yaml(W, 1, "zigzag", "float64", 23, "answer"));
+  Trainer<double> ref(ref_cfg, self_comm());
+  Trainer<double> got(cfg, test::world_ptr());
+  ref.init();
+  got.init();
+  const EvalStats a = ref.evaluate(), b = got.evaluate();
+  EXPECT_EQ(a.answers, b.answers);
+  EXPECT_GT(a.answers, 0);
+  EXPECT_TRUE(close_normwise({b.loss, b.answer_loss}, {a.loss, a.answer_loss}, 1e-12, "eval loss"));
+  EXPECT_EQ(a.answer_accuracy, b.answer_accuracy);
+}
+
+TEST(Mesh, AMeshThatDoesNotFitTheWorldIsAnErrorOnEveryRank) {
+  const int64_t W = world().size();
+  const RunConfig cfg = test::run_config_from(test::tiny_run_yaml(W + 1, 1, "zigzag", "float64", 23, "all"));
+  try {
+    Trainer<double> t(cfg, test::world_ptr());
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("world size"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Mesh, RanksWithoutTokensTrainToo) {
+  // N = 3 tokens on up to 4 ranks (contiguous: the last ranks hold nothing), HDF5 data.
+  const std::string path = "/tmp/iha_test_mesh_tokens_n3.h5";
+  if (world().rank() == 0) {
+    test::RawTokenFile f;
+    Rng r{9, 0};
+    for (int i = 0; i < 64; ++i) f.tokens.push_back(static_cast<int64_t>(r.next_below(32)));
+    test::write_raw_token_file(path, f);
+  }
+  world().barrier();
+  const int64_t W = world().size();
+  const std::vector<std::string> data = {"data={kind: hdf5, path: " + path + "}", "model.window=1"};
+  const TrainRun ref = train<double>(
+      test::run_config_from(test::tiny_run_yaml(1, 1, "contiguous", "float64", 3, "all"), data), self_comm());
+  const TrainRun got = train<double>(
+      test::run_config_from(test::tiny_run_yaml(W, 1, "contiguous", "float64", 3, "all"), data),
+      test::world_ptr());
+  EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-10, "losses"));
+  EXPECT_TRUE(close_normwise(got.params, ref.params, 1e-10, "parameters"));
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove(path);
+}
+
+TEST(Mesh, ABadTokenSeenByOneRankStopsEveryRank) {
+  // Token N - 2 of sequence 0 is out of range; under the contiguous layout only the last
+  // sequence rank reads it, and every rank must stop with the same error naming the file.
+  const int64_t W = world().size(), N = 16;
+  const std::string path = "/tmp/iha_test_mesh_bad_token.h5";
+  if (world().rank() == 0) {
+    test::RawTokenFile f;
+    f.tokens.assign(4 * N + 1, 3);
+    f.tokens[N - 2] = 40;  // vocab_size is 32
+    test::write_raw_token_file(path, f);
+  }
+  world().barrier();
+  const RunConfig cfg = test::run_config_from(test::tiny_run_yaml(W, 1, "contiguous", "float64", N, "all"),
+                                              {"data={kind: hdf5, path: " + path + "}"});
+  Trainer<double> t(cfg, test::world_ptr());
+  t.init();
+  try {
+    t.train_step();
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("token " + std::to_string(N - 2) + " has id 40"), std::string::npos) << msg;
+    if (W > 1) {
+      EXPECT_NE(msg.find("rank " + std::to_string(W - 1) + ":"), std::string::npos) << msg;
+    }
+  }
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace iha
