@@ -689,6 +689,13 @@ def full(results, report_path):
                 v = [x["heap_delta_mib"] * x["ranks"] / loc[x["N"]]["heap_delta_mib"] for x in rs]
                 trows.append([f"layer memory per rank x R / single device ({kind})", "1/R (1.00)",
                               f"{min(v):.2f} .. {max(v):.2f}", "falls as 1/R; constant overhead factor, see memory"])
+    if model:
+        base = {x["N"]: x for x in model if x["ranks"] == 1}
+        rs = [x for x in model if x["ranks"] > 1 and x["N"] in base and base[x["N"]]["heap_activation_mib"] > 0]
+        if rs:
+            v = [x["heap_activation_mib"] * x["ranks"] / base[x["N"]]["heap_activation_mib"] for x in rs]
+            trows.append(["model activation memory per rank x R / 1 rank", "roughly 1/R",
+                          f"{min(v):.2f} .. {max(v):.2f}", "falls as 1/R; constant overhead factor, see memory"])
     L.append(table(["what", "target", "measured", "verdict"], trows))
     L.append("")
 
