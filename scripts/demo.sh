@@ -5,10 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh "$@"
 source scripts/env.sh
-if [ -x build/apps/iha-train/iha-train ]; then
-  # A fresh demo each time: iha-train refuses to start a new run over an old run's checkpoints.
-  rm -rf runs/demo
-  exec mpiexec -n 2 --oversubscribe build/apps/iha-train/iha-train train --config configs/demo.yaml
-fi
-# Until the training app is built: one sequence-parallel layer against the single-device one.
-exec mpiexec -n 2 --oversubscribe build/apps/iha-example/iha-example
+# A fresh demo each time: iha-train refuses to start a new run over an old run's checkpoints.
+rm -rf runs/demo
+exec mpiexec -n 2 --oversubscribe build/apps/iha-train/iha-train train --config configs/demo.yaml

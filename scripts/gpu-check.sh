@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # One-shot GPU validation for a machine with an NVIDIA GPU (designed for one H200, ~10 min):
 #   1. configure and build the CUDA targets (Release, -DIHA_CUDA=ON) in build-gpu/;
-#   2. run the GPU tests through CTest (kernels against float64 references, the shared
-#      host/device check, the NCCL communicator with as many ranks as GPUs allow);
-#   3. run the attention benchmark (TFLOP/s on visible pairs next to cuBLAS);
-#   4. if compute-sanitizer is installed, run a few kernel tests under memcheck and racecheck.
+#   2. run the GPU tests through CTest: attention kernels, model ops, cuBLAS wrapper, device
+#      layer and transformer against the CPU float64 path; the sequence-parallel device layer on
+#      1-4 ranks (NCCL with a GPU per rank, else MPI with host staging); 5 GPU training steps
+#      against the CPU float64 run and checkpoint interchange; the NCCL communicator;
+#   3. the whole-layer and whole-step benchmark at 16k and 64k context (bench_model.txt);
+#   4. the attention benchmark (TFLOP/s on visible pairs next to cuBLAS, bench.txt);
+#   5. if compute-sanitizer is installed, a few kernel tests under memcheck and racecheck.
 # Results go to the folder given as $1, else $OUT, else ./gpu-check-results: build and test
-# logs, ctest JUnit XML, bench.txt / bench.jsonl, and summary.txt with every step's status.
+# logs, ctest JUnit XML, bench.txt / bench.jsonl, bench_model.txt / bench_model.jsonl, and
+# summary.txt with every step's status.
 # Every step has its own time limit and the script keeps going after a failure, so one run
 # always leaves a complete record. Exit status: 0 if every step passed, else 1.
 set -uo pipefail
@@ -54,32 +58,42 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   note "WARNING: no GPU visible (nvidia-smi -L failed): the GPU tests will report Skipped"
 fi
 
-gpu_targets="test_cuda_shared_hd test_cuda_kernels test_nccl_comm bench_cuda_attention"
-step configure 300 "$out/configure.log" \
+gpu_targets="test_cuda_shared_hd test_cuda_kernels test_cuda_model test_nccl_comm test_seq_parallel_cuda
+  test_train_cuda test_device_config bench_cuda_attention bench_cuda_model"
+step configure 180 "$out/configure.log" \
   cmake -S . -B build-gpu -DIHA_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DIHA_BUILD_APPS=OFF
-step build 420 "$out/build.log" cmake --build build-gpu -j "$jobs" --target $gpu_targets
+step build 360 "$out/build.log" cmake --build build-gpu -j "$jobs" --target $gpu_targets
 if [ $? -ne 0 ]; then
   note "build failed: skipping tests and benchmark (tail of build.log follows)"
   tail -40 "$out/build.log" >> "$summary"
   exit 1
 fi
 
-# GPU tests: every test of the CUDA test binaries plus the NCCL runs and the bench smoke run.
-step gpu-tests 240 "$out/ctest-gpu.log" \
-  ctest --test-dir build-gpu -R 'SharedHostDevice|FlashCuda|OpsCuda|CudaAllocator|test_nccl_comm|bench_cuda' \
-        --output-on-failure --timeout 180 -j 4 --output-junit "$out/ctest-gpu.xml"
+# GPU tests: every test of the CUDA test binaries, the MPI GPU tests and the bench smoke runs.
+gpu_tests='SharedHostDevice|FlashCuda|OpsCuda|CudaAllocator|GemmCuda|CudaOps|ModelOpsCuda|LayerCuda'
+gpu_tests+='|TransformerCuda|DeviceConfig|test_nccl_comm|test_seq_parallel_cuda|test_train_cuda|bench_cuda'
+step gpu-tests 300 "$out/ctest-gpu.log" \
+  ctest --test-dir build-gpu -R "$gpu_tests" --output-on-failure --timeout 240 -j 4 \
+        --output-junit "$out/ctest-gpu.xml"
 grep -E "tests passed|Skipped|Failed|\*\*\*" "$out/ctest-gpu.log" | tail -40 >> "$summary"
 skipped=$(grep -c '(Skipped)' "$out/ctest-gpu.log")
 note "skipped GPU tests: $skipped (with a GPU, only test_nccl_comm_np2 may skip, when there is one GPU)"
 
-step benchmark 180 "$out/bench.txt" build-gpu/bench/cuda/bench_cuda_attention --json "$out/bench.jsonl"
+# Whole-layer and whole-step throughput first (16k, then 64k: output is flushed per line, so a
+# time-out still leaves the 16k figures), then the attention kernels.
+step bench-model 240 "$out/bench_model.txt" build-gpu/bench/cuda/bench_cuda_model --json "$out/bench_model.jsonl"
+cat "$out/bench_model.txt" >> "$summary"
+step benchmark 150 "$out/bench.txt" build-gpu/bench/cuda/bench_cuda_attention --json "$out/bench.jsonl"
 cat "$out/bench.txt" >> "$summary"
 
 if command -v compute-sanitizer >/dev/null; then
   filter='Kernels/FlashCudaSweep.ScatteredPositionsAndEmptyRows/*:FlashCuda.MergedPartialsEqualUnion:OpsCuda.*'
-  step memcheck 120 "$out/memcheck.log" \
+  step memcheck 90 "$out/memcheck.log" \
     compute-sanitizer --tool memcheck --error-exitcode 3 build-gpu/tests/cuda/test_cuda_kernels --gtest_filter="$filter"
-  step racecheck 120 "$out/racecheck.log" \
+  step memcheck-model 90 "$out/memcheck-model.log" \
+    compute-sanitizer --tool memcheck --error-exitcode 3 build-gpu/tests/cuda/test_cuda_model \
+      --gtest_filter='ModelOpsCuda.*:CudaOps.*:LayerCuda.MatchesCpuFloat64LayerBf16'
+  step racecheck 90 "$out/racecheck.log" \
     compute-sanitizer --tool racecheck --error-exitcode 3 build-gpu/tests/cuda/test_cuda_kernels \
       --gtest_filter='Kernels/FlashCudaSweep.ScatteredPositionsAndEmptyRows/*'
 else

@@ -33,9 +33,15 @@ int main(int argc, char** argv) {
     listeners.Append(new FailuresOnly(rank));
   }
   const int rc = RUN_ALL_TESTS();
-  // Any rank failing makes every rank's exit code non-zero.
-  int any = rc != 0;
-  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  // Any rank failing makes every rank's exit code non-zero. A run in which every test skipped
+  // (e.g. GPU tests without a GPU) exits with 77, which CTest reports as Skipped; a run with
+  // any failure or any pass is never reported as skipped.
+  const auto* unit = ::testing::UnitTest::GetInstance();
+  int status[2] = {rc != 0, unit->successful_test_count() == 0 && unit->skipped_test_count() > 0};
+  int any_failed = status[0], all_skipped = status[1];
+  MPI_Allreduce(MPI_IN_PLACE, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &all_skipped, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   iha::test::set_world(nullptr);
-  return any;
+  if (any_failed) return 1;
+  return all_skipped ? 77 : 0;
 }

@@ -192,10 +192,13 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
   const double flops_step = trainer.flops_per_step();
   {
     std::ostringstream os;
-    os << "iha-train: " << w.size() << " ranks (" << cfg.mesh.str() << "), N=" << cfg.seq_len
+    os << "iha-train: " << w.size() << " ranks (" << cfg.mesh.str() << "; schemes global="
+       << scheme_name(cfg.schemes.global) << " window=" << scheme_name(cfg.schemes.window)
+       << (cfg.optim.zero ? "; ZeRO-1" : "") << "), N=" << cfg.seq_len
        << " layout=" << layout_name(cfg.layout) << " dtype=" << dtype_name(cfg.dtype)
+       << (cfg.device == Device::cuda ? std::string(" device=cuda compute=") + dtype_name(cfg.compute_dtype) : "")
        << " recompute=" << (cfg.recompute ? "on" : "off") << "\n  model: "
-       << trainer.model_config().describe() << " params=" << trainer.model().params().flat().numel()
+       << trainer.model_config().describe() << " params=" << trainer.num_params()
        << "\n  data: " << make_data_source(cfg, false)->describe()
        << "\n  batch: " << cfg.batch_size << " sequences/step (" << cfg.accumulation()
        << " micro-batches of " << cfg.micro_batch << " per replica), " << cfg.steps << " steps"
@@ -206,8 +209,11 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
                   .add("event", std::string("start"))
                   .add("ranks", static_cast<int64_t>(w.size()))
                   .add("mesh", cfg.mesh.str())
+                  .add("schemes", std::string("global=") + scheme_name(cfg.schemes.global) +
+                                      " window=" + scheme_name(cfg.schemes.window))
+                  .add("zero", static_cast<int64_t>(cfg.optim.zero ? 1 : 0))
                   .add("seq_len", cfg.seq_len)
-                  .add("params", trainer.model().params().flat().numel())
+                  .add("params", trainer.num_params())
                   .add("first_step", trainer.step() + 1)
                   .add("peak_flops_per_s", peak_total)
                   .add("flops_per_step", flops_step));

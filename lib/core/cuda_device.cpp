@@ -71,6 +71,35 @@ const bool g_registered = (cuda_register_allocator(), true);
 
 }  // namespace
 
+CudaScratch::CudaScratch(size_t bytes, cudaStream_t stream) : bytes_(bytes), stream_(stream) {
+  if (bytes > 0) IHA_CUDA_CHECK(cudaMallocAsync(&p_, bytes, stream));
+}
+
+CudaScratch::~CudaScratch() { release(); }
+
+CudaScratch::CudaScratch(CudaScratch&& o) noexcept : p_(o.p_), bytes_(o.bytes_), stream_(o.stream_) {
+  o.p_ = nullptr;
+  o.bytes_ = 0;
+}
+
+CudaScratch& CudaScratch::operator=(CudaScratch&& o) noexcept {
+  if (this != &o) {
+    release();
+    p_ = o.p_;
+    bytes_ = o.bytes_;
+    stream_ = o.stream_;
+    o.p_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void CudaScratch::release() {
+  // Runs in destructors: never throws.
+  if (p_ && cudaFreeAsync(p_, stream_) != cudaSuccess) cudaGetLastError();
+  p_ = nullptr;
+}
+
 void cuda_register_allocator() {
   static std::once_flag once;
   std::call_once(once, [] {

@@ -14,10 +14,12 @@
 //
 // Threads: the CUDA runtime is thread-safe; the current device is per host thread.
 // defines: IHA_CUDA_CHECK, iha::cuda_check, iha::cuda_device_count, iha::cuda_register_allocator,
-//          iha::cuda_launch_check
+//          iha::cuda_launch_check, iha::CudaScratch
 #pragma once
 
 #include <cuda_runtime_api.h>
+
+#include <cstddef>
 
 namespace iha {
 
@@ -32,6 +34,29 @@ int cuda_device_count();
 
 // Registers the cudaMalloc-based allocator for Device::cuda with lib/core (idempotent).
 void cuda_register_allocator();
+
+// Stream-ordered temporary device memory (cudaMallocAsync / cudaFreeAsync on `stream`): for
+// the scratch of one call, without the host synchronisation of a Device::cuda Tensor. The
+// memory is uninitialised and must only be used by work on `stream` (or work ordered after it).
+class CudaScratch {
+ public:
+  CudaScratch() = default;
+  CudaScratch(size_t bytes, cudaStream_t stream);
+  ~CudaScratch();
+  CudaScratch(CudaScratch&& o) noexcept;
+  CudaScratch& operator=(CudaScratch&& o) noexcept;
+  CudaScratch(const CudaScratch&) = delete;
+  CudaScratch& operator=(const CudaScratch&) = delete;
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void release();
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+  cudaStream_t stream_ = 0;
+};
 
 }  // namespace iha
 

@@ -465,6 +465,24 @@ DataLoader::DataLoader(std::shared_ptr<TokenSource> source, const SequenceLayout
   n_local_ = layout.local_count(sp_index);
 }
 
+DataLoader::DataLoader(std::shared_ptr<TokenSource> source, int64_t N, const std::vector<int64_t>& tokens)
+    : source_(std::move(source)) {
+  IHA_CHECK(source_ != nullptr, "DataLoader needs a source");
+  IHA_CHECK(N == source_->seq_len(), "the token map has N = ", N, " but the data has sequences of ",
+            source_->seq_len());
+  // Maximal runs of consecutive tokens: the chunks a source fills.
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int64_t t = tokens[i];
+    IHA_CHECK(t >= 0 && t < N && (i == 0 || t > tokens[i - 1]), "token list is not ascending in [0, ", N, ")");
+    if (!chunks_.empty() && chunks_.back().end == t) {
+      chunks_.back().end = t + 1;
+    } else {
+      chunks_.push_back({t, t + 1});
+    }
+  }
+  n_local_ = static_cast<int64_t>(tokens.size());
+}
+
 TokenBatch DataLoader::batch(int64_t first, int64_t count) const {
   TokenBatch b;
   b.B = count;

@@ -119,6 +119,9 @@ class TokenFileWriter {
 class DataLoader {
  public:
   DataLoader(std::shared_ptr<TokenSource> source, const SequenceLayout& layout, int64_t sp_index);
+  // The rows of any ascending list of tokens of [0, N), e.g. a head x sequence rank's
+  // ReplicaLayout::tokens_of(s, t).
+  DataLoader(std::shared_ptr<TokenSource> source, int64_t N, const std::vector<int64_t>& tokens);
   // Sequences [first, first + count) of the source (wrapping around a finite source).
   TokenBatch batch(int64_t first, int64_t count) const;
   const TokenSource& source() const { return *source_; }

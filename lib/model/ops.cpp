@@ -6,6 +6,7 @@
 
 #include "core/blas.h"
 #include "core/error.h"
+#include "model/model_math.h"
 
 namespace iha {
 
@@ -61,13 +62,6 @@ void rmsnorm_backward(const T* x, const T* dy, int64_t rows, int64_t D, const T*
   }
 }
 
-namespace {
-template <class T>
-inline T sigmoid(T a) {
-  return T(1) / (T(1) + std::exp(-a));
-}
-}  // namespace
-
 template <class T>
 void swiglu_forward(const T* x, int64_t rows, int64_t D, int64_t F, const T* w_gate,
                     const T* w_up, const T* w_down, T* y, SwigluCache& cache) {
@@ -80,7 +74,7 @@ void swiglu_forward(const T* x, int64_t rows, int64_t D, int64_t F, const T* w_g
   gemm<T>(false, false, rows, F, D, T(1), x, D, w_up, F, T(0), u, F);
   Tensor h({rows, F}, dt);
   T* hp = h.template data<T>();
-  for (int64_t i = 0; i < rows * F; ++i) hp[i] = a[i] * sigmoid(a[i]) * u[i];
+  for (int64_t i = 0; i < rows * F; ++i) hp[i] = swiglu_value(a[i], u[i]);
   gemm<T>(false, false, rows, D, F, T(1), hp, F, w_down, D, T(0), y, D);
 }
 
@@ -94,16 +88,15 @@ void swiglu_backward(const T* x, const T* dy, int64_t rows, int64_t D, int64_t F
   Tensor h({rows, F}, dt), dh({rows, F}, dt);
   T* hp = h.template data<T>();
   T* dhp = dh.template data<T>();
-  for (int64_t i = 0; i < rows * F; ++i) hp[i] = a[i] * sigmoid(a[i]) * u[i];
+  for (int64_t i = 0; i < rows * F; ++i) hp[i] = swiglu_value(a[i], u[i]);
   gemm<T>(true, false, F, D, rows, T(1), hp, F, dy, D, T(1), dw_down, D);
   gemm<T>(false, true, rows, F, D, T(1), dy, D, w_down, D, T(0), dhp, F);
-  // Reuse h for du = dh * silu(a) and dh for da = dh * u * silu'(a),
-  // silu'(a) = s (1 + a (1 - s)) with s = sigmoid(a).
+  // Reuse h for du and dh for da.
   for (int64_t i = 0; i < rows * F; ++i) {
-    const T s = sigmoid(a[i]);
-    const T g = dhp[i];
-    hp[i] = g * a[i] * s;
-    dhp[i] = g * u[i] * s * (T(1) + a[i] * (T(1) - s));
+    T da, du;
+    swiglu_grads(a[i], u[i], dhp[i], da, du);
+    hp[i] = du;
+    dhp[i] = da;
   }
   gemm<T>(true, false, D, F, rows, T(1), x, D, dhp, F, T(1), dw_gate, F);
   gemm<T>(true, false, D, F, rows, T(1), x, D, hp, F, T(1), dw_up, F);

@@ -33,6 +33,7 @@ OptimConfig parse_optim_config(const ConfigNode& n) {
   c.eps = n.get<double>("eps", c.eps);
   c.weight_decay = n.get<double>("weight_decay", c.weight_decay);
   c.clip = n.get<double>("clip", c.clip);
+  c.zero = n.get<bool>("zero", c.zero);
   c.validate();
   return c;
 }
@@ -53,35 +54,58 @@ double sum_of_squares(const T* x, int64_t n) {
 }
 
 template <class T>
-AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout) : m_(layout), v_(layout) {}
+AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout) : AdamW(layout, 0, layout->total()) {}
+
+template <class T>
+AdamWStep<T> adamw_step(const OptimConfig& c, int64_t t, double lr) {
+  IHA_CHECK(t >= 1, "AdamW step must be >= 1, got ", t);
+  const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(t));
+  AdamWStep<T> s;
+  s.b1 = static_cast<T>(c.beta1);
+  s.b2 = static_cast<T>(c.beta2);
+  s.step_size = static_cast<T>(lr / bc1);
+  s.inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+  s.eps = static_cast<T>(c.eps);
+  s.decay = static_cast<T>(1.0 - lr * c.weight_decay);
+  return s;
+}
+
+template <class T>
+AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout, int64_t begin, int64_t end)
+    : layout_(std::move(layout)), begin_(begin), end_(end) {
+  IHA_CHECK(0 <= begin && begin <= end && end <= layout_->total(), "AdamW range [", begin, ", ", end,
+            ") outside the parameter buffer of ", layout_->total(), " elements");
+  m_ = Tensor({end - begin}, dtype_of<T>());
+  v_ = Tensor({end - begin}, dtype_of<T>());
+}
+
+template <class T>
+void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, T* p, const T* g) {
+  const AdamWStep<T> st = adamw_step<T>(c, t, lr);
+  T* m = m_.template data<T>();
+  T* v = v_.template data<T>();
+  // Local index i is buffer element begin + i; each parameter's piece of the range is one run.
+  for (const ParamSpec& s : layout_->specs()) {
+    const int64_t first = std::max(s.offset, begin_) - begin_;
+    const int64_t last = std::min(s.offset + s.numel(), end_) - begin_;
+    const bool wd = s.decay && c.weight_decay > 0;
+    for (int64_t i = first; i < last; ++i) adamw_element(st, wd, p[i], g[i], m[i], v[i]);
+  }
+}
 
 template <class T>
 void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, ParamSet<T>& params,
                       const ParamSet<T>& grads) {
-  IHA_CHECK(t >= 1, "AdamW step must be >= 1, got ", t);
-  const double bc1 = 1.0 - std::pow(c.beta1, static_cast<double>(t));
-  const double bc2 = 1.0 - std::pow(c.beta2, static_cast<double>(t));
-  const T b1 = static_cast<T>(c.beta1), b2 = static_cast<T>(c.beta2);
-  const T step_size = static_cast<T>(lr / bc1);
-  const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
-  const T eps = static_cast<T>(c.eps);
-  const T decay = static_cast<T>(1.0 - lr * c.weight_decay);
-  T* p = params.data();
-  const T* g = grads.data();
-  T* m = m_.data();
-  T* v = v_.data();
-  for (const ParamSpec& s : params.layout().specs()) {
-    const int64_t end = s.offset + s.numel();
-    const bool wd = s.decay && c.weight_decay > 0;
-    for (int64_t i = s.offset; i < end; ++i) {
-      m[i] = b1 * m[i] + (T(1) - b1) * g[i];
-      v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
-      if (wd) p[i] *= decay;
-      p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
-    }
-  }
+  IHA_CHECK(begin_ == 0 && end_ == layout_->total() && params.flat().numel() == end_ &&
+                grads.flat().numel() == end_,
+            "AdamW::update(ParamSet): the optimizer holds the range [", begin_, ", ", end_,
+            "), not the whole buffer");
+  update(c, t, lr, params.data(), grads.data());
 }
 
+template AdamWStep<float> adamw_step<float>(const OptimConfig&, int64_t, double);
+template AdamWStep<double> adamw_step<double>(const OptimConfig&, int64_t, double);
 template double sum_of_squares<float>(const float*, int64_t);
 template double sum_of_squares<double>(const double*, int64_t);
 template class AdamW<float>;

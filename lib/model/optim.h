@@ -4,12 +4,13 @@
 // state without change.
 // Threads: no shared state; one thread updates a set at a time.
 // defines: iha::OptimConfig, iha::parse_optim_config, iha::learning_rate, iha::AdamW,
-//          iha::sum_of_squares
+//          iha::sum_of_squares, iha::adamw_step
 #pragma once
 
 #include <cstdint>
 
 #include "core/config.h"
+#include "model/model_math.h"
 #include "model/params.h"
 
 namespace iha {
@@ -23,6 +24,7 @@ struct OptimConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;  // decoupled, on parameters flagged `decay`
   double clip = 1.0;          // max global gradient norm; 0 disables clipping
+  bool zero = false;          // ZeRO stage 1: moments sharded as flat ranges over all ranks
   void validate() const;      // ConfigError naming optim.<key>
 };
 OptimConfig parse_optim_config(const ConfigNode& node);
@@ -32,27 +34,48 @@ OptimConfig parse_optim_config(const ConfigNode& node);
 // max(1, total - warmup) in [0, 1].
 double learning_rate(const OptimConfig& c, int64_t step, int64_t total);
 
+// The coefficients of AdamW step t (1-based) at learning rate lr, computed in float64 and cast
+// (model_math.h applies them element by element, on the CPU and the GPU alike).
+template <class T>
+AdamWStep<T> adamw_step(const OptimConfig& c, int64_t t, double lr);
+
 // Sum of squares of a flat buffer, accumulated in float64 in index order.
 template <class T>
 double sum_of_squares(const T* x, int64_t n);
 
-// State: first and second moments, same layout and dtype as the parameters; the step count
-// lives with the trainer. update() applies one step (1-based t) given the already reduced and
-// clipped gradients:
+// State: first and second moments of the flat range [begin, end) of the parameter buffer (the
+// whole buffer, or this rank's ZeRO-1 shard: FlatPartition in parallel/grad_reduce.h), in the
+// parameters' dtype; the step count lives with the trainer. update() applies one step (1-based
+// t) to the range, given the already reduced and clipped gradients of the same range:
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p = p - lr * wd * p (decay params only) - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+// Element by element, so a sharded update gives the bits of the replicated one.
+// (Sharded bf16 compute: the fp32 master copy of the same range is the `p` updated here and
+// lives beside the moments, sharded the same way; the caller casts it back to bf16. The GPU
+// run (train_cuda.h) keeps whole fp32 masters and moments and has no ZeRO yet.)
 template <class T>
 class AdamW {
  public:
   AdamW() = default;
+  // Moments for the whole buffer.
   explicit AdamW(std::shared_ptr<const ParamLayout> layout);
+  // Moments for elements [begin, end) of the buffer (0 <= begin <= end <= total).
+  AdamW(std::shared_ptr<const ParamLayout> layout, int64_t begin, int64_t end);
+  // p and g point at element `begin` of the parameter and gradient buffers' range.
+  void update(const OptimConfig& c, int64_t t, double lr, T* p, const T* g);
+  // Whole-buffer form; the range must be the whole buffer.
   void update(const OptimConfig& c, int64_t t, double lr, ParamSet<T>& params,
               const ParamSet<T>& grads);
-  ParamSet<T>& m() { return m_; }
-  ParamSet<T>& v() { return v_; }
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
+  Tensor& m() { return m_; }  // [end - begin]
+  Tensor& v() { return v_; }
+  const ParamLayout& layout() const { return *layout_; }
 
  private:
-  ParamSet<T> m_, v_;
+  std::shared_ptr<const ParamLayout> layout_;
+  int64_t begin_ = 0, end_ = 0;
+  Tensor m_, v_;
 };
 
 }  // namespace iha

@@ -28,8 +28,13 @@ bool ParamLayout::contains(const std::string& name) const {
 }
 
 template <class T>
-ParamSet<T>::ParamSet(std::shared_ptr<const ParamLayout> layout)
-    : layout_(std::move(layout)), flat_({layout_->total()}, dtype_of<T>()) {}
+ParamSet<T>::ParamSet(std::shared_ptr<const ParamLayout> layout, int64_t pad_multiple)
+    : layout_(std::move(layout)) {
+  IHA_CHECK(pad_multiple >= 1, "ParamSet: pad multiple must be >= 1, got ", pad_multiple);
+  const int64_t total = layout_->total();
+  storage_ = Tensor({(total + pad_multiple - 1) / pad_multiple * pad_multiple}, dtype_of<T>());
+  flat_ = Tensor::view(storage_.template data<T>(), {total}, dtype_of<T>());
+}
 
 template <class T>
 Tensor ParamSet<T>::view(size_t i) const {

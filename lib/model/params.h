@@ -1,9 +1,11 @@
 // Named parameters in one flat buffer. Every parameter (and its gradient and optimizer moments)
 // is a view into a contiguous buffer laid out in a fixed order, so one all-reduce, one norm and
 // one optimizer loop cover the whole model, and a flat element range (what optimizer-state
-// sharding will split) is well defined. The order and names are the model's public schema
-// (docs/model.md).
-// Invariant: views stay valid while their ParamSet lives (the buffer never reallocates).
+// sharding splits, ZeRO stage 1) is well defined. The order and names are the model's public
+// schema (docs/model.md).
+// Invariants: views stay valid while their ParamSet lives (the buffer never reallocates). A set
+// may be padded with zeros to a multiple of R elements (padded()), so a reduce-scatter or
+// all-gather over R ranks can work on it in place; flat() never shows the padding.
 // Threads: no internal synchronisation; one thread writes a set at a time.
 // defines: iha::ParamSpec, iha::ParamLayout, iha::ParamSet
 #pragma once
@@ -45,20 +47,26 @@ template <class T>
 class ParamSet {
  public:
   ParamSet() = default;
-  explicit ParamSet(std::shared_ptr<const ParamLayout> layout);
+  // pad_multiple: the buffer is zero-padded to a multiple of this many elements.
+  explicit ParamSet(std::shared_ptr<const ParamLayout> layout, int64_t pad_multiple = 1);
   const ParamLayout& layout() const { return *layout_; }
+  // The parameters' elements, [layout().total()].
   Tensor& flat() { return flat_; }
   const Tensor& flat() const { return flat_; }
+  // flat() followed by the zero padding, [total rounded up to the pad multiple]. Whoever writes
+  // through it keeps the padding zero.
+  Tensor& padded() { return storage_; }
+  const Tensor& padded() const { return storage_; }
   T* data() { return flat_.template data<T>(); }
   const T* data() const { return flat_.template data<T>(); }
   // A view of parameter i (or by name) with its shape; valid while this set lives.
   Tensor view(size_t i) const;
   Tensor view(const std::string& name) const { return view(layout_->index(name)); }
-  void zero() { flat_.zero(); }
+  void zero() { storage_.zero(); }
 
  private:
   std::shared_ptr<const ParamLayout> layout_;
-  Tensor flat_;
+  Tensor storage_, flat_;  // flat_ views the beginning of storage_
 };
 
 }  // namespace iha

@@ -24,6 +24,43 @@ DType parse_compute_dtype(const ConfigNode& n) {
                     "' (expected float32 or float64)");
 }
 
+// train.device and train.compute_dtype: the GPU keeps float32 masters and computes in bf16 by
+// default (or float32); the CPU computes in train.dtype.
+void parse_device(const ConfigNode& n, RunConfig& c) {
+  const std::string dev = n.get<std::string>("device", "cpu");
+  if (dev == "cpu") {
+    c.device = Device::cpu;
+  } else if (dev == "cuda") {
+    c.device = Device::cuda;
+  } else {
+    throw ConfigError("config key '" + n.key_path("device") + "': unknown device '" + dev +
+                      "' (expected cpu or cuda)");
+  }
+#if !defined(IHA_HAVE_CUDA)
+  IHA_CONFIG_CHECK(c.device == Device::cpu, "config key '", n.key_path("device"),
+                   "': this build has no CUDA support (configure with -DIHA_CUDA=ON)");
+#endif
+  const std::string fallback = c.device == Device::cuda ? "bfloat16" : dtype_name(c.dtype);
+  const std::string s = n.get<std::string>("compute_dtype", fallback);
+  DType t;
+  if (s == "bfloat16" || s == "bf16") t = DType::bf16;
+  else if (s == "float32" || s == "f32") t = DType::f32;
+  else if (s == "float64" || s == "f64") t = DType::f64;
+  else
+    throw ConfigError("config key '" + n.key_path("compute_dtype") + "': unknown dtype '" + s +
+                      "' (expected bfloat16, float32 or float64)");
+  if (c.device == Device::cuda) {
+    IHA_CONFIG_CHECK(t != DType::f64, "config key '", n.key_path("compute_dtype"),
+                     "': the GPU computes in bfloat16 or float32, got float64");
+    IHA_CONFIG_CHECK(c.dtype == DType::f32, "config key '", n.key_path("dtype"),
+                     "': a GPU run keeps float32 master weights, got ", dtype_name(c.dtype));
+  } else {
+    IHA_CONFIG_CHECK(t == c.dtype, "config key '", n.key_path("compute_dtype"),
+                     "': the CPU computes in train.dtype (", dtype_name(c.dtype), "), got ", s);
+  }
+  c.compute_dtype = t;
+}
+
 int64_t positive(const ConfigNode& n, const std::string& key, int64_t fallback) {
   const int64_t v = n.get<int64_t>(key, fallback);
   IHA_CONFIG_CHECK(v >= 1, "config key '", n.key_path(key), "': must be >= 1, got ", v);
@@ -46,8 +83,11 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
   c.mesh.dp = positive(mesh, "dp", 1);
   c.mesh.hp = positive(mesh, "hp", 1);
   c.mesh.sp = positive(mesh, "sp", 1);
-  IHA_CONFIG_CHECK(c.mesh.hp == 1, "config key 'mesh.hp': head parallelism is not available yet "
-                   "(it comes with the full mesh, issue 7); set mesh.hp: 1, got ", c.mesh.hp);
+  const ConfigNode schemes = mesh.child("schemes");
+  c.schemes.global = parse_scheme(schemes.get<std::string>("global", c.mesh.hp > 1 ? "head" : "sequence"),
+                                  schemes.key_path("global"));
+  c.schemes.window = parse_scheme(schemes.get<std::string>("window", "sequence"), schemes.key_path("window"));
+  c.grad_bucket_kib = positive(mesh, "grad_bucket_kib", c.grad_bucket_kib);
 
   const ConfigNode seq = root.child("sequence");
   c.seq_len = seq.require<int64_t>("length");
@@ -60,6 +100,7 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
 
   const ConfigNode tr = root.child("train");
   c.dtype = parse_compute_dtype(tr);
+  parse_device(tr, c);
   c.steps = non_negative(tr, "steps", 0);
   c.stop_after = non_negative(tr, "stop_after", 0);
   c.batch_size = positive(tr, "batch_size", 8);

@@ -3,7 +3,7 @@
 // Every key is documented in docs/training.md. Reading is strict: an unknown key, a wrong type
 // or an invalid value throws ConfigError naming the dotted key.
 // Threads: plain data; parsing is local (wrap it in collective_check to agree across ranks).
-// defines: iha::DataConfig, iha::EvalConfig, iha::CheckpointConfig, iha::LogConfig,
+// defines: iha::MeshSchemes, iha::DataConfig, iha::EvalConfig, iha::CheckpointConfig, iha::LogConfig,
 //          iha::RunConfig, iha::load_run_config, iha::parse_run_config, iha::make_data_source
 #pragma once
 
@@ -20,8 +20,18 @@
 #include "model/optim.h"
 #include "parallel/layout.h"
 #include "parallel/mesh.h"
+#include "ringattn/ringattn.h"
 
 namespace iha {
+
+// How the attention of each layer kind is parallelised inside a head x sequence replica
+// (ringattn.h: `sequence` = ring/halo of pre-mix K/V over all hp*sp ranks; `head` = Ulysses
+// all-to-all over the head group, then ring/halo of pseudo-head K/V over the sequence group).
+struct MeshSchemes {
+  ParallelScheme global = ParallelScheme::sequence;  // G blocks (ring)
+  ParallelScheme window = ParallelScheme::sequence;  // L blocks (halo)
+  ParallelScheme for_layer(const LayerConfig& l) const { return l.windowed() ? window : global; }
+};
 
 struct DataConfig {
   std::string kind = "multikey";  // multikey | twohop | hdf5
@@ -55,11 +65,16 @@ struct LogConfig {
 struct RunConfig {
   std::string text;         // the effective YAML after overrides (saved with checkpoints)
   MeshShape mesh;
+  MeshSchemes schemes;      // mesh.schemes (default: global head when hp > 1, else sequence)
+  int64_t grad_bucket_kib = 1024;  // mesh.grad_bucket_kib: gradient all-reduce bucket size
   int64_t seq_len = 0;      // N, tokens per sequence
   LayoutKind layout = LayoutKind::zigzag;
   FlashTiles tiles;
   ModelConfig model;        // window not yet resolved
   DType dtype = DType::f32;
+  Device device = Device::cpu;       // train.device: where the model runs (cuda: one GPU a rank)
+  DType compute_dtype = DType::f32;  // train.compute_dtype: GEMM/attention inputs on the GPU
+                                     // (bf16 default there; on the CPU it is train.dtype)
   bool recompute = true;
   int threads = 1;
   uint64_t seed = 1;        // parameter initialisation

@@ -110,7 +110,10 @@ void TrainCheckpoints<T>::register_state(StateParts parts) {
   ckpt_.clear();
   for (NamedTensor& nt : t_.state_tensors()) {
     if (parts == StateParts::weights && nt.name.rfind("param/", 0) != 0) continue;
-    ckpt_.add_tensor(nt.name, nt.tensor, nt.tensor.shape());
+    if (nt.sharded())
+      ckpt_.add_tensor(nt.name, nt.tensor, nt.shape, ShardSpec::flat_range(nt.begin, nt.end));
+    else
+      ckpt_.add_tensor(nt.name, nt.tensor, nt.tensor.shape());
   }
 }
 

@@ -1,12 +1,14 @@
 // Checkpoints of a training run on lib/checkpoint: what a Trainer saves (every parameter and
-// AdamW moment by name, replicated on every rank; step, data cursor, RNG, the config text, the
-// mesh, layout and the architecture as metadata; schema in docs/model.md), and how a run
-// resumes (everything), fine-tunes or evaluates (weights only) from one.
+// AdamW moment by name as a global tensor: parameters replicated on every rank, moments
+// replicated or, with ZeRO-1, each rank's flat range of them; step, data cursor, RNG, the
+// config text, the mesh, layout and the architecture as metadata; schema in docs/model.md),
+// and how a run resumes (everything), fine-tunes or evaluates (weights only) from one.
 //
 // Invariants
 //   - A resumed run on the same mesh continues with the bits of the uninterrupted run: the
 //     whole state is restored and every step is deterministic.
-//   - Tensors are global and replicated, so any mesh and world size loads any checkpoint.
+//   - Tensors are global (whoever holds which piece), so any mesh and world size, with or
+//     without ZeRO, loads any checkpoint bit-exactly (reshard on load).
 //   - The architecture of the config must equal the checkpoint's (the RoPE settings and
 //     norm_eps may differ, for context extension); the window follows DESIGN.md section 1.
 //

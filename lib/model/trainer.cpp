@@ -1,11 +1,36 @@
 #include "model/trainer.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <sstream>
+#include <type_traits>
 
 #include "attention/mask.h"
 #include "core/blas.h"
 #include "ringattn/ringattn.h"
+#if defined(IHA_HAVE_CUDA)
+#include "model/train_cuda.h"
+#else
+namespace iha {
+// A CPU-only build never creates the device state (train.device: cuda is a ConfigError when
+// the config is parsed); this stand-in only lets the device branches below compile.
+class CudaTrainState {
+ public:
+  [[noreturn]] static void absent() { IHA_FAIL("this build has no CUDA support"); }
+  int64_t num_params() const { absent(); }
+  int64_t local_tokens() const { absent(); }
+  void init(uint64_t) { absent(); }
+  void zero_grads() { absent(); }
+  CrossEntropyStats forward_backward(const TokenBatch&, double) { absent(); }
+  CrossEntropyStats evaluate(const TokenBatch&) { absent(); }
+  double reduce_gradients() { absent(); }
+  void scale_gradients(double) { absent(); }
+  void update(const OptimConfig&, int64_t, double) { absent(); }
+  std::vector<NamedTensor> state_tensors() { absent(); }
+};
+}  // namespace iha
+#endif
 
 namespace iha {
 
@@ -34,47 +59,137 @@ double model_flops_per_step(const ModelConfig& m, int64_t N, int64_t sequences) 
   return static_cast<double>(sequences) * (6.0 * dense * static_cast<double>(N) + attn);
 }
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+void check_mesh_fits_model(const RunConfig& cfg) {
+  const int64_t hp = cfg.mesh.hp, H = cfg.model.H;
+  if (hp == 1 || H % hp == 0) return;
+  for (int64_t i = 0; i < cfg.model.layers; ++i) {
+    const LayerConfig lc = cfg.model.layer_config(i);
+    if (cfg.schemes.for_layer(lc) != ParallelScheme::head) continue;
+    const char* kind = lc.windowed() ? "window" : "global";
+    throw ConfigError("config key 'mesh.hp': the head-parallel degree " + std::to_string(hp) +
+                      " must divide model.H = " + std::to_string(H) + " because " + kind +
+                      " layers use the head scheme (mesh.schemes." + kind +
+                      ": head); choose an hp that divides H or set mesh.schemes." + kind +
+                      ": sequence");
+  }
+}
+
 template <class T>
 Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
                     std::optional<int64_t> checkpoint_wv)
-    : cfg_(cfg), world_(std::move(world)), layout_(cfg.layout, cfg.seq_len, cfg.mesh.sp) {
+    : cfg_(cfg), world_(std::move(world)) {
   IHA_CHECK(dtype_of<T>() == cfg_.dtype, "Trainer<", dtype_name(dtype_of<T>()),
             "> built for a run whose train.dtype is ", dtype_name(cfg_.dtype));
   mesh_ = std::make_unique<ProcessMesh>(world_, cfg_.mesh);
   set_num_threads(cfg_.threads);
   // Validation that needs no communication; any rank's failure is every rank's.
-  collective_check(*world_, [&] { cfg_.model.resolve_window(cfg_.seq_len, checkpoint_wv); });
-  const int64_t N = cfg_.seq_len;
-  const int64_t sp = cfg_.mesh.sp;
-  auto seq = mesh_->seq_ptr();
+  collective_check(*world_, [&] {
+    cfg_.model.resolve_window(cfg_.seq_len, checkpoint_wv);
+    check_mesh_fits_model(cfg_);
+  });
+  const int64_t N = cfg_.seq_len, hp = cfg_.mesh.hp, sp = cfg_.mesh.sp;
+  tokens_ = ReplicaLayout(cfg_.layout, N, sp, hp).tokens_of(mesh_->sp_index(), mesh_->hp_index());
+  const ReplicaGroups groups = ReplicaGroups::from(*mesh_);
   const SeqParallelOptions opt{cfg_.layout, cfg_.tiles};
   const FlashTiles tiles = cfg_.tiles;
-  // The one place that decides where attention runs: all tokens local, or sequence-parallel
-  // (halo for window layers, ring for global ones).
+  // The one place that decides where attention runs: all tokens local, or spread over the
+  // hp x sp replica with the scheme configured for the layer's kind.
   auto make_core = [&](const LayerConfig& lc, int64_t) -> std::shared_ptr<AttentionCore<T>> {
-    if (sp == 1) return make_local_core<T>(lc, N, tiles);
-    return make_sequence_parallel_core<T>(lc, N, seq, opt);
+    if (hp * sp == 1) return make_local_core<T>(lc, N, tiles);
+    return make_replica_core<T>(lc, N, groups, cfg_.schemes.for_layer(lc), opt);
   };
-  model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute);
-  opt_ = AdamW<T>(model_->layout());
+  const int64_t R = world_->size(), rank = world_->rank();
+  const bool zero = cfg_.optim.zero;
+  if (cfg_.device == Device::cuda) {
+    collective_check(*world_, [&] {
+      IHA_CONFIG_CHECK((std::is_same<T, float>::value), "config key 'train.dtype': a train.device: cuda "
+                       "run keeps float32 master weights");
+      IHA_CONFIG_CHECK(!zero, "config key 'optim.zero': ZeRO-1 has no GPU implementation yet; with "
+                       "train.device: cuda set optim.zero: false");
+    });
+#if defined(IHA_HAVE_CUDA)
+    gpu_ = std::make_unique<CudaTrainState>(cfg_, cfg_.model, world_);
+#endif
+  } else {
+    build_cpu_state(make_core, R, rank);
+  }
+  const int64_t model_tokens = gpu_ ? gpu_->local_tokens() : model_->local_tokens();
   collective_check(*world_, [&] {
-    train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), layout_,
-                                                 mesh_->sp_index());
+    train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), N, tokens_);
     auto held = make_data_source(cfg_, true);
-    if (held) eval_loader_ = std::make_unique<DataLoader>(held, layout_, mesh_->sp_index());
-    IHA_CHECK(train_loader_->local_tokens() == model_->local_tokens(), "data shard holds ",
-              train_loader_->local_tokens(), " tokens, the attention cores ", model_->local_tokens());
+    if (held) eval_loader_ = std::make_unique<DataLoader>(held, N, tokens_);
+    IHA_CHECK(train_loader_->local_tokens() == model_tokens, "data shard holds ",
+              train_loader_->local_tokens(), " tokens, the attention cores ", model_tokens);
   });
   scalars_.rng = Rng{cfg_.seed, 0};
 }
 
 template <class T>
+void Trainer<T>::build_cpu_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R,
+                                 int64_t rank) {
+  const bool zero = cfg_.optim.zero;
+  model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute, zero ? R : 1);
+  const auto layout = model_->layout();
+  const int64_t L = layout->total();
+  if (zero) {
+    part_ = FlatPartition{L, R};
+    const int64_t b = std::min(part_.begin(rank), L), e = std::max(b, part_.end(rank));
+    opt_ = AdamW<T>(layout, b, e);
+    grad_shard_ = Tensor({part_.per_rank()}, dtype_of<T>());
+    param_shard_ = Tensor({part_.per_rank()}, dtype_of<T>());
+  } else {
+    part_ = FlatPartition{L, 1};
+    opt_ = AdamW<T>(layout);
+    if (R > 1) {
+      std::vector<int64_t> sizes;
+      for (const ParamSpec& s : layout->specs()) sizes.push_back(s.numel());
+      buckets_ = std::make_unique<GradientBuckets>(world_, sizes, dtype_of<T>(), cfg_.grad_bucket_kib * 1024,
+                                                   "train.grad");
+    }
+  }
+}
+
+template <class T>
+Trainer<T>::~Trainer() = default;
+
+template <class T>
+Transformer<T>& Trainer<T>::model() {
+  IHA_CHECK(model_ != nullptr, "the model of a train.device: cuda run lives on the GPU (CudaTrainState)");
+  return *model_;
+}
+
+template <class T>
+int64_t Trainer<T>::num_params() const {
+  return gpu_ ? gpu_->num_params() : model_->params().flat().numel();
+}
+
+template <class T>
 void Trainer<T>::init() {
-  model_->init(cfg_.seed);
-  opt_.m().zero();
-  opt_.v().zero();
+  if (gpu_) {
+    gpu_->init(cfg_.seed);
+  } else {
+    model_->init(cfg_.seed);
+    opt_.m().zero();
+    opt_.v().zero();
+  }
   scalars_ = TrainerScalars{};
   scalars_.rng = Rng{cfg_.seed, 0};
+}
+
+template <class T>
+double Trainer<T>::global_sum(double local, const std::string& site) {
+  // Gathered and added in rank order: the same bits on every rank, whatever MPI's reduction.
+  std::vector<double> all(static_cast<size_t>(world_->size()));
+  world_->all_gather(&local, all.data(), 1, DType::f64, site);
+  double s = 0;
+  for (double x : all) s += x;
+  return s;
 }
 
 template <class T>
@@ -90,42 +205,109 @@ StepStats Trainer<T>::train_step() {
   world_->all_reduce(&count, 1, DType::i64, ReduceOp::sum, "train.count");
   IHA_CONFIG_CHECK(count > 0, "step ", scalars_.step + 1, ": the batch has no target tokens (data.loss_on?)");
 
-  model_->grads().zero();
   CrossEntropyStats local;
   const double scale = 1.0 / static_cast<double>(count);
-  for (const auto& b : batches) local.add(model_->forward_backward(b, scale));
+  if (gpu_) return gpu_step(batches, count, scale);
+  ParamSet<T>& grads = model_->grads();
+  ParamSet<T>& params = model_->params();
+  grads.zero();
+  // Without ZeRO, the last micro-batch's backward starts each bucket's all-reduce as soon as
+  // its parameters are final, so the reduction of late blocks runs under the backward of
+  // earlier ones (MPI progresses it inside the attention cores' waits and progress() calls).
+  typename Transformer<T>::GradientsReady ready;
+  if (buckets_) {
+    ready = [this](size_t first, size_t end) {
+      for (size_t i = first; i < end; ++i) buckets_->mark_ready(static_cast<int64_t>(i));
+      buckets_->progress();
+    };
+  }
+  for (size_t u = 0; u < batches.size(); ++u) {
+    const bool last = u + 1 == batches.size();
+    if (last && buckets_) buckets_->begin(grads.flat().raw());
+    local.add(model_->forward_backward(batches[u], scale, last ? ready : nullptr));
+  }
 
-  // The one gradient reduction of the step: sum over every rank (sequence x data).
-  Tensor& g = model_->grads().flat();
-  world_->all_reduce(g.raw(), g.numel(), g.dtype(), ReduceOp::sum, "train.grad");
+  // The gradient sum over every rank (data x head x sequence), and its squared norm.
+  const bool zero = cfg_.optim.zero;
+  T* g = nullptr;  // the reduced gradient this rank updates with: the whole buffer or its range
+  int64_t g_count = 0;
+  double sq = 0;
+  if (zero) {
+    // Blocking collectives: their whole time is exposed, counted like a wait for the benchmarks.
+    const auto t0 = std::chrono::steady_clock::now();
+    world_->reduce_scatter(grads.padded().raw(), grad_shard_.raw(), part_.per_rank(), dtype_of<T>(),
+                           "train.grad");
+    world_->counters().add_wait("train.grad", seconds_since(t0));
+    g = grad_shard_.template data<T>();
+    g_count = part_.per_rank();  // the padding sums to zero
+    sq = global_sum(sum_of_squares(g, g_count), "train.norm");
+  } else {
+    if (buckets_) buckets_->finish();
+    g = grads.data();
+    g_count = grads.flat().numel();
+    sq = sum_of_squares(g, g_count);
+  }
+  StepStats s = step_stats(local, count, sq);
+  if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) {
+    const T f = static_cast<T>(cfg_.optim.clip / s.grad_norm);
+    for (int64_t i = 0; i < g_count; ++i) g[i] *= f;
+  }
+  s.lr = learning_rate(cfg_.optim, scalars_.step, cfg_.steps);
+  if (zero) {
+    // Update this rank's range (its gradient starts at partition begin; the optimizer's range
+    // is that, clipped to the real elements), then gather every rank's range. bf16 compute
+    // would update an fp32 master copy of the range here and gather its bf16 cast.
+    const int64_t b = part_.begin(world_->rank());
+    if (opt_.end() > opt_.begin())  // a rank past the real elements holds only padding
+      opt_.update(cfg_.optim, scalars_.step + 1, s.lr, params.data() + opt_.begin(), g + (opt_.begin() - b));
+    const T* src = params.padded().template data<T>() + b;
+    std::copy(src, src + part_.per_rank(), param_shard_.template data<T>());
+    const auto t0 = std::chrono::steady_clock::now();
+    world_->all_gather(param_shard_.raw(), params.padded().raw(), part_.per_rank(), dtype_of<T>(), "train.params");
+    world_->counters().add_wait("train.params", seconds_since(t0));
+  } else {
+    opt_.update(cfg_.optim, scalars_.step + 1, s.lr, params, grads);
+  }
+  scalars_.step += 1;
+  scalars_.data_cursor += cfg_.batch_size;
+  s.step = scalars_.step;
+  return s;
+}
+
+template <class T>
+StepStats Trainer<T>::gpu_step(const std::vector<TokenBatch>& batches, int64_t count, double scale) {
+  CrossEntropyStats local;
+  gpu_->zero_grads();
+  for (const auto& b : batches) local.add(gpu_->forward_backward(b, scale));
+  const double sq = gpu_->reduce_gradients();
+  StepStats s = step_stats(local, count, sq);
+  if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) gpu_->scale_gradients(cfg_.optim.clip / s.grad_norm);
+  s.lr = learning_rate(cfg_.optim, scalars_.step, cfg_.steps);
+  gpu_->update(cfg_.optim, scalars_.step + 1, s.lr);
+  scalars_.step += 1;
+  scalars_.data_cursor += cfg_.batch_size;
+  s.step = scalars_.step;
+  return s;
+}
+
+template <class T>
+StepStats Trainer<T>::step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq) {
   double sums[4] = {local.loss_sum, local.answer_loss_sum, static_cast<double>(local.answer_count),
                     static_cast<double>(local.answer_correct)};
   world_->all_reduce(sums, 4, DType::f64, ReduceOp::sum, "train.stats");
-
   StepStats s;
   s.loss = sums[0] / static_cast<double>(count);
   s.answer_loss = sums[2] > 0 ? sums[1] / sums[2] : 0;
   s.answer_accuracy = sums[2] > 0 ? sums[3] / sums[2] : 0;
   s.targets = count;
   s.tokens = cfg_.batch_size * cfg_.seq_len;
-  const T* gp = model_->grads().data();
-  s.grad_norm = std::sqrt(sum_of_squares(gp, g.numel()));
+  s.grad_norm = std::sqrt(grad_sq);
   if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
     std::ostringstream os;
     os << "non-finite training loss at step " << scalars_.step + 1 << " (loss " << s.loss
        << ", gradient norm " << s.grad_norm << "); parameters were not updated";
     throw NonFiniteLoss(os.str());
   }
-  if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) {
-    const T f = static_cast<T>(cfg_.optim.clip / s.grad_norm);
-    T* gw = model_->grads().data();
-    for (int64_t i = 0; i < g.numel(); ++i) gw[i] *= f;
-  }
-  s.lr = learning_rate(cfg_.optim, scalars_.step, cfg_.steps);
-  opt_.update(cfg_.optim, scalars_.step + 1, s.lr, model_->params(), model_->grads());
-  scalars_.step += 1;
-  scalars_.data_cursor += cfg_.batch_size;
-  s.step = scalars_.step;
   return s;
 }
 
@@ -145,7 +327,7 @@ EvalStats Trainer<T>::evaluate() {
       batches.push_back(eval_loader_->batch(first, std::min(eb, total - first)));
   });
   CrossEntropyStats local;
-  for (const auto& b : batches) local.add(model_->evaluate(b));
+  for (const auto& b : batches) local.add(gpu_ ? gpu_->evaluate(b) : model_->evaluate(b));
   double sums[6] = {local.loss_sum,
                     static_cast<double>(local.count),
                     static_cast<double>(local.correct),
@@ -166,17 +348,40 @@ EvalStats Trainer<T>::evaluate() {
 
 template <class T>
 std::vector<NamedTensor> Trainer<T>::state_tensors() {
+  if (gpu_) return gpu_->state_tensors();
   std::vector<NamedTensor> out;
   const auto& specs = model_->layout()->specs();
-  for (size_t i = 0; i < specs.size(); ++i) out.push_back({"param/" + specs[i].name, model_->params().view(i)});
-  for (size_t i = 0; i < specs.size(); ++i) out.push_back({"adam_m/" + specs[i].name, opt_.m().view(i)});
-  for (size_t i = 0; i < specs.size(); ++i) out.push_back({"adam_v/" + specs[i].name, opt_.v().view(i)});
+  for (size_t i = 0; i < specs.size(); ++i)
+    out.push_back({"param/" + specs[i].name, model_->params().view(i), specs[i].shape});
+  const int64_t rank = world_->rank();
+  const std::pair<const char*, Tensor*> moments[2] = {{"adam_m/", &opt_.m()}, {"adam_v/", &opt_.v()}};
+  for (const auto& [prefix, state] : moments) {
+    T* base = state->template data<T>();
+    for (const ParamSpec& s : specs) {
+      NamedTensor nt{prefix + s.name, Tensor(), s.shape};
+      if (!cfg_.optim.zero) {
+        nt.tensor = Tensor::view(base + s.offset, s.shape, dtype_of<T>());
+      } else {
+        // This rank's piece of the tensor: one flat range (possibly empty).
+        auto [a, b] = part_.piece(rank, s.offset, s.offset + s.numel());
+        if (b <= a) {
+          nt.tensor = Tensor::view(base, {0}, dtype_of<T>());
+          nt.begin = nt.end = 0;
+        } else {
+          nt.tensor = Tensor::view(base + (a - opt_.begin()), {b - a}, dtype_of<T>());
+          nt.begin = a - s.offset;
+          nt.end = b - s.offset;
+        }
+      }
+      out.push_back(std::move(nt));
+    }
+  }
   return out;
 }
 
 template <class T>
 double Trainer<T>::flops_per_step() const {
-  return model_flops_per_step(model_->config(), cfg_.seq_len, cfg_.batch_size);
+  return model_flops_per_step(cfg_.model, cfg_.seq_len, cfg_.batch_size);
 }
 
 template class Trainer<float>;

@@ -1,7 +1,21 @@
-// The training loop's state and its steps on a process mesh: the model (with sequence-parallel
-// attention cores when mesh.sp > 1), AdamW moments, the step count, the data cursor and the
-// RNG. One step = gradient accumulation over micro-batches, ONE all-reduce of the flat
-// gradient buffer over all ranks (sequence x data), clipping by global norm, AdamW.
+// The training loop's state and its steps on a process mesh dp x hp x sp: the model (its
+// attention cores chosen per layer kind: local, or make_replica_core with the configured
+// scheme), AdamW moments (replicated, or ZeRO-1 sharded), the step count, the data cursor and
+// the RNG. Parameters are replicated on every rank (no tensor parallelism), so every rank of
+// the world holds a share of every parameter gradient and they are summed over all ranks.
+//
+// One step = gradient accumulation over micro-batches, then
+//   - without ZeRO: the flat gradient buffer is all-reduced over the world in buckets
+//     (GradientBuckets); on the last micro-batch each bucket's all-reduce starts as soon as the
+//     backward has finished its parameters (last blocks first), so it overlaps the backward of
+//     the earlier blocks; then clipping by the global norm and AdamW on the whole buffer;
+//   - with ZeRO (optim.zero): one reduce-scatter of the zero-padded flat gradient buffer
+//     (FlatPartition over the world: rank r gets the sum of its contiguous range), the global
+//     norm from the ranks' local sums of squares (all-gathered, added in rank order), AdamW on
+//     the local range only (moments hold 1/R of the buffer), and an all-gather of the
+//     parameters.
+// Results are bitwise deterministic for a fixed mesh and configuration, and every rank holds
+// the same parameter bits after every step.
 //
 // The loss of a step is a global mean: the sum of cross-entropies over every rank's target
 // tokens of every micro-batch, divided by their global count (counted before the forward), so
@@ -9,17 +23,26 @@
 //
 // Data: step k consumes sequences [cursor, cursor + batch_size); micro-batch u of data-parallel
 // replica r takes [cursor + (u * dp + r) * micro_batch, + micro_batch). The cursor is a count
-// of sequences, independent of the mesh.
+// of sequences, independent of the mesh. Inside a replica the rank (sp, hp) holds the tokens
+// ReplicaLayout(layout, N, sp, hp).tokens_of(sp_index, hp_index) (with hp = 1: SequenceLayout).
 //
-// Checkpoint state (state_tensors, TrainerScalars): every parameter and both AdamW moments
-// by name (replicated on every rank), step, data cursor, RNG (seed, counter). The RNG is
-// reserved for stochastic training features; nothing draws from it yet.
+// Checkpoint state (state_tensors, TrainerScalars): every parameter (replicated) and both
+// AdamW moments by name (replicated, or with ZeRO this rank's flat range of each), step, data
+// cursor, RNG (seed, counter). The RNG is reserved for stochastic training features; nothing
+// draws from it yet.
+//
+// Device: with train.device: cuda (Trainer<float> only) the model, the gradient reduction and
+// AdamW run on one GPU per rank (CudaTrainState, train_cuda.h); the step's schedule, data, loss
+// count, statistics and checks are this class's, unchanged. model() is then unavailable (the
+// model lives on the GPU); num_params() and state_tensors() serve both.
 //
 // Errors: a configuration or data problem on any rank becomes the same ConfigError on every
-// rank (collective_check). A non-finite loss or gradient norm throws NonFiniteLoss on every
-// rank before the parameters change.
+// rank (collective_check): a mesh that does not multiply to the world size, or hp not dividing
+// H where a layer kind uses the head scheme. A non-finite loss or gradient norm throws
+// NonFiniteLoss on every rank before the parameters change.
 // defines: iha::NonFiniteLoss, iha::StepStats, iha::EvalStats, iha::TrainerScalars,
-//          iha::NamedTensor, iha::Trainer, iha::count_visible_pairs, iha::model_flops_per_step
+//          iha::NamedTensor, iha::Trainer, iha::count_visible_pairs, iha::model_flops_per_step,
+//          iha::check_mesh_fits_model
 #pragma once
 
 #include <memory>
@@ -31,6 +54,7 @@
 #include "model/optim.h"
 #include "model/run_config.h"
 #include "model/transformer.h"
+#include "parallel/grad_reduce.h"
 #include "parallel/mesh.h"
 
 namespace iha {
@@ -67,8 +91,17 @@ struct TrainerScalars {
 
 struct NamedTensor {
   std::string name;  // "param/<name>", "adam_m/<name>", "adam_v/<name>"
-  Tensor tensor;     // view into the live state
+  Tensor tensor;     // view into the live state: the whole tensor, or a flat piece of it
+  Shape shape;       // the global shape (needed when sharded; a whole tensor has its own)
+  // With end >= 0, `tensor` holds elements [begin, end) of the flattened global tensor (a
+  // ZeRO shard; possibly empty); otherwise it is the whole tensor, replicated.
+  int64_t begin = 0, end = -1;
+  bool sharded() const { return end >= 0; }
 };
+
+// Throws ConfigError naming mesh.hp, model.H and the mesh.schemes key when a layer kind of the
+// model uses the head scheme and hp does not divide H. Local; the Trainer runs it on every rank.
+void check_mesh_fits_model(const RunConfig& cfg);
 
 // Visible (query, key) pairs of one head of one layer over a whole sequence of N tokens.
 int64_t count_visible_pairs(const LayerConfig& layer, int64_t N);
@@ -76,6 +109,8 @@ int64_t count_visible_pairs(const LayerConfig& layer, int64_t N);
 // parameters, embedding excluded) * tokens, plus per attention layer, head and sequence the
 // visible pairs times 4d (forward) + 10d (backward) as in DESIGN.md section 1.
 double model_flops_per_step(const ModelConfig& m, int64_t N, int64_t sequences);
+
+class CudaTrainState;
 
 template <class T>
 class Trainer {
@@ -85,6 +120,7 @@ class Trainer {
   // data loaders; parameters are uninitialised until init() or a load.
   Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
           std::optional<int64_t> checkpoint_wv = std::nullopt);
+  ~Trainer();
 
   // Fresh parameters from cfg.seed; zero moments, step 0, cursor 0.
   void init();
@@ -96,10 +132,15 @@ class Trainer {
   bool has_held_out() const { return eval_loader_ != nullptr; }
 
   const RunConfig& config() const { return cfg_; }
-  const ModelConfig& model_config() const { return model_->config(); }
+  const ModelConfig& model_config() const { return cfg_.model; }
   ProcessMesh& mesh() { return *mesh_; }
-  const SequenceLayout& layout() const { return layout_; }
-  Transformer<T>& model() { return *model_; }
+  // This rank's tokens of each sequence (ascending): its rows in the model.
+  const std::vector<int64_t>& tokens() const { return tokens_; }
+  // ZeRO-1: the split of the flat parameter buffer over the world (ranks = 1 without ZeRO).
+  const FlatPartition& partition() const { return part_; }
+  // The CPU model (not with train.device: cuda).
+  Transformer<T>& model();
+  int64_t num_params() const;
   AdamW<T>& optimizer() { return opt_; }
   TrainerScalars& scalars() { return scalars_; }
   int64_t step() const { return scalars_.step; }
@@ -109,14 +150,27 @@ class Trainer {
   double flops_per_step() const;
 
  private:
+  // Sum of one double per rank, added in rank order (the same bits on every rank).
+  double global_sum(double local, const std::string& site);
+  // The CPU model, optimizer and gradient reduction (replicated or ZeRO-1).
+  void build_cpu_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank);
+  // The global loss statistics of a step and its gradient norm; NonFiniteLoss if not finite.
+  StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
+  // train.device: cuda: the step after the data (CudaTrainState does model, reduction, AdamW).
+  StepStats gpu_step(const std::vector<TokenBatch>& batches, int64_t count, double scale);
+
   RunConfig cfg_;
   std::shared_ptr<Communicator> world_;
   std::unique_ptr<ProcessMesh> mesh_;
-  SequenceLayout layout_;
+  std::vector<int64_t> tokens_;
   std::unique_ptr<Transformer<T>> model_;
   AdamW<T> opt_;
+  FlatPartition part_;
+  std::unique_ptr<GradientBuckets> buckets_;  // without ZeRO, world size > 1
+  Tensor grad_shard_, param_shard_;           // with ZeRO: this rank's range
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
   TrainerScalars scalars_;
+  std::unique_ptr<CudaTrainState> gpu_;  // train.device: cuda
 };
 
 }  // namespace iha

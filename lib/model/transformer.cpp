@@ -55,6 +55,7 @@ std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c) {
 template <class T>
 struct Transformer<T>::Block {
   int64_t index = 0;
+  size_t first_param = 0, end_param = 0;  // the block's parameters: contiguous in the layout
   LayerConfig layer;
   std::unique_ptr<IhaLayer<T>> attn;
   IhaWeights<T> w, gw;  // views into params / grads
@@ -80,15 +81,19 @@ struct Transformer<T>::BlockActs {
 };
 
 template <class T>
-Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute)
+Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute,
+                            int64_t pad_multiple)
     : cfg_(cfg), recompute_(recompute) {
   cfg_.validate();
   layout_ = make_param_layout(cfg_);
-  params_ = ParamSet<T>(layout_);
-  grads_ = ParamSet<T>(layout_);
+  params_ = ParamSet<T>(layout_, pad_multiple);
+  grads_ = ParamSet<T>(layout_, pad_multiple);
   embed_ = layout_->index("embed");
   norm_f_ = layout_->index("norm_f");
   lm_head_ = layout_->index("lm_head");
+  // GradientsReady ranges rely on the schema order: embed, blocks, norm_f, lm_head.
+  IHA_CHECK(embed_ == 0 && norm_f_ + 1 == lm_head_ && lm_head_ + 1 == layout_->specs().size(),
+            "parameter layout is not in schema order");
   for (int64_t i = 0; i < cfg_.layers; ++i) {
     auto blk = std::make_unique<Block>();
     blk->index = i;
@@ -100,6 +105,8 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core
               " tokens, block 0's holds ", n_local_);
     blk->attn = std::make_unique<IhaLayer<T>>(blk->layer, core);
     const std::string p = block_prefix(i);
+    blk->first_param = layout_->index(p + "norm1");
+    blk->end_param = layout_->index(p + "mlp.w_down") + 1;
     auto bind = [&](IhaWeights<T>& w, ParamSet<T>& set) {
       w.wq = set.view(p + "attn.wq");
       w.wk = set.view(p + "attn.wk");
@@ -132,11 +139,11 @@ template <class T>
 Transformer<T>::~Transformer() = default;
 
 template <class T>
-void Transformer<T>::init(uint64_t seed) {
-  const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(cfg_.layers));
-  const int64_t H = cfg_.H, P = cfg_.P;
-  for (const ParamSpec& s : layout_->specs()) {
-    T* p = params_.data() + s.offset;
+void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* flat, uint64_t seed) {
+  const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(cfg.layers));
+  const int64_t H = cfg.H, P = cfg.P;
+  for (const ParamSpec& s : layout.specs()) {
+    T* p = flat + s.offset;
     const int64_t n = s.numel();
     if (ends_with(s.name, "norm1") || ends_with(s.name, "norm2") || s.name == "norm_f") {
       for (int64_t i = 0; i < n; ++i) p[i] = T(1);
@@ -149,16 +156,21 @@ void Transformer<T>::init(uint64_t seed) {
       const int64_t cols = s.shape[1];
       for (int64_t h = 0; h < H; ++h)
         for (int64_t k = 0; k < cols; ++k) {
-          const bool on = cfg_.collapse == Collapse::per_head || k / P == h;
+          const bool on = cfg.collapse == Collapse::per_head || k / P == h;
           p[h * cols + k] = on ? static_cast<T>(1.0 / static_cast<double>(P)) : T(0);
         }
     } else {
       const bool out_proj = ends_with(s.name, "attn.wo") || ends_with(s.name, "mlp.w_down");
-      const double std = cfg_.init_std * (out_proj ? out_scale : 1.0);
+      const double std = cfg.init_std * (out_proj ? out_scale : 1.0);
       const uint64_t stream = name_stream(s.name.c_str());
       for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(std * normal01(seed, stream, i));
     }
   }
+}
+
+template <class T>
+void Transformer<T>::init(uint64_t seed) {
+  init_model_params<T>(cfg_, *layout_, params_.data(), seed);
 }
 
 template <class T>
@@ -226,7 +238,8 @@ void Transformer<T>::block_backward(Block& blk, const Tensor& dout, BlockActs& a
 }
 
 template <class T>
-CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, double grad_scale) {
+CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, double grad_scale,
+                                                   const GradientsReady& ready) {
   check_batch(batch);
   const DType dt = dtype_of<T>();
   const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
@@ -261,6 +274,7 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
                       params_.view(norm_f_).template data<T>(), inv_f.template data<T>(),
                       dx.template data<T>(), grads_.view(norm_f_).template data<T>());
   f = df = Tensor();
+  if (ready) ready(norm_f_, lm_head_ + 1);
   for (size_t i = blocks_.size(); i-- > 0;) {
     if (recompute_) {
       const Tensor xin = acts[i].x;
@@ -269,11 +283,13 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
     }
     Tensor dxi;
     block_backward(*blocks_[i], dx, acts[i], dxi);
+    if (ready) ready(blocks_[i]->first_param, blocks_[i]->end_param);
     acts[i] = BlockActs();
     dx = dxi;
   }
   embedding_backward<T>(batch.tokens.data(), rows, dx.template data<T>(), D,
                         grads_.view(embed_).template data<T>());
+  if (ready) ready(embed_, embed_ + 1);
   return stats;
 }
 
@@ -325,6 +341,8 @@ CrossEntropyStats Transformer<T>::evaluate(const TokenBatch& batch) {
   return stats;
 }
 
+template void init_model_params<float>(const ModelConfig&, const ParamLayout&, float*, uint64_t);
+template void init_model_params<double>(const ModelConfig&, const ParamLayout&, double*, uint64_t);
 template class Transformer<float>;
 template class Transformer<double>;
 

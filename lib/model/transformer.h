@@ -5,7 +5,9 @@
 // on the tokens one rank holds. The attention layers get their cores from a factory, so the
 // same model runs on one process (make_local_core) or sequence-parallel (ring/halo cores);
 // everything else is per token and needs no communication. Parameter gradients are this
-// rank's share; the caller sums them over ranks (one all-reduce of grads().flat()).
+// rank's share; the caller sums them over ranks (the trainer: bucketed all-reduces that start
+// while backward still runs, told by the GradientsReady callback which parameters are final,
+// or one reduce-scatter with ZeRO-1).
 //
 // Invariants
 //   - Parameters and gradients are flat buffers (params.h); names and shapes are the schema
@@ -15,7 +17,7 @@
 //     the block in backward; results are bitwise identical with and without it.
 //
 // Threads: one thread drives a model; BLAS and attention kernels may use set_num_threads().
-// defines: iha::make_param_layout, iha::Transformer
+// defines: iha::make_param_layout, iha::init_model_params, iha::Transformer
 #pragma once
 
 #include <functional>
@@ -33,15 +35,27 @@ namespace iha {
 // The parameter layout of a model (names, shapes, weight-decay flags), in schema order.
 std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& cfg);
 
+// Writes the initial parameters (docs/model.md "Initialisation") into a flat host buffer of
+// `layout`: the CPU model and the GPU model (transformer_cuda.h) start from the same values.
+template <class T>
+void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* flat, uint64_t seed);
+
 template <class T>
 class Transformer {
  public:
   // Makes the attention core of a block from its layer config and block index.
   using CoreFactory =
       std::function<std::shared_ptr<AttentionCore<T>>(const LayerConfig& layer, int64_t block)>;
+  // Called during backward with a range [first, end) of parameter indices (layout order) whose
+  // gradients this call will not touch again: lm_head and norm_f first, then each block from
+  // the last to the first, then embed; every parameter exactly once, in that order on every
+  // rank, so collectives started from it match across ranks.
+  using GradientsReady = std::function<void(size_t first, size_t end)>;
 
   // cfg must have its window resolved. All cores must hold the same number of local tokens.
-  Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute);
+  // pad_multiple: parameters and gradients are zero-padded to a multiple of it (ParamSet).
+  Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute,
+              int64_t pad_multiple = 1);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -62,8 +76,10 @@ class Transformer {
 
   // Forward on one micro-batch and backward of grad_scale * (sum of the cross-entropies on
   // this rank); parameter gradients accumulate (+=) into grads(). Collective when the cores
-  // are (every rank of the sequence group calls it with the same B).
-  CrossEntropyStats forward_backward(const TokenBatch& batch, double grad_scale);
+  // are (every rank of the sequence group calls it with the same B). `ready`, if set, is told
+  // when parameter gradients are final (see GradientsReady); pass it on the last micro-batch.
+  CrossEntropyStats forward_backward(const TokenBatch& batch, double grad_scale,
+                                     const GradientsReady& ready = nullptr);
   // Forward only (evaluation); keeps no activations.
   CrossEntropyStats evaluate(const TokenBatch& batch);
 

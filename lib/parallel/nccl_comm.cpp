@@ -1,5 +1,6 @@
 // NCCL implementation of the Communicator over device memory (see nccl_comm.h).
 #include "parallel/nccl_comm.h"
+#include "parallel/staged_comm.h"
 
 #include <mpi.h>
 #include <nccl.h>
@@ -462,6 +463,17 @@ std::shared_ptr<NcclCommunicator> make_nccl_world(Communicator& mpi_world) {
   const ncclResult_t rc = ncclCommInitRank(&comm, mpi_world.size(), id, mpi_world.rank());
   collective_check(mpi_world, [&] { nccl_check(rc, "ncclCommInitRank"); });
   return std::make_shared<NcclComm>(comm, p.local_rank, nullptr);
+}
+
+std::shared_ptr<Communicator> make_device_world(std::shared_ptr<Communicator> mpi_world) {
+  const int gpus = cuda_device_count();
+  collective_check(*mpi_world, [&] {
+    IHA_CONFIG_CHECK(gpus > 0, "device cuda: rank ", mpi_world->rank(), " sees no usable GPU");
+  });
+  if (every_rank_has_own_gpu(*mpi_world)) return make_nccl_world(*mpi_world);
+  const NodePlacement p = node_placement(*mpi_world);
+  collective_check(*mpi_world, [&] { IHA_CUDA_CHECK(cudaSetDevice(p.local_rank % gpus)); });
+  return make_host_staged_communicator(std::move(mpi_world));
 }
 
 }  // namespace iha

@@ -28,7 +28,7 @@
 //
 // Threads: one communicator must not be used by two threads at once.
 // defines: iha::NcclCommunicator, iha::make_nccl_world,
-//          iha::every_rank_has_own_gpu
+//          iha::every_rank_has_own_gpu, iha::make_device_world
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -58,5 +58,12 @@ std::shared_ptr<NcclCommunicator> make_nccl_world(Communicator& mpi_world);
 // Collective over mpi_world (MPI-backed): true on every rank when every node has at least as
 // many GPUs as ranks, i.e. make_nccl_world can succeed. Tests use it to skip visibly.
 bool every_rank_has_own_gpu(Communicator& mpi_world);
+
+// The device communicator of a GPU run (collective over mpi_world, which must be MPI-backed):
+// NCCL when every node has a GPU per rank, else host staging over mpi_world
+// (staged_comm.h) with GPU = node-local rank mod the node's GPU count, so tests and small runs
+// work with several ranks on one GPU. Selects this rank's GPU. Throws on every rank if any
+// rank sees no GPU.
+std::shared_ptr<Communicator> make_device_world(std::shared_ptr<Communicator> mpi_world);
 
 }  // namespace iha

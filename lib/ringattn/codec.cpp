@@ -4,16 +4,24 @@
 
 namespace iha::detail {
 
+Tensor host_positions(const std::vector<int64_t>& pos) {
+  Tensor t({static_cast<int64_t>(pos.size())}, DType::i64);
+  std::copy(pos.begin(), pos.end(), t.data<int64_t>());
+  return t;
+}
+
 template <class T>
-void PremixCodec<T>::decode(int64_t B, const T* payload, int64_t n, int64_t a,
-                            const std::vector<int64_t>& tokens, KVBlock<T>& out) const {
+void PremixCodec<T>::decode(int64_t B, const Tensor& payload_t, int64_t n, int64_t a,
+                            const std::vector<int64_t>& tokens, KVBlock& out) const {
   const LayerConfig& c = cfg_;
+  const T* payload = payload_t.data<T>();
   const int64_t w = row_width(), m = static_cast<int64_t>(tokens.size()), mP = m * c.P, hs = mP * c.d;
-  out.vpos = virtual_positions(tokens, c.P);
+  const std::vector<int64_t> vpos = virtual_positions(tokens, c.P);
+  out.pos = host_positions(vpos);
   out.kv = Tensor({B, c.H, mP, c.d}, dtype_of<T>());
   out.vv = Tensor({B, c.H, mP, c.d}, dtype_of<T>());
   if (m == 0) return;
-  const RopeTable<T> rope(RopeSpec::from(c), c.d, out.vpos.data(), mP);
+  const RopeTable<T> rope(RopeSpec::from(c), c.d, vpos.data(), mP);
   for (int64_t b = 0; b < B; ++b) {
     T* kv = out.kv.template data<T>() + b * c.H * hs;
     T* vv = out.vv.template data<T>() + b * c.H * hs;
@@ -24,10 +32,12 @@ void PremixCodec<T>::decode(int64_t B, const T* payload, int64_t n, int64_t a,
 }
 
 template <class T>
-void PremixCodec<T>::decode_backward(int64_t B, const T* payload, int64_t n, int64_t a,
+void PremixCodec<T>::decode_backward(int64_t B, const Tensor& payload_t, int64_t n, int64_t a,
                                      const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
-                                     T* dpayload) const {
+                                     Tensor& dpayload_t) const {
   const LayerConfig& c = cfg_;
+  const T* payload = payload_t.data<T>();
+  T* dpayload = dpayload_t.data<T>();
   const int64_t w = row_width(), m = static_cast<int64_t>(tokens.size()), mP = m * c.P, hs = mP * c.d;
   if (m == 0) return;
   const std::vector<int64_t> vpos = virtual_positions(tokens, c.P);
@@ -45,10 +55,11 @@ void PremixCodec<T>::decode_backward(int64_t B, const T* payload, int64_t n, int
 }
 
 template <class T>
-void PseudoCodec<T>::decode(int64_t B, const T* payload, int64_t n, int64_t a,
-                            const std::vector<int64_t>& tokens, KVBlock<T>& out) const {
+void PseudoCodec<T>::decode(int64_t B, const Tensor& payload_t, int64_t n, int64_t a,
+                            const std::vector<int64_t>& tokens, KVBlock& out) const {
   const int64_t m = static_cast<int64_t>(tokens.size()), w = row_width();
-  out.vpos = virtual_positions(tokens, P_);
+  const T* payload = payload_t.data<T>();
+  out.pos = host_positions(virtual_positions(tokens, P_));
   out.kv = Tensor({B, heads_, m * P_, d_}, dtype_of<T>());
   out.vv = Tensor({B, heads_, m * P_, d_}, dtype_of<T>());
   if (m == 0) return;
@@ -60,10 +71,11 @@ void PseudoCodec<T>::decode(int64_t B, const T* payload, int64_t n, int64_t a,
 }
 
 template <class T>
-void PseudoCodec<T>::decode_backward(int64_t B, const T* payload, int64_t n, int64_t a,
+void PseudoCodec<T>::decode_backward(int64_t B, const Tensor&, int64_t n, int64_t a,
                                      const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
-                                     T* dpayload) const {
+                                     Tensor& dpayload_t) const {
   const int64_t m = static_cast<int64_t>(tokens.size()), w = row_width();
+  T* dpayload = dpayload_t.data<T>();
   if (m == 0) return;
   for (int64_t b = 0; b < B; ++b) {
     from_rows(1, m, dkv.template data<T>() + b * heads_ * m * P_ * d_, dpayload + (b * n + a) * w, true);

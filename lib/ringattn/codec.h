@@ -5,7 +5,10 @@
 //     un-mixes back to pre-mix and accumulates daK, daV locally.
 //   - PseudoCodec: the rank's pseudo-head K/V rows (2*Hl*P*d values a token, Hl local heads),
 //     already mixed and roped before the head-parallel all-to-all; nothing to redo.
-// A payload holds n tokens as [2][B][n][row_width]: all K rows, then all V rows.
+// A payload holds n tokens as [2][B][n][row_width]: all K rows, then all V rows, in a flat
+// tensor on the engine backend's device (engine.h); its gradient has the same layout in the
+// backend's accumulation dtype. These are the CPU codecs (host tensors of T); the GPU twins of
+// PremixCodec are in engine_cuda.h.
 // defines: iha::detail::KVBlock, iha::detail::KVCodec, iha::detail::PremixCodec,
 //          iha::detail::PseudoCodec
 #pragma once
@@ -18,39 +21,43 @@
 
 namespace iha::detail {
 
-// Pseudo-head rows of some tokens for all B sequences: kv, vv are [B, heads, n*P, d].
-template <class T>
+// Pseudo-head rows of some tokens for all B sequences, on the backend's device: kv, vv are
+// [B, heads, n*P, d] (the backend's kv dtype); pos holds their n*P virtual positions (i64,
+// ascending, same device).
 struct KVBlock {
-  std::vector<int64_t> vpos;  // virtual positions, ascending, n*P of them
+  Tensor pos;
   Tensor kv, vv;
+  int64_t rows() const { return pos.numel(); }
 };
 
-template <class T>
 class KVCodec {
  public:
   virtual ~KVCodec() = default;
   virtual int64_t row_width() const = 0;
   // Block of the tokens at payload rows [a, a + tokens.size()) of a payload of n tokens.
-  virtual void decode(int64_t B, const T* payload, int64_t n, int64_t a,
-                      const std::vector<int64_t>& tokens, KVBlock<T>& out) const = 0;
+  virtual void decode(int64_t B, const Tensor& payload, int64_t n, int64_t a,
+                      const std::vector<int64_t>& tokens, KVBlock& out) const = 0;
   // Backward of decode: dkv, dvv (may be modified) -> payload gradient rows (accumulated).
-  virtual void decode_backward(int64_t B, const T* payload, int64_t n, int64_t a,
+  virtual void decode_backward(int64_t B, const Tensor& payload, int64_t n, int64_t a,
                                const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
-                               T* dpayload) const = 0;
+                               Tensor& dpayload) const = 0;
 };
 
+// Host positions tensor (i64) of a list of virtual positions.
+Tensor host_positions(const std::vector<int64_t>& pos);
+
 template <class T>
-class PremixCodec final : public KVCodec<T> {
+class PremixCodec final : public KVCodec {
  public:
   // grads (daK, daV accumulate there) may be null in forward.
   PremixCodec(const LayerConfig& cfg, const MixView<T>& mv, IhaWeights<T>* grads)
       : cfg_(cfg), mv_(mv), grads_(grads) {}
   int64_t row_width() const override { return cfg_.H * cfg_.d; }
-  void decode(int64_t B, const T* payload, int64_t n, int64_t a, const std::vector<int64_t>& tokens,
-              KVBlock<T>& out) const override;
-  void decode_backward(int64_t B, const T* payload, int64_t n, int64_t a,
+  void decode(int64_t B, const Tensor& payload, int64_t n, int64_t a,
+              const std::vector<int64_t>& tokens, KVBlock& out) const override;
+  void decode_backward(int64_t B, const Tensor& payload, int64_t n, int64_t a,
                        const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
-                       T* dpayload) const override;
+                       Tensor& dpayload) const override;
 
  private:
   const LayerConfig& cfg_;
@@ -59,15 +66,15 @@ class PremixCodec final : public KVCodec<T> {
 };
 
 template <class T>
-class PseudoCodec final : public KVCodec<T> {
+class PseudoCodec final : public KVCodec {
  public:
   PseudoCodec(int64_t heads, int64_t P, int64_t d) : heads_(heads), P_(P), d_(d) {}
   int64_t row_width() const override { return heads_ * P_ * d_; }
-  void decode(int64_t B, const T* payload, int64_t n, int64_t a, const std::vector<int64_t>& tokens,
-              KVBlock<T>& out) const override;
-  void decode_backward(int64_t B, const T* payload, int64_t n, int64_t a,
+  void decode(int64_t B, const Tensor& payload, int64_t n, int64_t a,
+              const std::vector<int64_t>& tokens, KVBlock& out) const override;
+  void decode_backward(int64_t B, const Tensor& payload, int64_t n, int64_t a,
                        const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
-                       T* dpayload) const override;
+                       Tensor& dpayload) const override;
   // Conversions between head-major rows [B][heads][n*P][d] and a token-major payload part
   // [B][n][heads*P*d] (one of K or V). to_rows writes; from_rows accumulates when `add`.
   void to_rows(int64_t B, int64_t n, const T* part, T* rows) const;

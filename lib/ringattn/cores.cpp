@@ -40,8 +40,8 @@ int64_t bits_of(double x) {
   return b;
 }
 
-// Every rank of the group must describe the same layer over the same sequence: agree before
-// any traffic depends on it, so a mismatch is the same ConfigError on every rank, not a hang.
+}  // namespace
+
 void check_agreement(Communicator& c, const LayerConfig& k, int64_t N, LayoutKind layout) {
   check_same_on_all_ranks(c, N, "the sequence length N");
   check_same_on_all_ranks(c, k.D, "the model width D");
@@ -58,13 +58,16 @@ void check_agreement(Communicator& c, const LayerConfig& k, int64_t N, LayoutKin
   check_same_on_all_ranks(c, static_cast<int64_t>(layout), "the sequence layout");
 }
 
+namespace {
+
 template <class T>
-std::unique_ptr<SeqEngine<T>> make_engine(const LayerConfig& cfg, int64_t heads,
-                                          std::shared_ptr<Communicator> comm,
-                                          std::vector<std::vector<int64_t>> tokens, FlashTiles tiles,
-                                          bool halo, const std::string& prefix) {
-  if (halo) return make_halo_engine<T>(cfg, heads, std::move(comm), std::move(tokens), tiles, prefix + "halo");
-  return make_ring_engine<T>(cfg, heads, std::move(comm), std::move(tokens), tiles, prefix + "ring");
+std::unique_ptr<SeqEngine> make_engine(const LayerConfig& cfg, int64_t heads,
+                                       std::shared_ptr<Communicator> comm,
+                                       std::vector<std::vector<int64_t>> tokens, FlashTiles tiles,
+                                       bool halo, const std::string& prefix) {
+  auto backend = std::make_shared<const CpuEngineBackend<T>>(tiles);
+  if (halo) return make_halo_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(backend), prefix + "halo");
+  return make_ring_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(backend), prefix + "ring");
 }
 
 template <class T>
@@ -86,7 +89,7 @@ void drow_all(int64_t BH, int64_t nP, int64_t d, const Tensor& ov, const Tensor&
 template <class T>
 struct PremixCache : CoreCache {
   Tensor qv, ov, lse;
-  EngineCache<T> engine;
+  EngineCache engine;
 };
 
 template <class T>
@@ -113,8 +116,8 @@ class PremixCore final : public AttentionCore<T> {
     const MixView<T> mv = this->mix_view(w);
     const int64_t n = local_tokens();
     make_queries(mv, B, q, cache.qv);
-    const std::vector<T> payload = pack(B, n, k, v);
-    engine_->forward(B, cache.qv, payload.data(), PremixCodec<T>(c, mv, nullptr), cache.ov, cache.lse, cache.engine);
+    const Tensor payload = pack(B, n, k, v);
+    engine_->forward(B, cache.qv, payload, PremixCodec<T>(c, mv, nullptr), cache.ov, cache.lse, cache.engine);
     collapse_all(c, mv, B, n, cache.ov, out);
   }
 
@@ -132,12 +135,13 @@ class PremixCore final : public AttentionCore<T> {
                         c.mixing ? grads.collapse.template data<T>() : nullptr);
     // Drow from the final merged output, once, before any step.
     drow_all<T>(B * c.H, nP, c.d, cache.ov, dov, drow);
-    const std::vector<T> payload = pack(B, n, k, v);
-    std::vector<T> dpayload(payload.size());
-    engine_->backward(B, cache.qv, payload.data(), PremixCodec<T>(c, mv, &grads), dov, cache.lse, drow,
-                      dqv, dpayload.data(), cache.engine);
-    std::copy(dpayload.begin(), dpayload.begin() + B * n * Hd, dk);
-    std::copy(dpayload.begin() + B * n * Hd, dpayload.end(), dv);
+    const Tensor payload = pack(B, n, k, v);
+    Tensor dpayload;
+    engine_->backward(B, cache.qv, payload, PremixCodec<T>(c, mv, &grads), dov, cache.lse, drow, dqv, dpayload,
+                      cache.engine);
+    const T* dp = dpayload.template data<T>();
+    std::copy(dp, dp + B * n * Hd, dk);
+    std::copy(dp + B * n * Hd, dp + 2 * B * n * Hd, dv);
     std::fill(dq, dq + B * n * Hd, T(0));
     T* daq = c.mixing ? grads.aq.template data<T>() : nullptr;
     for (int64_t b = 0; b < B; ++b) {
@@ -162,16 +166,16 @@ class PremixCore final : public AttentionCore<T> {
       for (int64_t h = 0; h < c.H; ++h) rope_.apply(qb + h * hs, nP, false);
     }
   }
-  std::vector<T> pack(int64_t B, int64_t n, const T* k, const T* v) const {
+  Tensor pack(int64_t B, int64_t n, const T* k, const T* v) const {
     const int64_t m = B * n * this->cfg_.H * this->cfg_.d;
-    std::vector<T> buf(2 * m);
-    std::copy(k, k + m, buf.begin());
-    std::copy(v, v + m, buf.begin() + m);
+    Tensor buf({2 * m}, dtype_of<T>());
+    std::copy(k, k + m, buf.template data<T>());
+    std::copy(v, v + m, buf.template data<T>() + m);
     return buf;
   }
 
   std::shared_ptr<Communicator> comm_;
-  std::unique_ptr<SeqEngine<T>> engine_;
+  std::unique_ptr<SeqEngine> engine_;
   RopeTable<T> rope_;
 };
 
@@ -198,8 +202,8 @@ void scatter_token_rows(const T* src, int64_t B, int64_t heads, int64_t n, int64
 template <class T>
 struct UlyssesCache : CoreCache {
   Tensor qv_g, ov_g, lse_g, ov_l;  // head-sharded queries/outputs; token-sharded outputs (global collapse)
-  std::vector<T> payload_g;        // head-sharded pseudo-head K | V of the group's tokens
-  EngineCache<T> engine;
+  Tensor payload_g;                // head-sharded pseudo-head K | V of the group's tokens
+  EngineCache engine;
 };
 
 template <class T>
@@ -265,10 +269,11 @@ class UlyssesCore final : public AttentionCore<T> {
                            dst[x]->template data<T>());
     }
     const PseudoCodec<T> codec(Hl_, P, d);
-    cache.payload_g.assign(2 * B * ng * codec.row_width(), T(0));
-    codec.from_rows(B, ng, kv_g.template data<T>(), cache.payload_g.data(), false);
-    codec.from_rows(B, ng, vv_g.template data<T>(), cache.payload_g.data() + B * ng * codec.row_width(), false);
-    engine_->forward(B, cache.qv_g, cache.payload_g.data(), codec, cache.ov_g, cache.lse_g, cache.engine);
+    cache.payload_g = Tensor({2 * B * ng * codec.row_width()}, dtype_of<T>());
+    T* pg = cache.payload_g.template data<T>();
+    codec.from_rows(B, ng, kv_g.template data<T>(), pg, false);
+    codec.from_rows(B, ng, vv_g.template data<T>(), pg + B * ng * codec.row_width(), false);
+    engine_->forward(B, cache.qv_g, cache.payload_g, codec, cache.ov_g, cache.lse_g, cache.engine);
 
     if (mv.form == Collapse::per_head) {
       // Collapse the local heads first: the return all-to-all then moves d values a head, not P*d.
@@ -333,14 +338,15 @@ class UlyssesCore final : public AttentionCore<T> {
     Tensor drow({B, Hl_, ng * P}, dtype_of<T>()), dqv_g;
     drow_all<T>(B * Hl_, ng * P, d, cache.ov_g, dov_g, drow);
     const PseudoCodec<T> codec(Hl_, P, d);
-    std::vector<T> dpayload(cache.payload_g.size());
-    engine_->backward(B, cache.qv_g, cache.payload_g.data(), codec, dov_g, cache.lse_g, drow, dqv_g,
-                      dpayload.data(), cache.engine);
+    Tensor dpayload_t;
+    engine_->backward(B, cache.qv_g, cache.payload_g, codec, dov_g, cache.lse_g, drow, dqv_g, dpayload_t,
+                      cache.engine);
+    const T* dpayload = dpayload_t.template data<T>();
     // Back to the sequence-sharded layout: dQ, dK, dV of my heads for each owner's tokens.
     Tensor dqkv_g({3, B, Hl_, ng * P, d}, dtype_of<T>());
     std::copy(dqv_g.template data<T>(), dqv_g.template data<T>() + dqv_g.numel(), dqkv_g.template data<T>());
-    codec.to_rows(B, ng, dpayload.data(), dqkv_g.template data<T>() + dqv_g.numel());
-    codec.to_rows(B, ng, dpayload.data() + B * ng * codec.row_width(), dqkv_g.template data<T>() + 2 * dqv_g.numel());
+    codec.to_rows(B, ng, dpayload, dqkv_g.template data<T>() + dqv_g.numel());
+    codec.to_rows(B, ng, dpayload + B * ng * codec.row_width(), dqkv_g.template data<T>() + 2 * dqv_g.numel());
     std::vector<Tensor> recv;
     all_to_all_heads(B, [&](int64_t u) {
       Tensor buf({3, B, Hl_, part_n(u) * P, d}, dtype_of<T>());
@@ -456,7 +462,7 @@ class UlyssesCore final : public AttentionCore<T> {
   int64_t T_, t_, Hl_ = 0;
   std::vector<int64_t> mine_;
   std::vector<std::vector<int64_t>> part_idx_;  // per head rank u: indices of its tokens among the group's
-  std::unique_ptr<SeqEngine<T>> engine_;
+  std::unique_ptr<SeqEngine> engine_;
   RopeTable<T> rope_;
 };
 
@@ -465,14 +471,15 @@ class UlyssesCore final : public AttentionCore<T> {
 
 // ---------------------------------------------------------------- factories
 
-namespace {
+namespace detail {
 std::vector<std::vector<int64_t>> layout_tokens(LayoutKind kind, int64_t N, int64_t R) {
   const SequenceLayout layout(kind, N, R);
   std::vector<std::vector<int64_t>> out;
   for (int64_t s = 0; s < R; ++s) out.push_back(layout.tokens_of(s));
   return out;
 }
-}  // namespace
+}  // namespace detail
+using detail::layout_tokens;
 
 template <class T>
 std::shared_ptr<AttentionCore<T>> make_ring_core(const LayerConfig& cfg, int64_t N,

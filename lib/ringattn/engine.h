@@ -8,8 +8,22 @@
 //     halo block; backward sends halo gradients back to their owners.
 // Ranks may hold any ascending token lists (contiguous or zigzag parts, or a head group's
 // union of parts); the mask on virtual positions decides what is computed.
-// defines: iha::detail::EngineCache, iha::detail::SeqEngine, iha::detail::make_ring_engine,
-//          iha::detail::make_halo_engine
+//
+// One engine, two backends: the ring and halo step logic (which block, which rows, what
+// travels where and when) is written once against EngineBackend, which says where buffers live
+// and computes on them: CpuEngineBackend<T> (host memory, the CPU flash kernel and merge.h,
+// float or double) here, and the CUDA backend (device memory, the CUDA kernels, bf16 or fp32
+// inputs with fp32 accumulation) in engine_cuda.h. The communicator must hold buffers where the
+// backend keeps them (Communicator::device()).
+//
+// Buffers are flat or shaped Tensors on the backend's device:
+//   kv dtype:  queries qv, K/V payloads and decoded blocks, and dov (the upstream gradient
+//              of the attention output, as the flash backward reads it);
+//   acc dtype: ov, lse, drow, dqv, dkv, dvv and payload gradients (partials merged across
+//              steps are never bf16).
+// defines: iha::detail::EngineBackend, iha::detail::CpuEngineBackend, iha::detail::EngineCache,
+//          iha::detail::SeqEngine, iha::detail::make_ring_engine, iha::detail::make_halo_engine,
+//          iha::detail::check_agreement, iha::detail::layout_tokens
 #pragma once
 
 #include <memory>
@@ -18,51 +32,115 @@
 
 #include "attention/flash.h"
 #include "parallel/comm.h"
+#include "parallel/layout.h"
 #include "ringattn/codec.h"
 
 namespace iha::detail {
 
-template <class T>
-struct EngineCache {
-  KVBlock<T> local;             // halo: this rank's own block, decoded once in forward
-  std::vector<T> halo_payload;  // halo: received payload of the halo tokens
+class EngineBackend {
+ public:
+  virtual ~EngineBackend() = default;
+  virtual Device device() const = 0;
+  virtual DType kv_dtype() const = 0;
+  virtual DType acc_dtype() const = 0;
+  // Zero-filled tensor on the backend's device.
+  Tensor zeros(Shape shape, DType dtype) const { return Tensor(std::move(shape), dtype, device()); }
+  // The positions as an i64 tensor on the backend's device.
+  virtual Tensor positions(const std::vector<int64_t>& pos) const = 0;
+  virtual void fill_neg_inf(Tensor& t) const = 0;
+  // dst += src element-wise (acc dtype).
+  virtual void add(Tensor& dst, const Tensor& src) const = 0;
+  // Payload rows, G groups of rows of width w (any dtype of the backend):
+  //   gather:  dst[g][i][:] = src[g][rows[i]][:]          (src n rows a group, dst m)
+  //   scatter: dst[g][rows[i]][:] = src[g][i][:], or += when add (acc dtype)
+  virtual void gather_rows(const Tensor& src, int64_t G, int64_t n, const std::vector<int64_t>& rows,
+                           int64_t w, Tensor& dst) const = 0;
+  virtual void scatter_rows(const Tensor& src, int64_t G, const std::vector<int64_t>& rows, int64_t n,
+                            int64_t w, Tensor& dst, bool add) const = 0;
+  // Partial attention of query rows [q0, q1) of each of the B*heads heads of qv [B*heads, nP, d]
+  // (positions qpos) over a block, written into (first) or merged into (ov, lse). Tests
+  // `progress` between heads so pending transfers advance.
+  virtual void attend(const MaskSpec& mask, int64_t B, int64_t heads, int64_t d, const Tensor& qv,
+                      const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk, Tensor& ov,
+                      Tensor& lse, bool first, PendingExchange* progress) const = 0;
+  // Backward over one block for query rows [q0, q1): dqv (+=); dkv, dvv [B, heads, rows, d] of
+  // the block allocated and written. lse and drow are the final ones of the query rows.
+  virtual void attend_backward(const MaskSpec& mask, int64_t B, int64_t heads, int64_t d,
+                               const Tensor& qv, const Tensor& qpos, int64_t q0, int64_t q1,
+                               const KVBlock& blk, const Tensor& dov, const Tensor& lse,
+                               const Tensor& drow, Tensor& dqv, Tensor& dkv, Tensor& dvv,
+                               PendingExchange* progress) const = 0;
 };
 
+// Host memory, T = float or double for every buffer, the CPU flash kernel with these tiles.
 template <class T>
+class CpuEngineBackend final : public EngineBackend {
+ public:
+  explicit CpuEngineBackend(FlashTiles tiles) : tiles_(tiles) {}
+  Device device() const override { return Device::cpu; }
+  DType kv_dtype() const override { return dtype_of<T>(); }
+  DType acc_dtype() const override { return dtype_of<T>(); }
+  Tensor positions(const std::vector<int64_t>& pos) const override { return host_positions(pos); }
+  void fill_neg_inf(Tensor& t) const override;
+  void add(Tensor& dst, const Tensor& src) const override;
+  void gather_rows(const Tensor& src, int64_t G, int64_t n, const std::vector<int64_t>& rows, int64_t w,
+                   Tensor& dst) const override;
+  void scatter_rows(const Tensor& src, int64_t G, const std::vector<int64_t>& rows, int64_t n, int64_t w,
+                    Tensor& dst, bool add) const override;
+  void attend(const MaskSpec& mask, int64_t B, int64_t heads, int64_t d, const Tensor& qv, const Tensor& qpos,
+              int64_t q0, int64_t q1, const KVBlock& blk, Tensor& ov, Tensor& lse, bool first,
+              PendingExchange* progress) const override;
+  void attend_backward(const MaskSpec& mask, int64_t B, int64_t heads, int64_t d, const Tensor& qv,
+                       const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk, const Tensor& dov,
+                       const Tensor& lse, const Tensor& drow, Tensor& dqv, Tensor& dkv, Tensor& dvv,
+                       PendingExchange* progress) const override;
+
+ private:
+  FlashTiles tiles_;
+};
+
+struct EngineCache {
+  KVBlock local;       // halo: this rank's own block, decoded once in forward
+  Tensor halo_payload;  // halo: received payload of the halo tokens
+};
+
 class SeqEngine {
  public:
   // heads: pseudo-heads per block row group (H with pre-mix exchange, H/T head-parallel).
   // tokens_per_rank: each comm rank's tokens, ascending. site: byte-counter prefix.
   SeqEngine(const LayerConfig& cfg, int64_t heads, std::shared_ptr<Communicator> comm,
-            std::vector<std::vector<int64_t>> tokens_per_rank, FlashTiles tiles, std::string site);
+            std::vector<std::vector<int64_t>> tokens_per_rank,
+            std::shared_ptr<const EngineBackend> backend, std::string site);
   virtual ~SeqEngine() = default;
 
   const std::vector<int64_t>& tokens() const { return tokens_[rank_]; }
   const std::vector<int64_t>& qpos() const { return qpos_; }
+  // qpos() on the backend's device.
+  const Tensor& qpos_tensor() const { return qpos_t_; }
   Communicator& comm() const { return *comm_; }
+  const EngineBackend& backend() const { return *be_; }
 
   // qv [B, heads, nP, d]: roped queries of this rank's tokens; payload [2][B][n][w]: their K/V.
   // Writes ov [B, heads, nP, d] and lse [B, heads, nP].
-  virtual void forward(int64_t B, const Tensor& qv, const T* payload, const KVCodec<T>& codec,
-                       Tensor& ov, Tensor& lse, EngineCache<T>& cache) = 0;
+  virtual void forward(int64_t B, const Tensor& qv, const Tensor& payload, const KVCodec& codec,
+                       Tensor& ov, Tensor& lse, EngineCache& cache) = 0;
   // From the final lse and drow: writes dqv [B, heads, nP, d] and dpayload [2][B][n][w] (the
   // gradient of this rank's K/V payload, summed over every rank's queries).
-  virtual void backward(int64_t B, const Tensor& qv, const T* payload, const KVCodec<T>& codec,
+  virtual void backward(int64_t B, const Tensor& qv, const Tensor& payload, const KVCodec& codec,
                         const Tensor& dov, const Tensor& lse, const Tensor& drow, Tensor& dqv,
-                        T* dpayload, EngineCache<T>& cache) = 0;
+                        Tensor& dpayload, EngineCache& cache) = 0;
 
  protected:
   MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual}; }
+  int64_t local_rows() const { return static_cast<int64_t>(qpos_.size()); }
   // Rows [begin, end) of local queries that can see some key with index in [k_lo, k_hi].
   std::pair<int64_t, int64_t> query_rows_seeing(int64_t k_lo, int64_t k_hi) const;
   // Query rows that can see some token of `toks` (a sorted list), as above.
   std::pair<int64_t, int64_t> query_rows_seeing_tokens(const std::vector<int64_t>& toks) const;
-  // Partial attention of query rows [q0, q1) over a block, written (first) or merged into
-  // (ov, lse). Tests `progress` between heads so pending transfers advance.
-  void attend(int64_t B, const Tensor& qv, const KVBlock<T>& blk, int64_t q0, int64_t q1,
-              Tensor& ov, Tensor& lse, bool first, PendingExchange* progress) const;
-  // Backward over one block for query rows [q0, q1): dqv (+=); dkv, dvv of the block written.
-  void attend_backward(int64_t B, const Tensor& qv, const KVBlock<T>& blk, int64_t q0, int64_t q1,
+  // The backend's attend / attend_backward on this engine's queries.
+  void attend(int64_t B, const Tensor& qv, const KVBlock& blk, int64_t q0, int64_t q1, Tensor& ov,
+              Tensor& lse, bool first, PendingExchange* progress) const;
+  void attend_backward(int64_t B, const Tensor& qv, const KVBlock& blk, int64_t q0, int64_t q1,
                        const Tensor& dov, const Tensor& lse, const Tensor& drow, Tensor& dqv,
                        Tensor& dkv, Tensor& dvv, PendingExchange* progress) const;
 
@@ -72,19 +150,27 @@ class SeqEngine {
   int64_t R_, rank_;
   std::vector<std::vector<int64_t>> tokens_;
   std::vector<int64_t> qpos_;
-  FlashTiles tiles_;
+  std::shared_ptr<const EngineBackend> be_;
+  Tensor qpos_t_;
   std::string site_;
 };
 
-template <class T>
-std::unique_ptr<SeqEngine<T>> make_ring_engine(const LayerConfig& cfg, int64_t heads,
-                                               std::shared_ptr<Communicator> comm,
-                                               std::vector<std::vector<int64_t>> tokens_per_rank,
-                                               FlashTiles tiles, const std::string& site);
-template <class T>
-std::unique_ptr<SeqEngine<T>> make_halo_engine(const LayerConfig& cfg, int64_t heads,
-                                               std::shared_ptr<Communicator> comm,
-                                               std::vector<std::vector<int64_t>> tokens_per_rank,
-                                               FlashTiles tiles, const std::string& site);
+std::unique_ptr<SeqEngine> make_ring_engine(const LayerConfig& cfg, int64_t heads,
+                                            std::shared_ptr<Communicator> comm,
+                                            std::vector<std::vector<int64_t>> tokens_per_rank,
+                                            std::shared_ptr<const EngineBackend> backend,
+                                            const std::string& site);
+std::unique_ptr<SeqEngine> make_halo_engine(const LayerConfig& cfg, int64_t heads,
+                                            std::shared_ptr<Communicator> comm,
+                                            std::vector<std::vector<int64_t>> tokens_per_rank,
+                                            std::shared_ptr<const EngineBackend> backend,
+                                            const std::string& site);
+
+// Every rank of the group must describe the same layer over the same sequence: checked before
+// any traffic depends on it, so a mismatch is the same ConfigError on every rank, not a hang.
+void check_agreement(Communicator& c, const LayerConfig& k, int64_t N, LayoutKind layout);
+
+// Each rank's tokens under SequenceLayout(kind, N, R).
+std::vector<std::vector<int64_t>> layout_tokens(LayoutKind kind, int64_t N, int64_t R);
 
 }  // namespace iha::detail

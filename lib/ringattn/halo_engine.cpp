@@ -12,99 +12,102 @@ namespace iha::detail {
 
 namespace {
 
-template <class T>
-class HaloEngine final : public SeqEngine<T> {
+class HaloEngine final : public SeqEngine {
  public:
   HaloEngine(const LayerConfig& cfg, int64_t heads, std::shared_ptr<Communicator> comm,
-             std::vector<std::vector<int64_t>> tokens_per_rank, FlashTiles tiles, std::string site)
-      : SeqEngine<T>(cfg, heads, std::move(comm), std::move(tokens_per_rank), tiles, std::move(site)) {
+             std::vector<std::vector<int64_t>> tokens_per_rank, std::shared_ptr<const EngineBackend> backend,
+             std::string site)
+      : SeqEngine(cfg, heads, std::move(comm), std::move(tokens_per_rank), std::move(backend), std::move(site)) {
     IHA_CHECK(cfg.window_virtual >= 1, "halo exchange needs a window layer (window_virtual >= 1)");
     build_plan();
   }
 
-  void forward(int64_t B, const Tensor& qv, const T* payload, const KVCodec<T>& codec, Tensor& ov,
-               Tensor& lse, EngineCache<T>& cache) override {
+  void forward(int64_t B, const Tensor& qv, const Tensor& payload, const KVCodec& codec, Tensor& ov, Tensor& lse,
+               EngineCache& cache) override {
+    const EngineBackend& be = *be_;
     const int64_t w = codec.row_width(), n = local_n(), nh = static_cast<int64_t>(halo_tokens_.size());
-    const int64_t nP = static_cast<int64_t>(this->qpos_.size());
+    const int64_t nP = local_rows();
     // Post the halo transfer first; it travels while the own block is computed.
-    std::vector<std::vector<T>> send_bufs, recv_bufs;
+    std::vector<Tensor> send_bufs, recv_bufs;
     std::vector<SendOp> sends;
     std::vector<RecvOp> recvs;
     for (const auto& [dst, rows] : send_rows_) {
-      send_bufs.push_back(gather(B, payload, n, rows, w));
-      sends.push_back({send_bufs.back().data(), send_bufs.back().size() * sizeof(T), static_cast<int>(dst)});
+      send_bufs.push_back(be.zeros({2 * B * static_cast<int64_t>(rows.size()) * w}, be.kv_dtype()));
+      be.gather_rows(payload, 2 * B, n, rows, w, send_bufs.back());
+      sends.push_back({send_bufs.back().raw(), send_bufs.back().nbytes(), static_cast<int>(dst)});
     }
     for (const auto& [src, slots] : recv_slots_) {
-      recv_bufs.emplace_back(2 * B * slots.size() * w);
-      recvs.push_back({recv_bufs.back().data(), recv_bufs.back().size() * sizeof(T), static_cast<int>(src)});
+      recv_bufs.push_back(be.zeros({2 * B * static_cast<int64_t>(slots.size()) * w}, be.kv_dtype()));
+      recvs.push_back({recv_bufs.back().raw(), recv_bufs.back().nbytes(), static_cast<int>(src)});
     }
-    auto pending = this->comm_->start_exchange(sends, recvs, this->site_ + ".fwd");
+    auto pending = comm_->start_exchange(sends, recvs, site_ + ".fwd");
 
-    ov = Tensor({B, this->heads_, nP, this->cfg_.d}, dtype_of<T>());
-    lse = Tensor({B, this->heads_, nP}, dtype_of<T>());
-    codec.decode(B, payload, n, 0, this->tokens(), cache.local);
+    ov = be.zeros({B, heads_, nP, cfg_.d}, be.acc_dtype());
+    lse = be.zeros({B, heads_, nP}, be.acc_dtype());
+    codec.decode(B, payload, n, 0, tokens(), cache.local);
     // The own block writes every row (rows that see no own key get lse = -inf).
-    this->attend(B, qv, cache.local, 0, nP, ov, lse, true, pending.get());
+    attend(B, qv, cache.local, 0, nP, ov, lse, true, pending.get());
     pending->wait();
 
-    cache.halo_payload.assign(2 * B * nh * w, T(0));
+    cache.halo_payload = be.zeros({2 * B * nh * w}, be.kv_dtype());
     size_t i = 0;
-    for (const auto& [src, slots] : recv_slots_) scatter(B, recv_bufs[i++], slots, nh, w, cache.halo_payload.data(), false);
+    for (const auto& [src, slots] : recv_slots_) be.scatter_rows(recv_bufs[i++], 2 * B, slots, nh, w, cache.halo_payload, false);
     if (nh > 0) {
-      KVBlock<T> halo;
-      codec.decode(B, cache.halo_payload.data(), nh, 0, halo_tokens_, halo);
-      const auto [q0, q1] = this->query_rows_seeing_tokens(halo_tokens_);
-      this->attend(B, qv, halo, q0, q1, ov, lse, false, nullptr);
+      KVBlock halo;
+      codec.decode(B, cache.halo_payload, nh, 0, halo_tokens_, halo);
+      const auto [q0, q1] = query_rows_seeing_tokens(halo_tokens_);
+      attend(B, qv, halo, q0, q1, ov, lse, false, nullptr);
     }
   }
 
-  void backward(int64_t B, const Tensor& qv, const T* payload, const KVCodec<T>& codec,
-                const Tensor& dov, const Tensor& lse, const Tensor& drow, Tensor& dqv, T* dpayload,
-                EngineCache<T>& cache) override {
+  void backward(int64_t B, const Tensor& qv, const Tensor& payload, const KVCodec& codec, const Tensor& dov,
+                const Tensor& lse, const Tensor& drow, Tensor& dqv, Tensor& dpayload, EngineCache& cache) override {
+    const EngineBackend& be = *be_;
     const int64_t w = codec.row_width(), n = local_n(), nh = static_cast<int64_t>(halo_tokens_.size());
-    const int64_t nP = static_cast<int64_t>(this->qpos_.size());
-    dqv = Tensor({B, this->heads_, nP, this->cfg_.d}, dtype_of<T>());
+    const int64_t nP = local_rows();
+    dqv = be.zeros({B, heads_, nP, cfg_.d}, be.acc_dtype());
     // Halo block first, so its gradients travel home while the own block computes.
-    std::vector<T> dhalo(2 * B * nh * w, T(0));
+    Tensor dhalo = be.zeros({2 * B * nh * w}, be.acc_dtype());
     if (nh > 0) {
-      KVBlock<T> halo;
-      codec.decode(B, cache.halo_payload.data(), nh, 0, halo_tokens_, halo);
-      const auto [q0, q1] = this->query_rows_seeing_tokens(halo_tokens_);
+      KVBlock halo;
+      codec.decode(B, cache.halo_payload, nh, 0, halo_tokens_, halo);
+      const auto [q0, q1] = query_rows_seeing_tokens(halo_tokens_);
       Tensor dkv, dvv;
-      this->attend_backward(B, qv, halo, q0, q1, dov, lse, drow, dqv, dkv, dvv, nullptr);
-      codec.decode_backward(B, cache.halo_payload.data(), nh, 0, halo_tokens_, dkv, dvv, dhalo.data());
+      attend_backward(B, qv, halo, q0, q1, dov, lse, drow, dqv, dkv, dvv, nullptr);
+      codec.decode_backward(B, cache.halo_payload, nh, 0, halo_tokens_, dkv, dvv, dhalo);
     }
-    std::vector<std::vector<T>> send_bufs, recv_bufs;
+    std::vector<Tensor> send_bufs, recv_bufs;
     std::vector<SendOp> sends;
     std::vector<RecvOp> recvs;
     for (const auto& [src, slots] : recv_slots_) {
-      send_bufs.push_back(gather(B, dhalo.data(), nh, slots, w));
-      sends.push_back({send_bufs.back().data(), send_bufs.back().size() * sizeof(T), static_cast<int>(src)});
+      send_bufs.push_back(be.zeros({2 * B * static_cast<int64_t>(slots.size()) * w}, be.acc_dtype()));
+      be.gather_rows(dhalo, 2 * B, nh, slots, w, send_bufs.back());
+      sends.push_back({send_bufs.back().raw(), send_bufs.back().nbytes(), static_cast<int>(src)});
     }
     for (const auto& [dst, rows] : send_rows_) {
-      recv_bufs.emplace_back(2 * B * rows.size() * w);
-      recvs.push_back({recv_bufs.back().data(), recv_bufs.back().size() * sizeof(T), static_cast<int>(dst)});
+      recv_bufs.push_back(be.zeros({2 * B * static_cast<int64_t>(rows.size()) * w}, be.acc_dtype()));
+      recvs.push_back({recv_bufs.back().raw(), recv_bufs.back().nbytes(), static_cast<int>(dst)});
     }
-    auto pending = this->comm_->start_exchange(sends, recvs, this->site_ + ".bwd");
+    auto pending = comm_->start_exchange(sends, recvs, site_ + ".bwd");
 
     Tensor dkv, dvv;
-    this->attend_backward(B, qv, cache.local, 0, nP, dov, lse, drow, dqv, dkv, dvv, pending.get());
-    std::fill(dpayload, dpayload + 2 * B * n * w, T(0));
-    codec.decode_backward(B, payload, n, 0, this->tokens(), dkv, dvv, dpayload);
+    attend_backward(B, qv, cache.local, 0, nP, dov, lse, drow, dqv, dkv, dvv, pending.get());
+    dpayload = be.zeros({2 * B * n * w}, be.acc_dtype());
+    codec.decode_backward(B, payload, n, 0, tokens(), dkv, dvv, dpayload);
     pending->wait();
     // Owners add the halo gradients of their rows in ascending rank order (deterministic).
     size_t i = 0;
-    for (const auto& [dst, rows] : send_rows_) scatter(B, recv_bufs[i++], rows, n, w, dpayload, true);
+    for (const auto& [dst, rows] : send_rows_) be.scatter_rows(recv_bufs[i++], 2 * B, rows, n, w, dpayload, true);
   }
 
  private:
-  int64_t local_n() const { return static_cast<int64_t>(this->tokens().size()); }
+  int64_t local_n() const { return static_cast<int64_t>(tokens().size()); }
 
   // Tokens rank q needs from others: for each run [b, e) of consecutive tokens it holds, the
   // tokens covering virtual positions [max(0, b*P - Wv + 1), b*P) that q does not hold.
   std::vector<int64_t> halo_needs(int64_t q) const {
-    const int64_t P = this->cfg_.P, Wv = this->cfg_.window_virtual;
-    const std::vector<int64_t>& toks = this->tokens_[q];
+    const int64_t P = cfg_.P, Wv = cfg_.window_virtual;
+    const std::vector<int64_t>& toks = tokens_[q];
     std::vector<int64_t> need;
     for (size_t i = 0; i < toks.size(); ++i) {
       if (i > 0 && toks[i] == toks[i - 1] + 1) continue;  // not the start of a run
@@ -119,8 +122,8 @@ class HaloEngine final : public SeqEngine<T> {
 
   // Owner rank and row of token t.
   std::pair<int64_t, int64_t> locate(int64_t t) const {
-    for (int64_t q = 0; q < this->R_; ++q) {
-      const auto& toks = this->tokens_[q];
+    for (int64_t q = 0; q < R_; ++q) {
+      const auto& toks = tokens_[q];
       const auto it = std::lower_bound(toks.begin(), toks.end(), t);
       if (it != toks.end() && *it == t) return {q, it - toks.begin()};
     }
@@ -128,42 +131,16 @@ class HaloEngine final : public SeqEngine<T> {
   }
 
   void build_plan() {
-    halo_tokens_ = halo_needs(this->rank_);
+    halo_tokens_ = halo_needs(rank_);
     for (size_t i = 0; i < halo_tokens_.size(); ++i)
       recv_slots_[locate(halo_tokens_[i]).first].push_back(static_cast<int64_t>(i));
-    for (int64_t q = 0; q < this->R_; ++q) {
-      if (q == this->rank_) continue;
+    for (int64_t q = 0; q < R_; ++q) {
+      if (q == rank_) continue;
       for (int64_t t : halo_needs(q)) {
         const auto [owner, row] = locate(t);
-        if (owner == this->rank_) send_rows_[q].push_back(row);
+        if (owner == rank_) send_rows_[q].push_back(row);
       }
     }
-  }
-
-  // [2][B][m][w] rows `rows` of a [2][B][n][w] payload.
-  static std::vector<T> gather(int64_t B, const T* src, int64_t n, const std::vector<int64_t>& rows, int64_t w) {
-    const int64_t m = static_cast<int64_t>(rows.size());
-    std::vector<T> buf(2 * B * m * w);
-    for (int64_t kv = 0; kv < 2; ++kv)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t i = 0; i < m; ++i) {
-          const T* s = src + ((kv * B + b) * n + rows[i]) * w;
-          std::copy(s, s + w, buf.begin() + ((kv * B + b) * m + i) * w);
-        }
-    return buf;
-  }
-
-  // Rows of a [2][B][m][w] buffer into rows `rows` of a [2][B][n][w] payload (added if `add`).
-  static void scatter(int64_t B, const std::vector<T>& buf, const std::vector<int64_t>& rows, int64_t n,
-                      int64_t w, T* dst, bool add) {
-    const int64_t m = static_cast<int64_t>(rows.size());
-    for (int64_t kv = 0; kv < 2; ++kv)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t i = 0; i < m; ++i) {
-          const T* s = buf.data() + ((kv * B + b) * m + i) * w;
-          T* o = dst + ((kv * B + b) * n + rows[i]) * w;
-          for (int64_t e = 0; e < w; ++e) o[e] = add ? o[e] + s[e] : s[e];
-        }
   }
 
   std::vector<int64_t> halo_tokens_;                    // tokens received, ascending
@@ -173,19 +150,11 @@ class HaloEngine final : public SeqEngine<T> {
 
 }  // namespace
 
-template <class T>
-std::unique_ptr<SeqEngine<T>> make_halo_engine(const LayerConfig& cfg, int64_t heads,
-                                               std::shared_ptr<Communicator> comm,
-                                               std::vector<std::vector<int64_t>> tokens_per_rank,
-                                               FlashTiles tiles, const std::string& site) {
-  return std::make_unique<HaloEngine<T>>(cfg, heads, std::move(comm), std::move(tokens_per_rank), tiles, site);
+std::unique_ptr<SeqEngine> make_halo_engine(const LayerConfig& cfg, int64_t heads, std::shared_ptr<Communicator> comm,
+                                            std::vector<std::vector<int64_t>> tokens_per_rank,
+                                            std::shared_ptr<const EngineBackend> backend, const std::string& site) {
+  return std::make_unique<HaloEngine>(cfg, heads, std::move(comm), std::move(tokens_per_rank), std::move(backend),
+                                      site);
 }
-
-template std::unique_ptr<SeqEngine<float>> make_halo_engine<float>(
-    const LayerConfig&, int64_t, std::shared_ptr<Communicator>, std::vector<std::vector<int64_t>>,
-    FlashTiles, const std::string&);
-template std::unique_ptr<SeqEngine<double>> make_halo_engine<double>(
-    const LayerConfig&, int64_t, std::shared_ptr<Communicator>, std::vector<std::vector<int64_t>>,
-    FlashTiles, const std::string&);
 
 }  // namespace iha::detail

@@ -82,7 +82,11 @@ TEST(IhaTrain, BadCommandLines) {
 TEST(IhaTrain, BadConfigsNameTheKey) {
   expect_config_error(demo("--set model.heads=4"), "unknown config key 'model.heads'");
   expect_config_error(demo("--set optim.lr=fast"), "'optim.lr'");
-  expect_config_error(demo("--set mesh.hp=2"), "'mesh.hp'");
+  expect_config_error(demo("--set mesh.hp=0"), "'mesh.hp'");
+  expect_config_error(demo("--set mesh.hp=2"), "world size");  // 2 x 2 ranks of mesh, 2 launched
+  expect_config_error(demo("--set mesh.schemes.global=ring"), "'mesh.schemes.global'");
+  // H = 4 heads over 3 head-parallel ranks: the head scheme (default for global layers) cannot.
+  expect_config_error(demo("--set mesh.hp=3 --set mesh.sp=1"), "must divide model.H = 4", 3);
   expect_config_error(demo("--set sequence.layout=spiral"), "'sequence.layout'");
   expect_config_error(demo("--set mesh.sp=1"), "world size");  // 1 rank of mesh, 2 launched
   expect_config_error(demo("--set badoverride"), "expected key=value");
@@ -171,6 +175,32 @@ double last_eval_loss(const std::string& log) {
 }
 
 std::string config_file() { return std::string(IHA_SOURCE_DIR) + "/configs/demo.yaml"; }
+
+// Head-parallel with ZeRO-1 for two steps, then resumed sequence-parallel without ZeRO: the
+// float32 losses follow the sequence-parallel run's within 1e-4.
+TEST(IhaTrain, HeadParallelZeroRunResumesOnAnotherMesh) {
+  const std::string full_log = tmp("mesh_full.jsonl"), part_log = tmp("mesh_part.jsonl");
+  const std::string dir = tmp("mesh_ckpt");
+  const std::string base = "train --config " + config_file() +
+                           " --set sequence.length=32 --set train.steps=4 --set logging.every=1"
+                           " --set eval.sequences=0 --set checkpoint.every=0";
+  ASSERT_EQ(run(base + " --set checkpoint.dir= --set logging.jsonl=" + full_log).code, 0);
+  const Result first = run(base + " --set mesh.hp=2 --set mesh.sp=1 --set optim.zero=true --set train.stop_after=2"
+                           " --set checkpoint.dir=" + dir + " --set logging.jsonl=" + part_log);
+  ASSERT_EQ(first.code, 0) << first.output;
+  EXPECT_NE(first.output.find("dp=1 hp=2 sp=1; schemes global=head window=sequence; ZeRO-1"), std::string::npos)
+      << first.output;
+  const Result second = run(base + " --resume --set checkpoint.dir=" + dir + " --set logging.jsonl=" + part_log);
+  ASSERT_EQ(second.code, 0) << second.output;
+  const auto a = step_losses(full_log), b = step_losses(part_log);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (const auto& [step, loss] : a) {
+    const double x = std::stod(loss), y = std::stod(b.at(step));
+    EXPECT_LE(std::fabs(x - y), 1e-4 * std::fabs(x)) << "step " << step << ": " << loss << " vs " << b.at(step);
+  }
+  for (const auto& p : {dir, full_log, part_log}) std::filesystem::remove_all(p);
+}
 
 TEST(IhaTrain, ResumeContinuesTheLossTrajectoryBitForBit) {
   const std::string full_dir = tmp("full_ckpt"), dir = tmp("resume_ckpt");

@@ -340,6 +340,23 @@ TEST(RunConfig, TheTinyConfigParses) {
   EXPECT_FALSE(c.text.empty());
 }
 
+TEST(RunConfig, MeshSchemeDefaultsAndKeys) {
+  const RunConfig one = test::run_config_from(base_yaml());
+  EXPECT_EQ(one.schemes.global, ParallelScheme::sequence);  // hp = 1: pre-mix ring
+  EXPECT_EQ(one.schemes.window, ParallelScheme::sequence);
+  EXPECT_FALSE(one.optim.zero);
+  EXPECT_EQ(one.grad_bucket_kib, 1024);
+  const RunConfig two = test::run_config_from(base_yaml(), {"mesh.hp=2"});
+  EXPECT_EQ(two.schemes.global, ParallelScheme::head);  // hp > 1: Ulysses for global layers
+  EXPECT_EQ(two.schemes.window, ParallelScheme::sequence);
+  const RunConfig set = test::run_config_from(
+      base_yaml(), {"mesh.schemes={global: sequence, window: head}", "optim.zero=true", "mesh.grad_bucket_kib=8"});
+  EXPECT_EQ(set.schemes.global, ParallelScheme::sequence);
+  EXPECT_EQ(set.schemes.window, ParallelScheme::head);
+  EXPECT_TRUE(set.optim.zero);
+  EXPECT_EQ(set.grad_bucket_kib, 8);
+}
+
 TEST(RunConfig, BadKeysTypesAndValuesNameTheKey) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"model.heads=4", "model.heads"},                 // unknown key
@@ -348,7 +365,12 @@ TEST(RunConfig, BadKeysTypesAndValuesNameTheKey) {
       {"optim.lr=fast", "optim.lr"},                     // wrong type
       {"train.steps=[1, 2]", "train.steps"},             // wrong type
       {"model.D=8.5", "model.D"},
-      {"mesh.hp=2", "mesh.hp"},                          // not available yet
+      {"mesh.hp=0", "mesh.hp"},
+      {"mesh.schemes.global=ring", "mesh.schemes.global"},  // sequence | head
+      {"mesh.schemes.window=[head]", "mesh.schemes.window"},
+      {"mesh.schemes.other=head", "mesh.schemes.other"},
+      {"mesh.grad_bucket_kib=0", "mesh.grad_bucket_kib"},
+      {"optim.zero=maybe", "optim.zero"},
       {"mesh.sp=0", "mesh.sp"},
       {"sequence.layout=spiral", "sequence.layout"},
       {"sequence.length=1", "sequence.length"},

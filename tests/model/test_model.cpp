@@ -184,6 +184,41 @@ TEST(Model, IhaWithPOneEqualsMha) {
   EXPECT_TRUE(close_normwise(a.logits(batch), b.logits(batch), 1e-12, "logits"));
 }
 
+// The callback that lets the trainer start bucketed reductions during backward: every
+// parameter is announced exactly once, in backward order (lm_head and norm_f, blocks from the
+// last to the first, embed), and an announced gradient is already final: it equals, bit for
+// bit, the gradient forward_backward returns. With recomputation on and off.
+TEST(Model, GradientsReadyAnnouncesFinalGradientsInBackwardOrder) {
+  ModelConfig cfg = test::tiny_model();
+  cfg.layers = 3;
+  for (bool recompute : {true, false}) {
+    Transformer<double> m(cfg, test::local_factory<double>(kN), recompute);
+    randomise(m, 5);
+    const TokenBatch batch = test::random_batch(2, kN, cfg.vocab, 6);
+    const size_t n = m.layout()->specs().size();
+    std::vector<int> announced(n, 0);
+    std::vector<std::vector<double>> snapshot(n);
+    std::vector<std::pair<size_t, size_t>> calls;
+    m.grads().zero();
+    m.forward_backward(batch, 0.5, [&](size_t first, size_t end) {
+      calls.emplace_back(first, end);
+      for (size_t i = first; i < end; ++i) {
+        ++announced[i];
+        snapshot[i] = test::flat(m.grads().view(i));
+      }
+    });
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(announced[i], 1) << m.layout()->specs()[i].name;
+      EXPECT_EQ(snapshot[i], test::flat(m.grads().view(i))) << m.layout()->specs()[i].name << " changed after it was announced";
+    }
+    // Backward order: the ranges descend through the buffer, ending with embed.
+    ASSERT_EQ(calls.size(), static_cast<size_t>(cfg.layers) + 2);
+    EXPECT_EQ(calls.front().second, n);
+    for (size_t c = 1; c < calls.size(); ++c) EXPECT_EQ(calls[c].second, calls[c - 1].first);
+    EXPECT_EQ(calls.back(), std::make_pair(size_t(0), size_t(1)));
+  }
+}
+
 TEST(Model, EmptyShardIsHandled) {
   // A rank may hold no tokens (N < number of chunks); the model must then do nothing.
   const ModelConfig cfg = test::tiny_model();

@@ -219,8 +219,53 @@ TEST(Optim, AdamWMatchesPlainLoopOverSeveralSteps) {
     }
   }
   EXPECT_TRUE(close_normwise(test::as_f64(p.flat()), rp, 1e-14, "parameters"));
-  EXPECT_TRUE(close_normwise(test::as_f64(opt.m().flat()), rm, 1e-14, "first moment"));
-  EXPECT_TRUE(close_normwise(test::as_f64(opt.v().flat()), rv, 1e-14, "second moment"));
+  EXPECT_TRUE(close_normwise(test::as_f64(opt.m()), rm, 1e-14, "first moment"));
+  EXPECT_TRUE(close_normwise(test::as_f64(opt.v()), rv, 1e-14, "second moment"));
+}
+
+// ZeRO-1: optimizers over disjoint ranges that cut through parameters (and a decay boundary)
+// give the bits of the whole-buffer optimizer.
+TEST(Optim, RangesGiveTheBitsOfTheWholeBuffer) {
+  auto layout = std::make_shared<ParamLayout>();
+  layout->add("w", {3, 4}, true);
+  layout->add("gain", {5}, false);
+  layout->add("w2", {7}, true);
+  OptimConfig c;
+  c.weight_decay = 0.2;
+  const int64_t n = layout->total();
+  ParamSet<float> whole_p(layout), g(layout), pieces_p(layout);
+  const std::vector<double> p0 = randn(n, 21, "p");
+  for (int64_t i = 0; i < n; ++i) whole_p.data()[i] = pieces_p.data()[i] = static_cast<float>(p0[i]);
+  AdamW<float> whole(layout);
+  const std::vector<int64_t> cuts = {0, 5, 13, 14, 20, n};  // 13..14 and 17 sit at boundaries
+  std::vector<AdamW<float>> parts;
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) parts.emplace_back(layout, cuts[k], cuts[k + 1]);
+  for (int t = 1; t <= 3; ++t) {
+    const std::vector<double> grad = randn(n, 30 + t, "g");
+    for (int64_t i = 0; i < n; ++i) g.data()[i] = static_cast<float>(grad[i]);
+    whole.update(c, t, 1e-2, whole_p, g);
+    for (auto& o : parts) o.update(c, t, 1e-2, pieces_p.data() + o.begin(), g.data() + o.begin());
+  }
+  EXPECT_EQ(test::as_f64(pieces_p.flat()), test::as_f64(whole_p.flat()));
+  for (auto& o : parts)
+    for (int64_t i = o.begin(); i < o.end(); ++i) {
+      ASSERT_EQ(o.m().data<float>()[i - o.begin()], whole.m().data<float>()[i]) << "m element " << i;
+      ASSERT_EQ(o.v().data<float>()[i - o.begin()], whole.v().data<float>()[i]) << "v element " << i;
+    }
+  EXPECT_THROW(AdamW<float>(layout, 3, n + 1), Error);
+  EXPECT_THROW(parts[0].update(c, 1, 1e-2, pieces_p, g), Error);  // a range is not the whole buffer
+}
+
+TEST(Params, PaddedBufferIsZeroBeyondTheParameters) {
+  auto layout = std::make_shared<ParamLayout>();
+  layout->add("a", {7}, false);
+  ParamSet<double> s(layout, 4);
+  EXPECT_EQ(s.flat().numel(), 7);
+  EXPECT_EQ(s.padded().numel(), 8);
+  EXPECT_EQ(s.flat().data<double>(), s.padded().data<double>());
+  s.padded().data<double>()[7] = 3;
+  s.zero();
+  EXPECT_EQ(s.padded().data<double>()[7], 0.0);
 }
 
 TEST(Optim, CosineScheduleWithWarmup) {

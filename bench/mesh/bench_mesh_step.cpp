@@ -1,0 +1,113 @@
+// Whole training steps on a mesh: step time, the bytes each communication family moved, the
+// seconds ranks sat blocked in its waits (exposed communication), and the optimizer state a
+// rank holds, for one config and mesh per run. Compare runs (same world size) to see what a
+// mesh, the ZeRO-1 setting or the gradient bucket size costs:
+//
+//   mpiexec -n R bench_mesh_step [--config configs/demo.yaml] [--steps 6] [--json out.json]
+//                                [--set mesh.hp=2 --set mesh.sp=1 --set optim.zero=true ...]
+//
+// The config's checkpoints, logging file and evaluation are switched off. Reported (rank 0, a
+// table line and with --json one JSON object): step_s (median wall time of the steps after
+// the first), per family (train.grad: gradient reduction, train.params: ZeRO all-gather, a2a,
+// ring, halo, pring, phalo) the bytes sent per step by the busiest rank and its seconds blocked
+// per step, and optimizer_mib: AdamW moments held by one rank (1/R of the replicated size with
+// ZeRO). grad_bucket_kib large enough for one bucket starts the all-reduce only after the
+// whole backward: the exposed train.grad time then shows what the overlap hides.
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "common/bench_util.h"
+#include "model/trainer.h"
+
+using namespace iha;
+
+int main(int argc, char** argv) {
+  MpiRuntime mpi(&argc, &argv);
+  auto world = mpi.world();
+  const bool root = world->rank() == 0;
+  std::string config = "configs/demo.yaml", json;
+  int64_t steps = 6;
+  std::vector<std::string> sets = {"checkpoint.dir=", "logging.jsonl=", "eval.sequences=0"};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--config") {
+      config = v;
+    } else if (k == "--steps") {
+      steps = std::max(2, std::atoi(v.c_str()));
+    } else if (k == "--json") {
+      json = v;
+    } else if (k == "--set") {
+      sets.push_back(v);
+    } else {
+      if (root) std::fprintf(stderr, "bench_mesh_step: unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  try {
+    RunConfig cfg;
+    collective_check(*world, [&] { cfg = load_run_config(config, sets); });
+    IHA_CONFIG_CHECK(cfg.dtype == DType::f32, "bench_mesh_step runs float32 configs");
+    Trainer<float> t(cfg, world);
+    t.init();
+    const char* families[] = {"train.grad", "train.params", "a2a.", "ring.", "halo.", "pring.", "phalo."};
+    std::vector<double> times;
+    std::map<std::string, double> bytes, wait;
+    for (int64_t s = 0; s < steps; ++s) {
+      bench::idle_barrier(*world);
+      world->counters().reset();
+      const double t0 = bench::now();
+      t.train_step();
+      double dt = bench::now() - t0;
+      std::map<std::string, double> b, w;
+      for (const char* f : families) {
+        b[f] = static_cast<double>(world->counters().bytes_with_prefix(f));
+        w[f] = world->counters().wait_seconds_with_prefix(f);
+      }
+      world->all_reduce(&dt, 1, DType::f64, ReduceOp::max, "bench");
+      for (const char* f : families) {
+        world->all_reduce(&b[f], 1, DType::f64, ReduceOp::max, "bench");
+        world->all_reduce(&w[f], 1, DType::f64, ReduceOp::max, "bench");
+      }
+      if (s == 0) continue;  // warm-up
+      times.push_back(dt);
+      for (const char* f : families) {
+        bytes[f] += b[f] / static_cast<double>(steps - 1);
+        wait[f] += w[f] / static_cast<double>(steps - 1);
+      }
+    }
+    double opt_mib = static_cast<double>(t.optimizer().m().nbytes() + t.optimizer().v().nbytes()) / (1 << 20);
+    world->all_reduce(&opt_mib, 1, DType::f64, ReduceOp::max, "bench");
+    const double step_s = bench::median(times);
+    if (root) {
+      std::printf("%s schemes global=%s window=%s zero=%d bucket_kib=%lld | step %.4f s | optimizer %.3f MiB/rank\n",
+                  cfg.mesh.str().c_str(), scheme_name(cfg.schemes.global), scheme_name(cfg.schemes.window),
+                  cfg.optim.zero ? 1 : 0, (long long)cfg.grad_bucket_kib, step_s, opt_mib);
+      for (const char* f : families)
+        if (bytes[f] > 0)
+          std::printf("  %-13s %10.3f MiB/step  exposed %8.4f s/step (%.1f%% of the step)\n", f,
+                      bytes[f] / (1 << 20), wait[f], 100.0 * wait[f] / step_s);
+      if (!json.empty()) {
+        std::ofstream out(json);
+        out << "{\"bench\": \"mesh_step\", \"ranks\": " << world->size() << ", \"mesh\": \"" << cfg.mesh.str()
+            << "\", \"global_scheme\": \"" << scheme_name(cfg.schemes.global) << "\", \"window_scheme\": \""
+            << scheme_name(cfg.schemes.window) << "\", \"zero\": " << (cfg.optim.zero ? 1 : 0)
+            << ", \"grad_bucket_kib\": " << cfg.grad_bucket_kib << ", \"seq_len\": " << cfg.seq_len
+            << ", \"step_s\": " << step_s << ", \"optimizer_mib\": " << opt_mib;
+        for (const char* f : families) {
+          std::string k = f;
+          if (k.back() == '.') k.pop_back();
+          for (char& c : k)
+            if (c == '.') c = '_';
+          out << ", \"bytes_" << k << "\": " << bytes[f] << ", \"exposed_" << k << "_s\": " << wait[f];
+        }
+        out << "}\n";
+      }
+    }
+  } catch (const std::exception& e) {
+    if (root) std::fprintf(stderr, "bench_mesh_step: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,182 @@
+// Element-wise and row-movement kernels: grid-stride loops, one element per thread step.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "core/bf16.h"
+#include "core/cuda_device.h"
+#include "core/cuda_ops.h"
+#include "core/error.h"
+
+namespace iha {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxGrid = 65535;
+constexpr int kNormBlocks = 512;  // fixed grid of the sum of squares: its order depends on n only
+
+unsigned grid_for(int64_t n) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(kMaxGrid, (n + kThreads - 1) / kThreads)));
+}
+
+#define IHA_GRID_STRIDE(i, n)                                                     \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
+       i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+__global__ void f32_to_bf16_kernel(const float* src, bf16* dst, int64_t n) {
+  IHA_GRID_STRIDE(i, n) dst[i] = bf16::from_float(src[i]);
+}
+__global__ void bf16_to_f32_kernel(const bf16* src, float* dst, int64_t n) {
+  IHA_GRID_STRIDE(i, n) dst[i] = src[i].to_float();
+}
+__global__ void fill_kernel(float* x, int64_t n, float value) {
+  IHA_GRID_STRIDE(i, n) x[i] = value;
+}
+__global__ void add_kernel(float* dst, const float* src, int64_t n) {
+  IHA_GRID_STRIDE(i, n) dst[i] += src[i];
+}
+__global__ void scale_kernel(float* x, int64_t n, float f) {
+  IHA_GRID_STRIDE(i, n) x[i] *= f;
+}
+
+// Tree sum of one value per thread over the block (blockDim.x == kThreads); result in thread 0.
+__device__ double block_sum(double v) {
+  __shared__ double part[kThreads];
+  part[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  return part[0];
+}
+
+__global__ void sum_squares_blocks_kernel(const float* x, int64_t n, double* partial) {
+  double s = 0;
+  IHA_GRID_STRIDE(i, n) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  const double b = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = b;
+}
+
+__global__ void sum_partials_kernel(const double* partial, int nblocks, double* out) {
+  double s = 0;
+  for (int b = threadIdx.x; b < nblocks; b += blockDim.x) s += partial[b];
+  const double t = block_sum(s);
+  if (threadIdx.x == 0) *out = t;
+}
+
+template <class E>
+__global__ void gather_rows_kernel(const E* src, int64_t n, const int64_t* rows, int64_t m, int64_t G,
+                                   int64_t w, E* dst) {
+  IHA_GRID_STRIDE(idx, G * m * w) {
+    const int64_t c = idx % w, i = idx / w % m, g = idx / (w * m);
+    dst[idx] = src[(g * n + rows[i]) * w + c];
+  }
+}
+
+template <class E>
+__global__ void scatter_rows_kernel(const E* src, int64_t m, const int64_t* rows, int64_t n, int64_t G,
+                                    int64_t w, E* dst) {
+  IHA_GRID_STRIDE(idx, G * m * w) {
+    const int64_t c = idx % w, i = idx / w % m, g = idx / (w * m);
+    dst[(g * n + rows[i]) * w + c] = src[idx];
+  }
+}
+
+__global__ void scatter_add_rows_kernel(const float* src, int64_t m, const int64_t* rows, int64_t n,
+                                        int64_t G, int64_t w, float* dst) {
+  IHA_GRID_STRIDE(idx, G * m * w) {
+    const int64_t c = idx % w, i = idx / w % m, g = idx / (w * m);
+    dst[(g * n + rows[i]) * w + c] += src[idx];
+  }
+}
+
+}  // namespace
+
+void cast_cuda(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (src_type == dst_type) {
+    IHA_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(src_type),
+                                   cudaMemcpyDeviceToDevice, stream));
+  } else if (src_type == DType::f32 && dst_type == DType::bf16) {
+    f32_to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const float*>(src), static_cast<bf16*>(dst), n);
+    IHA_CUDA_LAUNCH_CHECK("f32_to_bf16_kernel");
+  } else if (src_type == DType::bf16 && dst_type == DType::f32) {
+    bf16_to_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const bf16*>(src), static_cast<float*>(dst), n);
+    IHA_CUDA_LAUNCH_CHECK("bf16_to_f32_kernel");
+  } else {
+    IHA_FAIL("cast_cuda: ", dtype_name(src_type), " to ", dtype_name(dst_type), " is not supported");
+  }
+}
+
+void fill_cuda(float* x, int64_t n, float value, cudaStream_t stream) {
+  if (n <= 0) return;
+  fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, value);
+  IHA_CUDA_LAUNCH_CHECK("fill_kernel");
+}
+
+void add_cuda(float* dst, const float* src, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  add_kernel<<<grid_for(n), kThreads, 0, stream>>>(dst, src, n);
+  IHA_CUDA_LAUNCH_CHECK("add_kernel");
+}
+
+void scale_cuda(float* x, int64_t n, float factor, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, factor);
+  IHA_CUDA_LAUNCH_CHECK("scale_kernel");
+}
+
+double sum_of_squares_cuda(const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return 0.0;
+  double* buf = nullptr;  // kNormBlocks partials, then the result
+  IHA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), (kNormBlocks + 1) * sizeof(double), stream));
+  sum_squares_blocks_kernel<<<kNormBlocks, kThreads, 0, stream>>>(x, n, buf);
+  IHA_CUDA_LAUNCH_CHECK("sum_squares_blocks_kernel");
+  sum_partials_kernel<<<1, kThreads, 0, stream>>>(buf, kNormBlocks, buf + kNormBlocks);
+  IHA_CUDA_LAUNCH_CHECK("sum_partials_kernel");
+  double result = 0;
+  IHA_CUDA_CHECK(cudaMemcpyAsync(&result, buf + kNormBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  IHA_CUDA_CHECK(cudaFreeAsync(buf, stream));
+  IHA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return result;
+}
+
+void gather_rows_cuda(const void* src, int64_t n, const int64_t* rows, int64_t m, int64_t G, int64_t w,
+                      size_t elem_bytes, void* dst, cudaStream_t stream) {
+  const int64_t total = G * m * w;
+  if (total <= 0) return;
+  if (elem_bytes == 4) {
+    gather_rows_kernel<uint32_t><<<grid_for(total), kThreads, 0, stream>>>(
+        static_cast<const uint32_t*>(src), n, rows, m, G, w, static_cast<uint32_t*>(dst));
+  } else if (elem_bytes == 2) {
+    gather_rows_kernel<uint16_t><<<grid_for(total), kThreads, 0, stream>>>(
+        static_cast<const uint16_t*>(src), n, rows, m, G, w, static_cast<uint16_t*>(dst));
+  } else {
+    IHA_FAIL("gather_rows_cuda: elements of ", elem_bytes, " bytes (2 or 4)");
+  }
+  IHA_CUDA_LAUNCH_CHECK("gather_rows_kernel");
+}
+
+void scatter_rows_cuda(const void* src, int64_t m, const int64_t* rows, int64_t n, int64_t G, int64_t w,
+                       size_t elem_bytes, bool add, void* dst, cudaStream_t stream) {
+  const int64_t total = G * m * w;
+  if (total <= 0) return;
+  if (add) {
+    IHA_CHECK(elem_bytes == 4, "scatter_rows_cuda: adding needs f32 elements");
+    scatter_add_rows_kernel<<<grid_for(total), kThreads, 0, stream>>>(
+        static_cast<const float*>(src), m, rows, n, G, w, static_cast<float*>(dst));
+  } else if (elem_bytes == 4) {
+    scatter_rows_kernel<uint32_t><<<grid_for(total), kThreads, 0, stream>>>(
+        static_cast<const uint32_t*>(src), m, rows, n, G, w, static_cast<uint32_t*>(dst));
+  } else if (elem_bytes == 2) {
+    scatter_rows_kernel<uint16_t><<<grid_for(total), kThreads, 0, stream>>>(
+        static_cast<const uint16_t*>(src), m, rows, n, G, w, static_cast<uint16_t*>(dst));
+  } else {
+    IHA_FAIL("scatter_rows_cuda: elements of ", elem_bytes, " bytes (2 or 4)");
+  }
+  IHA_CUDA_LAUNCH_CHECK("scatter_rows_kernel");
+}
+
+}  // namespace iha

@@ -1,0 +1,186 @@
+// The device IHA layer (cuBLAS projections + the single-device GPU core) against the CPU
+// float64 layer with the local core (normwise: fp32 1e-4, bf16 2e-2): forward z, backward dx
+// and every parameter gradient (accumulated onto non-zero values), for iha layers with both
+// collapse forms, both masks, a window, P in {1, 2, 3}, an mha layer, several sequences, and a
+// head dim that takes the tensor-core kernels in bf16. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "attention/layer.h"
+#include "attention/layer_cuda.h"
+#include "cuda_test_util.h"
+#include "reference/fixtures.h"
+
+namespace iha {
+namespace {
+
+using test::close_normwise;
+using test::from_device;
+using test::round_to;
+using test::to_device;
+
+struct LayerCudaCase {
+  const char* name;
+  int64_t D, H, d, P, N, B;
+  bool mixing;
+  Collapse collapse;
+  MaskKind mask;
+  int64_t window_virtual;
+};
+
+const LayerCudaCase kCases[] = {
+    {"iha_global_P2", 40, 3, 16, 2, 37, 2, true, Collapse::global, MaskKind::flat_causal, 0},
+    {"iha_perhead_P3_token_window", 24, 2, 8, 3, 20, 1, true, Collapse::per_head, MaskKind::token_causal, 7},
+    {"iha_P1", 16, 2, 8, 1, 19, 2, true, Collapse::global, MaskKind::flat_causal, 0},
+    {"mha_window", 32, 4, 8, 1, 45, 2, false, Collapse::per_head, MaskKind::flat_causal, 9},
+    {"iha_d64_multi_tile", 64, 2, 64, 2, 90, 1, true, Collapse::global, MaskKind::flat_causal, 0},
+};
+
+LayerConfig config_of(const LayerCudaCase& c) {
+  LayerConfig cfg;
+  cfg.D = c.D;
+  cfg.H = c.H;
+  cfg.d = c.d;
+  cfg.P = c.P;
+  cfg.mixing = c.mixing;
+  cfg.collapse = c.collapse;
+  cfg.mask = c.mask;
+  cfg.window_virtual = c.window_virtual;
+  cfg.rope_base = 1000.0;
+  return cfg;
+}
+
+std::vector<double> minus(std::vector<double> a, double x) {
+  for (double& v : a) v -= x;
+  return a;
+}
+
+template <class A>
+void check_layer(const LayerCudaCase& c, double tau) {
+  SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dtype_of<A>()));
+  const LayerConfig cfg = config_of(c);
+  const DType at = dtype_of<A>();
+  const bool mix = cfg.mixing;
+  // Reference weights and inputs, rounded to what the device sees (A for the projections and x,
+  // fp32 for mixing and collapse), so the comparison measures the GPU path.
+  IhaWeights<double> w = test::random_weights<double>(cfg, 31);
+  for (auto& [name, t] : w.named()) {
+    const auto r = round_to(test::flat(*t), name[0] == 'w' ? at : DType::f32);
+    std::copy(r.begin(), r.end(), t->template data<double>());
+  }
+  const auto x = round_to(test::flat(test::random_tensor<double>({c.B, c.N, c.D}, 32, "x")), at);
+  const auto dz = round_to(test::flat(test::random_tensor<double>({c.B, c.N, c.D}, 33, "dz")), DType::f32);
+  Tensor xt({c.B, c.N, c.D}, DType::f64), dzt({c.B, c.N, c.D}, DType::f64);
+  std::copy(x.begin(), x.end(), xt.data<double>());
+  std::copy(dz.begin(), dz.end(), dzt.data<double>());
+  const double g0 = 0.25;
+  IhaWeights<double> g = IhaWeights<double>::zeros(cfg);
+  for (auto& [name, t] : g.named())
+    for (int64_t i = 0; i < t->numel(); ++i) t->template data<double>()[i] = g0;
+  IhaLayer<double> ref(cfg, make_local_core<double>(cfg, c.N));
+  IhaLayer<double>::Cache rc;
+  Tensor z_ref, dx_ref;
+  ref.forward(w, xt, z_ref, rc);
+  ref.backward(w, dzt, rc, dx_ref, g);
+
+  Tensor wq = to_device(test::flat(w.wq), at), wk = to_device(test::flat(w.wk), at),
+         wv = to_device(test::flat(w.wv), at), wo = to_device(test::flat(w.wo), at);
+  Tensor aq, ak, av, cc;
+  if (mix) {
+    aq = to_device(test::flat(w.aq), DType::f32);
+    ak = to_device(test::flat(w.ak), DType::f32);
+    av = to_device(test::flat(w.av), DType::f32);
+    cc = to_device(test::flat(w.collapse), DType::f32);
+  }
+  DeviceLayerWeights<A> dw;
+  dw.wq = wq.data<A>();
+  dw.wk = wk.data<A>();
+  dw.wv = wv.data<A>();
+  dw.wo = wo.data<A>();
+  if (mix) {
+    dw.aq = aq.data<float>();
+    dw.ak = ak.data<float>();
+    dw.av = av.data<float>();
+    dw.collapse = cc.data<float>();
+  }
+  std::vector<std::pair<std::string, Tensor>> grads;
+  for (auto& [name, t] : g.named()) grads.emplace_back(name, to_device(std::vector<double>(t->numel(), g0), DType::f32));
+  auto grad_ptr = [&](const char* name) -> float* {
+    for (auto& [n, t] : grads)
+      if (n == name) return t.template data<float>();
+    return nullptr;
+  };
+  const DeviceLayerGrads dg{grad_ptr("wq"), grad_ptr("wk"), grad_ptr("wv"), grad_ptr("wo"),
+                            grad_ptr("aq"), grad_ptr("ak"), grad_ptr("av"), grad_ptr("collapse")};
+  Tensor x_d = to_device(x, at), dz_d = to_device(dz, DType::f32);
+  Tensor z_d({c.B, c.N, c.D}, DType::f32, Device::cuda), dx_d({c.B, c.N, c.D}, DType::f32, Device::cuda);
+  DeviceIhaLayer<A> layer(cfg, make_local_core_cuda<A>(cfg, c.N));
+  typename DeviceIhaLayer<A>::Cache cache;
+  layer.forward(dw, c.B, x_d.data<A>(), z_d.data<float>(), cache);
+  layer.backward(dw, dz_d.data<float>(), cache, dx_d.data<float>(), dg);
+  IHA_CUDA_CHECK(cudaDeviceSynchronize());
+
+  EXPECT_TRUE(close_normwise(from_device(z_d), test::flat(z_ref), tau, "z"));
+  EXPECT_TRUE(close_normwise(from_device(dx_d), test::flat(dx_ref), tau, "dx"));
+  const auto named = g.named();
+  for (size_t i = 0; i < named.size(); ++i)
+    EXPECT_TRUE(close_normwise(minus(from_device(grads[i].second), g0), minus(test::flat(*named[i].second), g0), tau,
+                               "d" + named[i].first));
+}
+
+TEST(LayerCuda, MatchesCpuFloat64LayerFp32) {
+  IHA_SKIP_WITHOUT_GPU();
+  for (const auto& c : kCases) check_layer<float>(c, 1e-4);
+}
+
+TEST(LayerCuda, MatchesCpuFloat64LayerBf16) {
+  IHA_SKIP_WITHOUT_GPU();
+  for (const auto& c : kCases) check_layer<bf16>(c, 2e-2);
+}
+
+TEST(LayerCuda, DeterministicForwardAndBackward) {
+  IHA_SKIP_WITHOUT_GPU();
+  const LayerCudaCase& c = kCases[0];
+  const LayerConfig cfg = config_of(c);
+  IhaWeights<double> w = test::random_weights<double>(cfg, 41);
+  DeviceLayerWeights<bf16> dw;
+  Tensor t[8];
+  int i = 0;
+  for (auto& [name, p] : w.named()) t[i++] = to_device(test::flat(*p), name[0] == 'w' ? DType::bf16 : DType::f32);
+  dw.wq = t[0].data<bf16>();
+  dw.wk = t[1].data<bf16>();
+  dw.wv = t[2].data<bf16>();
+  dw.wo = t[3].data<bf16>();
+  dw.aq = t[4].data<float>();
+  dw.ak = t[5].data<float>();
+  dw.av = t[6].data<float>();
+  dw.collapse = t[7].data<float>();
+  Tensor x = to_device(test::flat(test::random_tensor<double>({c.B, c.N, c.D}, 42, "x")), DType::bf16);
+  Tensor dz = to_device(test::flat(test::random_tensor<double>({c.B, c.N, c.D}, 43, "dz")), DType::f32);
+  DeviceIhaLayer<bf16> layer(cfg, make_local_core_cuda<bf16>(cfg, c.N));
+  std::vector<double> first;
+  for (int run = 0; run < 2; ++run) {
+    Tensor z({c.B, c.N, c.D}, DType::f32, Device::cuda), dx({c.B, c.N, c.D}, DType::f32, Device::cuda);
+    Tensor gq({cfg.D * cfg.H * cfg.d}, DType::f32, Device::cuda), ga({cfg.H * cfg.H * cfg.P}, DType::f32, Device::cuda);
+    Tensor gk(gq.shape(), DType::f32, Device::cuda), gv(gq.shape(), DType::f32, Device::cuda),
+        go(gq.shape(), DType::f32, Device::cuda), gak(ga.shape(), DType::f32, Device::cuda),
+        gav(ga.shape(), DType::f32, Device::cuda), gc({cfg.H * cfg.H * cfg.P}, DType::f32, Device::cuda);
+    const DeviceLayerGrads dg{gq.data<float>(), gk.data<float>(), gv.data<float>(), go.data<float>(),
+                              ga.data<float>(), gak.data<float>(), gav.data<float>(), gc.data<float>()};
+    DeviceIhaLayer<bf16>::Cache cache;
+    layer.forward(dw, c.B, x.data<bf16>(), z.data<float>(), cache);
+    layer.backward(dw, dz.data<float>(), cache, dx.data<float>(), dg);
+    std::vector<double> all = from_device(z);
+    for (const Tensor* r : {&dx, &gq, &go, &ga, &gc}) {
+      const auto v = from_device(*r);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    if (run == 0) first = all;
+    else EXPECT_EQ(all, first) << "two identical calls gave different bits";
+  }
+}
+
+}  // namespace
+}  // namespace iha

@@ -1,0 +1,406 @@
+// Training on every dp x hp x sp mesh of the world (1-4 ranks) against training on one process:
+// 5 optimizer steps of a tiny model, both parallel schemes where hp > 1 (and the head scheme
+// with hp = 1), with and without ZeRO-1, a global-collapse and a per-head-collapse model (plus
+// an mha global layer). float64: losses and parameters within 1e-10 normwise; float32: losses
+// within 1e-4. Every rank ends each run with the same parameter bits; a run repeated gives the
+// same bits. Checkpoints saved on one mesh (ZeRO or not) resume on another; ZeRO moments load
+// into a replicated run bit-exactly. Invalid meshes stop every rank with a ConfigError.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "model/train_checkpoint.h"
+#include "model_fixtures.h"
+#include "mpi_env.h"
+#include "reference/compare.h"
+
+namespace iha {
+namespace {
+
+using test::close_normwise;
+using test::world;
+
+std::shared_ptr<Communicator> self_comm() { return test::world_ptr()->split(world().rank(), 0); }
+
+struct RunSetup {
+  MeshShape mesh;
+  std::string global = "sequence", window = "sequence";  // mesh.schemes
+  bool zero = false;
+  std::string collapse = "global";
+  std::string global_kind = "iha";
+  std::string dtype = "float64";
+  int64_t H = 12;  // divisible by every head degree 1-4
+  std::string str() const {
+    return mesh.str() + " schemes global=" + global + " window=" + window + (zero ? " zero" : "") +
+           " collapse=" + collapse + " global_kind=" + global_kind + " " + dtype;
+  }
+};
+
+// A tiny run: N = 23 (divides by nothing), zigzag, window 3 tokens, 12 sequences per step in
+// micro-batches (so gradients accumulate), 1 KiB gradient buckets (several buckets).
+RunConfig run_config(const RunSetup& s, const std::vector<std::string>& overrides = {}) {
+  const int64_t dp = s.mesh.dp, mb = std::max<int64_t>(1, 12 / (2 * dp));
+  const std::string yaml =
+      "mesh: {dp: " + std::to_string(dp) + ", hp: " + std::to_string(s.mesh.hp) + ", sp: " +
+      std::to_string(s.mesh.sp) + ", schemes: {global: " + s.global + ", window: " + s.window +
+      "}, grad_bucket_kib: 1}\n"
+      "sequence: {length: 23, layout: zigzag, tile_q: 4, tile_k: 8}\n"
+      "model: {vocab_size: 32, D: 16, H: " + std::to_string(s.H) + ", d: 2, P: 2, layers: 2, ffn: 24,\n"
+      "        pattern: LG, rope_base: 100, init_std: 0.2, window: 3, collapse: " + s.collapse +
+      ", global_kind: " + s.global_kind + "}\n"
+      "train: {dtype: " + s.dtype + ", steps: 5, batch_size: 12, micro_batch: " + std::to_string(mb) +
+      ", seed: 3}\n"
+      "optim: {lr: 1.0e-2, warmup_steps: 2, weight_decay: 0.1, clip: 0.5, zero: " +
+      (s.zero ? "true" : "false") + "}\n"
+      "data: {kind: multikey, seed: 5, pairs: 4, queries: 2, key_tokens: 8, value_tokens: 8, loss_on: all}\n"
+      "eval: {sequences: 6, batch: 2}\n";
+  return test::run_config_from(yaml, overrides);
+}
+
+std::vector<MeshShape> meshes_of(int64_t R) {
+  std::vector<MeshShape> out;
+  for (int64_t dp = 1; dp <= R; ++dp)
+    for (int64_t hp = 1; hp <= R; ++hp)
+      if (R % (dp * hp) == 0) out.push_back({dp, hp, R / (dp * hp)});
+  return out;
+}
+
+// Every (global, window) scheme pair worth running on a mesh: both schemes when hp > 1, the
+// default mix, and with hp = 1 the head scheme too (pseudo-head ring/halo over the sequence
+// group) when there is a sequence group.
+std::vector<std::pair<std::string, std::string>> schemes_for(const MeshShape& m) {
+  if (m.hp > 1) return {{"head", "head"}, {"sequence", "sequence"}, {"head", "sequence"}};
+  if (m.sp > 1) return {{"sequence", "sequence"}, {"head", "head"}};
+  return {{"sequence", "sequence"}};
+}
+
+uint64_t hash_bits(const std::vector<double>& v) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (double x : v) {
+    uint64_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    h = (h ^ bits) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+// Whether every rank of the world holds these bits.
+bool same_on_all_ranks(const std::vector<double>& v) {
+  const uint64_t h = hash_bits(v);
+  std::vector<uint64_t> all(world().size());
+  world().all_gather(&h, all.data(), 1, DType::i64, "test");
+  for (uint64_t x : all)
+    if (x != all[0]) return false;
+  return true;
+}
+
+struct TrainRun {
+  std::vector<double> losses, params;
+};
+
+template <class T>
+TrainRun train(const RunConfig& cfg, std::shared_ptr<Communicator> comm, int steps = 5) {
+  Trainer<T> t(cfg, comm);
+  t.init();
+  TrainRun r;
+  for (int i = 0; i < steps; ++i) r.losses.push_back(t.train_step().loss);
+  r.params = test::as_f64(t.model().params().flat());
+  return r;
+}
+
+// The whole of a ZeRO moment (every rank's range gathered), or the replicated one.
+template <class T>
+std::vector<double> gathered(Trainer<T>& t, Tensor& moment) {
+  const FlatPartition& p = t.partition();
+  const int64_t L = t.model().params().flat().numel();
+  if (p.ranks == 1) return test::as_f64(moment);
+  std::vector<T> mine(p.per_rank(), T(0)), all(p.padded());
+  std::copy(moment.data<T>(), moment.data<T>() + moment.numel(), mine.begin());
+  t.mesh().world().all_gather(mine.data(), all.data(), p.per_rank(), dtype_of<T>(), "test");
+  return std::vector<double>(all.begin(), all.begin() + L);
+}
+
+struct ModelVariant {
+  std::string collapse, global_kind;
+};
+
+void PrintTo(const ModelVariant& v, std::ostream* os) { *os << v.global_kind << " " << v.collapse; }
+
+class FullMesh : public ::testing::TestWithParam<ModelVariant> {};
+
+std::string variant_name(const ::testing::TestParamInfo<ModelVariant>& i) {
+  return i.param.global_kind + "_" + i.param.collapse;
+}
+
+TEST_P(FullMesh, Float64LossesAndParametersMatchOneProcess) {
+  RunSetup ref_setup;
+  ref_setup.mesh = {1, 1, 1};
+  ref_setup.collapse = GetParam().collapse;
+  ref_setup.global_kind = GetParam().global_kind;
+  const TrainRun ref = train<double>(run_config(ref_setup), self_comm());
+  EXPECT_NE(ref.losses.front(), ref.losses.back());  // the run moves: a test that can fail
+  int runs = 0;
+  for (const MeshShape& m : meshes_of(world().size()))
+    for (const auto& [g, w] : schemes_for(m))
+      for (bool zero : {false, true}) {
+        RunSetup s = ref_setup;
+        s.mesh = m;
+        s.global = g;
+        s.window = w;
+        s.zero = zero;
+        SCOPED_TRACE(s.str());
+        const TrainRun got = train<double>(run_config(s), test::world_ptr());
+        EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-10, "losses"));
+        EXPECT_TRUE(close_normwise(got.params, ref.params, 1e-10, "parameters"));
+        EXPECT_TRUE(same_on_all_ranks(got.params)) << "ranks hold different parameter bits";
+        ++runs;
+      }
+  EXPECT_GE(runs, 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, FullMesh,
+                         ::testing::Values(ModelVariant{"global", "iha"}, ModelVariant{"per_head", "iha"},
+                                           ModelVariant{"global", "mha"}),
+                         variant_name);
+
+TEST(FullMeshFloat32, LossesMatchOneProcess) {
+  RunSetup ref_setup;
+  ref_setup.mesh = {1, 1, 1};
+  ref_setup.dtype = "float32";
+  const TrainRun ref = train<float>(run_config(ref_setup), self_comm());
+  for (const MeshShape& m : meshes_of(world().size()))
+    for (bool zero : {false, true}) {
+      RunSetup s = ref_setup;
+      s.mesh = m;
+      s.zero = zero;
+      s.global = m.hp > 1 ? "head" : "sequence";
+      SCOPED_TRACE(s.str());
+      const TrainRun got = train<float>(run_config(s), test::world_ptr());
+      EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-4, "float32 losses"));
+      EXPECT_TRUE(same_on_all_ranks(got.params)) << "ranks hold different parameter bits";
+    }
+}
+
+TEST(FullMeshDeterminism, TheSameRunTwiceGivesTheSameBits) {
+  for (const MeshShape& m : meshes_of(world().size()))
+    for (bool zero : {false, true}) {
+      RunSetup s;
+      s.mesh = m;
+      s.zero = zero;
+      s.dtype = "float32";
+      s.global = s.window = m.hp > 1 ? "head" : "sequence";
+      SCOPED_TRACE(s.str());
+      const TrainRun a = train<float>(run_config(s), test::world_ptr(), 3);
+      const TrainRun b = train<float>(run_config(s), test::world_ptr(), 3);
+      EXPECT_EQ(a.losses, b.losses);
+      EXPECT_EQ(a.params, b.params);
+    }
+}
+
+TEST(FullMeshZero, MomentsAreShardedOverTheWorld) {
+  const int64_t R = world().size();
+  RunSetup s;
+  s.mesh = {1, 1, R};
+  s.zero = true;
+  Trainer<double> t(run_config(s), test::world_ptr());
+  t.init();
+  t.train_step();
+  const int64_t L = t.model().params().flat().numel();
+  const FlatPartition& p = t.partition();
+  EXPECT_EQ(p.ranks, R);
+  EXPECT_EQ(t.optimizer().begin(), std::min(p.begin(world().rank()), L));
+  EXPECT_LE(t.optimizer().m().numel(), (L + R - 1) / R);
+  EXPECT_LE(t.optimizer().v().numel(), (L + R - 1) / R);
+  int64_t held = t.optimizer().m().numel();
+  world().all_reduce(&held, 1, DType::i64, ReduceOp::sum, "test");
+  EXPECT_EQ(held, L);  // the ranges cover the buffer exactly once
+  // The checkpoint view: each moment tensor's pieces over the ranks add up to the tensor.
+  for (const NamedTensor& nt : t.state_tensors()) {
+    if (nt.name.rfind("param/", 0) == 0) {
+      EXPECT_FALSE(nt.sharded()) << nt.name;
+      continue;
+    }
+    ASSERT_TRUE(nt.sharded()) << nt.name;
+    int64_t n = nt.end - nt.begin;
+    EXPECT_EQ(n, nt.tensor.numel()) << nt.name;
+    world().all_reduce(&n, 1, DType::i64, ReduceOp::sum, "test");
+    EXPECT_EQ(n, shape_numel(nt.shape)) << nt.name;
+  }
+}
+
+// A directory shared by the ranks of this job.
+class CheckpointDir {
+ public:
+  explicit CheckpointDir(const std::string& name)
+      : path_("/tmp/iha_test_fullmesh_" + std::to_string(::getppid()) + "_" + name) {
+    world().barrier();
+    if (world().rank() == 0) std::filesystem::remove_all(path_);
+    world().barrier();
+  }
+  ~CheckpointDir() {
+    world().barrier();
+    if (world().rank() == 0) std::filesystem::remove_all(path_);
+  }
+  const std::string& str() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The two meshes a resume moves between: a head-parallel one and a data x sequence one.
+std::pair<MeshShape, MeshShape> resume_meshes(int64_t R) {
+  if (R == 4) return {{1, 2, 2}, {2, 1, 2}};
+  return {{1, R, 1}, {R, 1, 1}};
+}
+
+TEST(FullMeshResume, SaveOnOneMeshResumeOnAnother) {
+  const int64_t R = world().size();
+  RunSetup ref_setup;
+  ref_setup.mesh = {1, 1, 1};
+  const TrainRun ref = train<double>(run_config(ref_setup), self_comm());
+  const auto [a_mesh, b_mesh] = resume_meshes(R);
+  // (save mesh, save with ZeRO) -> (resume mesh, resume with ZeRO), both directions.
+  struct Move {
+    MeshShape from;
+    bool from_zero;
+    MeshShape to;
+    bool to_zero;
+  };
+  for (const Move& mv : {Move{a_mesh, true, b_mesh, false}, Move{b_mesh, false, a_mesh, true},
+                         Move{a_mesh, true, a_mesh, true}}) {
+    RunSetup from = ref_setup, to = ref_setup;
+    from.mesh = mv.from;
+    from.zero = mv.from_zero;
+    from.global = mv.from.hp > 1 ? "head" : "sequence";
+    to.mesh = mv.to;
+    to.zero = mv.to_zero;
+    to.global = mv.to.hp > 1 ? "head" : "sequence";
+    SCOPED_TRACE(from.str() + " -> " + to.str());
+    CheckpointDir dir("resume");
+    TrainRun whole;  // the uninterrupted run on the saving mesh
+    {
+      Trainer<double> a(run_config(from), test::world_ptr());
+      a.init();
+      for (int i = 0; i < 2; ++i) whole.losses.push_back(a.train_step().loss);
+      TrainCheckpoints<double> ck(a, 2);
+      ck.save(dir.str());
+      for (int i = 2; i < 5; ++i) whole.losses.push_back(a.train_step().loss);
+      whole.params = test::as_f64(a.model().params().flat());
+    }
+    Trainer<double> b(run_config(to), test::world_ptr());
+    b.init();
+    TrainCheckpoints<double> ck(b, 2);
+    ck.load(dir.str(), StateParts::everything);
+    ASSERT_EQ(b.step(), 2);
+    std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + 2);
+    for (int i = 2; i < 5; ++i) losses.push_back(b.train_step().loss);
+    EXPECT_TRUE(close_normwise(losses, ref.losses, 1e-10, "losses"));
+    EXPECT_TRUE(close_normwise(test::as_f64(b.model().params().flat()), ref.params, 1e-10, "parameters"));
+    if (mv.from.dp == mv.to.dp && mv.from.hp == mv.to.hp && mv.from.sp == mv.to.sp &&
+        mv.from_zero == mv.to_zero) {
+      // Same mesh, same sharding: the resumed run is the uninterrupted one, bit for bit.
+      EXPECT_EQ(std::vector<double>(losses.begin() + 2, losses.end()),
+                std::vector<double>(whole.losses.begin() + 2, whole.losses.end()));
+      EXPECT_EQ(test::as_f64(b.model().params().flat()), whole.params);
+    }
+  }
+}
+
+TEST(FullMeshResume, ZeroMomentsLoadIntoAReplicatedRunBitExactly) {
+  const int64_t R = world().size();
+  CheckpointDir dir("moments");
+  RunSetup s;
+  s.mesh = resume_meshes(R).first;
+  s.zero = true;
+  s.global = s.mesh.hp > 1 ? "head" : "sequence";
+  Trainer<double> a(run_config(s), test::world_ptr());
+  a.init();
+  for (int i = 0; i < 2; ++i) a.train_step();
+  TrainCheckpoints<double> cka(a, 2);
+  cka.save(dir.str());
+  const std::vector<double> m = gathered(a, a.optimizer().m()), v = gathered(a, a.optimizer().v());
+  EXPECT_EQ(static_cast<int64_t>(m.size()), a.model().params().flat().numel());
+
+  // Into one process without ZeRO: the whole moments, the same bits.
+  RunSetup one;
+  one.mesh = {1, 1, 1};
+  Trainer<double> b(run_config(one), self_comm());
+  b.init();
+  TrainCheckpoints<double> ckb(b, 2);
+  ckb.load(dir.str(), StateParts::everything);
+  EXPECT_EQ(test::as_f64(b.optimizer().m()), m);
+  EXPECT_EQ(test::as_f64(b.optimizer().v()), v);
+  EXPECT_EQ(test::as_f64(b.model().params().flat()), test::as_f64(a.model().params().flat()));
+
+  // And back into ZeRO on another mesh: each rank's range holds the same bits.
+  RunSetup other = s;
+  other.mesh = resume_meshes(R).second;
+  other.global = "sequence";
+  Trainer<double> c(run_config(other), test::world_ptr());
+  c.init();
+  TrainCheckpoints<double> ckc(c, 2);
+  ckc.load(dir.str(), StateParts::everything);
+  EXPECT_EQ(gathered(c, c.optimizer().m()), m);
+  EXPECT_EQ(gathered(c, c.optimizer().v()), v);
+}
+
+// Runs `make` expecting a ConfigError containing every needle, on every rank.
+void expect_config_error_everywhere(const std::function<void()>& make, const std::vector<std::string>& needles) {
+  int caught = 0;
+  try {
+    make();
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    caught = 1;
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+  world().all_reduce(&caught, 1, DType::i32, ReduceOp::min, "test");
+  EXPECT_EQ(caught, 1) << "some rank did not throw";
+}
+
+TEST(FullMeshErrors, MeshProductMustEqualTheWorldSize) {
+  const int64_t R = world().size();
+  RunSetup s;
+  s.mesh = {1, R + 1, 1};
+  s.global = s.window = "sequence";
+  s.H = 4 * (R + 1);
+  expect_config_error_everywhere([&] { Trainer<double> t(run_config(s), test::world_ptr()); }, {"world size"});
+  s.mesh = {R, 2, 1};
+  expect_config_error_everywhere([&] { Trainer<double> t(run_config(s), test::world_ptr()); }, {"world size"});
+}
+
+TEST(FullMeshErrors, HeadsMustDivideWhereTheHeadSchemeIsUsed) {
+  const int64_t R = world().size();
+  if (R < 2) GTEST_SKIP() << "a head-parallel degree that does not divide H needs 2 or more ranks";
+  RunSetup s;
+  s.mesh = {1, R, 1};
+  s.H = R + 1;  // not divisible by R >= 2
+  s.global = "head";
+  s.window = "sequence";
+  expect_config_error_everywhere([&] { Trainer<double> t(run_config(s), test::world_ptr()); },
+                                 {"mesh.hp", "model.H = " + std::to_string(R + 1), "mesh.schemes.global"});
+  s.global = "sequence";
+  s.window = "head";
+  expect_config_error_everywhere([&] { Trainer<double> t(run_config(s), test::world_ptr()); },
+                                 {"mesh.hp", "mesh.schemes.window"});
+  // The sequence scheme has no such constraint: the same mesh trains and matches one process.
+  s.window = "sequence";
+  RunSetup one = s;
+  one.mesh = {1, 1, 1};
+  const TrainRun ref = train<double>(run_config(one), self_comm(), 2);
+  const TrainRun got = train<double>(run_config(s), test::world_ptr(), 2);
+  EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-10, "losses"));
+}
+
+TEST(FullMeshErrors, UnknownSchemeNamesTheKey) {
+  RunSetup s;
+  s.mesh = {1, 1, world().size()};
+  s.global = "diagonal";
+  expect_config_error_everywhere([&] { run_config(s); }, {"mesh.schemes.global", "diagonal"});
+}
+
+}  // namespace
+}  // namespace iha
