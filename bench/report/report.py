@@ -147,10 +147,35 @@ def seqpar_rows(results):
             r = dict(r)
             r.update(NP=r["N"] * r["P"], eff_fwd_reps=ef, eff_bwd_reps=eb, exposed_fwd_reps=xf, exposed_bwd_reps=xb,
                      scheme=r.get("scheme", "sequence"))
+            # CPU-time efficiency C1 / (R CR) (absent from outputs older than the CPU clocks).
+            if "cr_fwd_all" in r:
+                r["eff_cpu_fwd_reps"] = [a / (R * b) for a, b in zip(r["c1_fwd_all"], r["cr_fwd_all"])]
+                r["eff_cpu_bwd_reps"] = [a / (R * b) for a, b in zip(r["c1_bwd_all"], r["cr_bwd_all"])]
+                r["eff_cpu_fb"] = (r["c1_fwd"] + r["c1_bwd"]) / (R * (r["cr_fwd"] + r["cr_bwd"]))
+                # on-CPU fraction: the T1 run's, and the smallest rank's in the R-rank run.
+                r["oncpu_t1"] = median([c / t for c, t in zip(r["c1_fwd_all"] + r["c1_bwd_all"],
+                                                              r["t1_fwd_all"] + r["t1_bwd_all"])])
+                r["oncpu_tr"] = min(r["oncpu_fwd"], r["oncpu_bwd"])
+            else:
+                r["eff_cpu_fwd_reps"] = r["eff_cpu_bwd_reps"] = []
+                r["eff_cpu_fwd"] = r["eff_cpu_bwd"] = r["eff_cpu_fb"] = r["oncpu_t1"] = r["oncpu_tr"] = float("nan")
             r["min_fwd"], r["min_bwd"] = premix_minimum(r)
             rows.append(r)
     rows.sort(key=lambda r: (r["layer"], r["scheme"], r["ranks"], r["NP"]))
     return rows
+
+
+def mesh_rows(results):
+    """bench_mesh_layer outputs, one a rank count: (rows, fastest) with the rank count on each."""
+    rows, fastest = [], []
+    for path in sorted(glob.glob(os.path.join(results, "mesh_R*.json"))):
+        m = read_json(path)
+        if not m:
+            continue
+        for r in m["rows"]:
+            rows.append(dict(r, ranks=m["ranks"], d=m["d"], reps=m["reps"]))
+        fastest += m["fastest"]
+    return rows, fastest
 
 
 def chunk_begin(N, C, c):
@@ -207,10 +232,18 @@ def quick_metrics(q):
     """The ratios the quick set measures: name -> {reps, better, what}."""
     m = {}
 
-    def add(name, reps, better, what):
+    def add(name, reps, better, what, oncpu=None, floor=0.0):
         reps = [float(x) for x in reps if x is not None and not math.isnan(x)]
         if reps:
             m[name] = {"median": median(reps), "spread": spread(reps), "reps": reps, "better": better, "what": what}
+            if floor:
+                # The smallest change the measurement resolves: a timed share whose repetitions
+                # all read ~0 has spread 0, and 0.001 more would be no regression.
+                m[name]["floor"] = floor
+            if oncpu is not None:
+                # Wall-time metric: the smallest on-CPU fraction of its run says whether other
+                # work took the cores while it was measured.
+                m[name]["oncpu"] = oncpu
 
     a = read_json(os.path.join(q, "attention.json"))
     if a:
@@ -228,10 +261,13 @@ def quick_metrics(q):
                 f"time IHA 4:1 stack ({r['global']} global) / 5 causal MHA layers (predicted {r['pred']:.3f})")
     for r in seqpar_rows(q):
         key = f"seqpar.R{r['ranks']}.NP{r['NP']}.{r['layer']}"
-        add(key + ".eff_fwd", r["eff_fwd_reps"], "higher", "T1 / (R TR), forward")
-        add(key + ".eff_bwd", r["eff_bwd_reps"], "higher", "T1 / (R TR), backward")
-        add(key + ".exposed_fwd", r["exposed_fwd_reps"], "lower", "blocked wait / TR, forward")
-        add(key + ".exposed_bwd", r["exposed_bwd_reps"], "lower", "blocked wait / TR, backward")
+        on = None if math.isnan(r["oncpu_tr"]) else min(r["oncpu_t1"], r["oncpu_tr"])
+        add(key + ".eff_fwd", r["eff_fwd_reps"], "higher", "T1 / (R TR), wall, forward", on)
+        add(key + ".eff_bwd", r["eff_bwd_reps"], "higher", "T1 / (R TR), wall, backward", on)
+        add(key + ".eff_cpu_fwd", r["eff_cpu_fwd_reps"], "higher", "C1 / (R CR), process CPU time, forward")
+        add(key + ".eff_cpu_bwd", r["eff_cpu_bwd_reps"], "higher", "C1 / (R CR), process CPU time, backward")
+        add(key + ".exposed_fwd", r["exposed_fwd_reps"], "lower", "blocked wait / TR, forward", on, floor=0.01)
+        add(key + ".exposed_bwd", r["exposed_bwd_reps"], "lower", "blocked wait / TR, backward", on, floor=0.01)
         mn = r["min_fwd"] + r["min_bwd"]
         if mn > 0:
             add(key + ".bytes_over_min", [(r["bytes_fwd_sum"] + r["bytes_bwd_sum"]) / mn], "lower",
@@ -259,9 +295,14 @@ def quick_metrics(q):
     return m
 
 
+ONCPU_JUDGED = 0.90  # below: a wall-time metric's run lost its cores to other work
+
+
 def compare(base, now):
-    """Rows (name, base, now, spread, change, flagged); a drop is flagged when it is larger
-    than the spread (max - min) of this run's repetitions."""
+    """Rows (name, base, now, spread, change, verdict); a drop is flagged when it is larger
+    than the spread (max - min) of this run's repetitions. A wall-time metric whose ranks were
+    on a CPU less than ONCPU_JUDGED of the time is listed, not judged: its CPU-time twin
+    (eff_cpu_*) is judged instead."""
     rows = []
     for name in sorted(set(base) | set(now)):
         b, n = base.get(name), now.get(name)
@@ -270,8 +311,11 @@ def compare(base, now):
                          "new metric" if b is None else "not measured now"))
             continue
         worse = (b["median"] - n["median"]) if n["better"] == "higher" else (n["median"] - b["median"])
-        tol = n["spread"] + 1e-9 * max(1.0, abs(b["median"]))
-        rows.append((name, b["median"], n["median"], n["spread"], worse, "DROP" if worse > tol else "ok"))
+        tol = max(n["spread"], n.get("floor", 0.0)) + 1e-9 * max(1.0, abs(b["median"]))
+        verdict = "DROP" if worse > tol else "ok"
+        if "oncpu" in n and n["oncpu"] < ONCPU_JUDGED:
+            verdict = f"not judged (on-CPU {n['oncpu']:.2f}: load{'; would be DROP' if worse > tol else ''})"
+        rows.append((name, b["median"], n["median"], n["spread"], worse, verdict))
     return rows
 
 
@@ -331,7 +375,12 @@ def save_fig(fig, path, mach, commands, suite, baseline):
 
 
 def plots(results, mach, commands, att, stk, sp, mem, model, ckpt, pp):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("report.py: matplotlib is missing (scripts/install-deps.sh --bench): report without plots",
+              file=sys.stderr)
+        return {}
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     pdir = os.path.join(results, "plots")
@@ -386,10 +435,14 @@ def plots(results, mach, commands, att, stk, sp, mem, model, ckpt, pp):
 
     seq = [r for r in sp if r["scheme"] == "sequence"]
     if seq:
-        fig, axes = plt.subplots(1, 3, figsize=(13, 4.6))
-        for npx, ax, title in ((16384, axes[0], "Strong scaling, N*P = 16384"),
-                               (32768, axes[1], "Strong scaling, N*P = 32768"),
-                               (None, axes[2], "Weak scaling, N*P = 8192 per rank")):
+        fig, grid = plt.subplots(2, 3, figsize=(13, 8.4))
+        panels = []
+        for row, (pre, what) in enumerate((("eff", "wall"), ("eff_cpu", "CPU time"))):
+            for col, (npx, title) in enumerate(((16384, "Strong scaling, N*P = 16384"),
+                                                (32768, "Strong scaling, N*P = 32768"),
+                                                (None, "Weak scaling, N*P = 8192 per rank"))):
+                panels.append((npx, grid[row][col], f"{title}: {what}", pre))
+        for npx, ax, title, pre in panels:
             for kind, c in (("global", "C0"), ("window", "C1")):
                 for phase, ls in (("fwd", "-"), ("bwd", "--")):
                     if npx:
@@ -399,20 +452,24 @@ def plots(results, mach, commands, att, stk, sp, mem, model, ckpt, pp):
                     rs.sort(key=lambda r: r["ranks"])
                     if not rs:
                         continue
-                    e = [r[f"eff_{phase}"] for r in rs]
+                    e = [r[f"{pre}_{phase}"] for r in rs]
                     ax.plot([r["ranks"] for r in rs], e, ls, color=c, marker="o", label=f"{kind} {phase}")
                     x4 = [r for r in rs if r["ranks"] > int(mach.get("nproc", 2))]
                     if x4:
-                        ax.plot([r["ranks"] for r in x4], [r[f"eff_{phase}"] for r in x4], "o", mfc="white", color=c)
+                        ax.plot([r["ranks"] for r in x4], [r[f"{pre}_{phase}"] for r in x4], "o", mfc="white", color=c)
             ax.axhline(0.85, color="k", lw=0.8, ls=":", label="target 0.85 (2 ranks, N*P >= 16k)")
-            ax.set(xlabel="ranks R (hollow: more ranks than cores)", ylabel="efficiency T1 / (R TR)", title=title,
+            ax.set(xlabel="ranks R (hollow: more ranks than cores)",
+                   ylabel="T1 / (R TR), wall" if pre == "eff" else "C1 / (R CR), process CPU time", title=title,
                    xticks=[1, 2, 4], xlim=(0.7, 4.3), ylim=(0, 1.15))
+            ax.title.set_fontsize(9)
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
         made["scaling"] = "scaling.png"
         save_fig(fig, os.path.join(pdir, "scaling.png"), mach, commands, "seqpar",
-                 "T1 = the single-device layer (make_local_core) at the same N, timed by rank 0 alone in the same run")
+                 "T1 (C1) = wall (CPU) time of the single-device layer (make_local_core) at the same N, rank 0 alone, same "
+                 "repetition; TR (CR) = the slowest (most CPU-hungry) rank on R ranks. Top: wall, load-sensitive; "
+                 "bottom: CPU time, robust to time-slicing by other work")
 
         fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
         rs = sorted([r for r in seq if r["ranks"] > 1], key=lambda r: (r["layer"], r["ranks"], r["NP"]))
@@ -558,6 +615,7 @@ def full(results, report_path):
     stk_data = read_json(os.path.join(results, "stack.json"))
     stk = stack_rows(stk_data) if stk_data else []
     sp = seqpar_rows(results)
+    mesh, mesh_fast = mesh_rows(results)
     mem = read_jsonl(os.path.join(results, "layer_memory.jsonl"))
     model = read_jsonl(os.path.join(results, "model.jsonl"))
     ckpt = checkpoint_rows(results)
@@ -632,6 +690,13 @@ def full(results, report_path):
              f"ranks here); a 1-minute load above about {nproc} after, or above {nproc - 1} before, means "
              "other work competed for the cores: read that suite's figures with it in mind.")
     L.append("")
+    L.append("How to read it: the load average counts runnable processes. Before a suite, anything above "
+             "0 is other people's work; after it, the suite's own ranks are included. The wall-time figures of "
+             "a suite run under load are slowed by the other work, which is why the scaling section also gives "
+             "a CPU-time efficiency and each row's on-CPU fraction (the measured share of wall time the ranks "
+             "actually ran): trust those over the load average, which is a 1-minute smoothed machine-wide "
+             "count.")
+    L.append("")
     L.append(table(["suite", "duration", "load before", "load after"],
                    [[s[0], f"{float(s[2]) - float(s[1]):.0f} s", s[3], s[4]] for s in suites]))
     L.append("")
@@ -661,9 +726,17 @@ def full(results, report_path):
         rs = [r for r in sp if r["scheme"] == "sequence" and r["layer"] == kind and r["ranks"] == 2 and r["NP"] >= 16384]
         if rs:
             vals = [min(r["eff_fwd"], r["eff_bwd"]) for r in rs]
-            trows.append([f"strong-scaling efficiency, {kind}, 2 ranks, N*P >= 16k (fwd, bwd)", ">= 0.85",
-                          ", ".join(f"{r['eff_fwd']:.2f}, {r['eff_bwd']:.2f} ({r['NP'] // 1024}k)" for r in rs),
-                          verdict(min(vals) >= 0.85)])
+            cvals = [min(r["eff_cpu_fwd"], r["eff_cpu_bwd"]) for r in rs]
+            oncpu = min(min(r["oncpu_t1"], r["oncpu_tr"]) for r in rs)
+            meas = "; ".join(f"{r['NP'] // 1024}k: wall {r['eff_fwd']:.2f}, {r['eff_bwd']:.2f}; "
+                             f"CPU {fmt(r['eff_cpu_fwd'], 2)}, {fmt(r['eff_cpu_bwd'], 2)}" for r in rs)
+            v = f"wall: {verdict(min(vals) >= 0.85)}"
+            if not any(math.isnan(x) for x in cvals):
+                v += f"; CPU: {verdict(min(cvals) >= 0.85)}"
+            if not math.isnan(oncpu):
+                v += (f" (on-CPU {oncpu:.2f}: " + ("wall trustworthy)" if oncpu >= 0.95 else
+                                                   "other work took the cores, wall figure not the code's)"))
+            trows.append([f"strong-scaling efficiency, {kind}, 2 ranks, N*P >= 16k (fwd, bwd)", ">= 0.85", meas, v])
     rs = [r for r in sp if r["scheme"] == "sequence" and r["layer"] == "window" and r["ranks"] == 2 and r["NP"] >= 16384]
     if rs:
         worst = max(max(r["exposed_fwd"], r["exposed_bwd"]) for r in rs)
@@ -759,14 +832,36 @@ def full(results, report_path):
              "correctness of the code path, not efficiency (at best 0.5 here). Weak scaling keeps N*P = 8192 "
              "per rank (so N*P = 8k, 16k, 32k on 1, 2, 4 ranks); its efficiency uses T1 at the grown N.")
     L.append("")
-    L.append(fig("scaling", "strong and weak scaling efficiency"))
+    L.append("**Two efficiencies, because the machine is shared.** *Wall* = T1 / (R TR) is what a user "
+             "experiences, but on a shared machine a rank that other work pushes off its core makes TR "
+             "longer, and the slowest rank decides, so the wall figure measures the neighbours as much as the "
+             "code. *CPU* = C1 / (R CR) is the same formula on the process CPU time of the same timed "
+             "regions (C1: the single-device layer's, CR: the largest over ranks, medians over repetitions). "
+             "Time a rank spends descheduled does not count, so it is **robust to time-slicing by other "
+             "load**, and on an idle machine with R <= cores it equals the wall figure. It is not a "
+             "flattering number: MPI waits busy-poll, so communication a rank waited for, and a peer that was "
+             "descheduled while this rank spun, both count against it. It does not remove interference from "
+             "work sharing the core's caches, memory bandwidth or an SMT sibling. *on-CPU* = CPU time / wall "
+             "time of the region (T1's, and the smallest over the R ranks): 1.00 means the rank had its core "
+             "throughout; below about 0.95 the wall efficiency of that row is corrupted by load and the CPU "
+             "figure is the one to read. With R > cores (oversubscribed) both are for trend only.")
+    L.append("")
+    L.append(fig("scaling", "strong and weak scaling efficiency, wall and CPU time"))
     L.append("")
     seqrows = [r for r in sp if r["scheme"] == "sequence"]
-    L.append(table(["layer", "R", "N*P", "T1 fwd s", "TR fwd s", "T1 bwd s", "TR bwd s", "eff fwd", "eff bwd",
-                    "eff range (fwd; bwd)", "exposed fwd", "exposed bwd", "reps"],
+
+    def rng(v):
+        return f"{min(v):.2f}..{max(v):.2f}" if v else "-"
+
+    L.append(table(["layer", "R", "N*P", "T1 fwd s", "TR fwd s", "T1 bwd s", "TR bwd s", "eff wall fwd", "eff wall bwd",
+                    "eff CPU fwd", "eff CPU bwd", "range wall (fwd; bwd)", "range CPU (fwd; bwd)", "on-CPU T1; TR",
+                    "exposed fwd", "exposed bwd", "reps"],
                    [[r["layer"], r["ranks"] if r["ranks"] <= nproc else f"{r['ranks']} (oversub.)", r["NP"], fmt(r["t1_fwd"]),
                      fmt(r["tr_fwd"]), fmt(r["t1_bwd"]), fmt(r["tr_bwd"]), f"**{r['eff_fwd']:.3f}**", f"**{r['eff_bwd']:.3f}**",
-                     f"{min(r['eff_fwd_reps']):.2f}..{max(r['eff_fwd_reps']):.2f}; {min(r['eff_bwd_reps']):.2f}..{max(r['eff_bwd_reps']):.2f}",
+                     f"**{fmt(r['eff_cpu_fwd'])}**", f"**{fmt(r['eff_cpu_bwd'])}**",
+                     f"{rng(r['eff_fwd_reps'])}; {rng(r['eff_bwd_reps'])}",
+                     f"{rng(r['eff_cpu_fwd_reps'])}; {rng(r['eff_cpu_bwd_reps'])}",
+                     f"{fmt(r['oncpu_t1'], 2)}; {fmt(r['oncpu_tr'], 2)}",
                      f"{100 * r['exposed_fwd']:.1f}%", f"{100 * r['exposed_bwd']:.1f}%", len(r["t1_fwd_all"])]
                     for r in seqrows]))
     L.append("")
@@ -786,10 +881,12 @@ def full(results, report_path):
                  "TR fwd + TR bwd (median); bytes = sent by all ranks, fwd + bwd. **Baseline**: the same T1 "
                  "(single device) for efficiency.")
         L.append("")
-        L.append(table(["layer", "R", "N*P", "scheme", "TR fwd+bwd s", "eff (fwd+bwd)", "exposed fwd", "exposed bwd",
+        L.append(table(["layer", "R", "N*P", "scheme", "TR fwd+bwd s", "eff wall (fwd+bwd)", "eff CPU (fwd+bwd)",
+                        "exposed fwd", "exposed bwd",
                         "MiB sent", "x pre-mix bytes", "fastest"],
                        [[r["layer"], r["ranks"], r["NP"], r["scheme"], fmt(r["tr_fwd"] + r["tr_bwd"]),
                          fmt((r["t1_fwd"] + r["t1_bwd"]) / (r["ranks"] * (r["tr_fwd"] + r["tr_bwd"]))),
+                         fmt(r["eff_cpu_fb"]),
                          f"{100 * r['exposed_fwd']:.1f}%", f"{100 * r['exposed_bwd']:.1f}%",
                          fmt((r["bytes_fwd_sum"] + r["bytes_bwd_sum"]) / 2**20, 1),
                          fmt((r["bytes_fwd_sum"] + r["bytes_bwd_sum"]) / max(1, next(
@@ -802,6 +899,52 @@ def full(results, report_path):
         L.append("On this machine the ranks share one memory system, so bytes cost little time; on a cluster the "
                  "byte column is the one that scales with the interconnect.")
         L.append("")
+
+    # Head-parallel and 2D meshes.
+    L.append("### Head-parallel and 2D meshes (bench_mesh_layer)")
+    L.append("")
+    if mesh:
+        mranks = sorted(set(r["ranks"] for r in mesh))
+        L.append("One IHA layer (forward + backward, fp32, zigzag, d = "
+                 f"{mesh[0]['d']}, one sequence, window layers W = N/(2P^2)) spread over all R ranks four ways: "
+                 "`seq` (scheme sequence, sp = R: pre-mix ring/halo), `head` (hp = R: Ulysses all-to-all of "
+                 "pseudo-heads), `2d` (hp = 2, sp = R/2: all-to-all, then ring/halo of pseudo-head K/V) and "
+                 "`pseq` (hp = 1, sp = R: ring/halo of pseudo-head K/V, the reference for the pre-mix saving). "
+                 "Time = the slowest rank's forward + backward, median of "
+                 f"{mesh[0]['reps']} repetitions after one warm-up (wall time: read it under the load table). "
+                 "**Baseline** of *runner-up / fastest*: the fastest scheme's time at the same point, same run "
+                 "(1.10 = the runner-up took 10% longer). MiB = bytes the busiest rank sent, forward + backward "
+                 "(communicator counters: exact, machine-independent). On this machine communication goes "
+                 "through shared memory, so time differences under ~15% are within run-to-run noise "
+                 "(docs/training.md); trust the byte columns, which are what decides on a cluster. "
+                 + ("**R = 4 runs 4 ranks on " + str(nproc) + " cores**: trend only. " if any(x > nproc for x in mranks) else ""))
+        L.append("")
+
+        def mib_of(r):
+            return sum(v for k, v in r.items() if k.startswith("bytes_")) / 2**20
+
+        by = {}
+        for r in mesh:
+            by.setdefault((r["layer"], r["N"], r["P"], r["H"], r["ranks"]), {})[r["scheme"]] = r
+        mrows = []
+        for f in sorted(mesh_fast, key=lambda f: (f["layer"], f["ranks"], f["N"], f["P"], f["H"])):
+            pts = by.get((f["layer"], f["N"], f["P"], f["H"], f["ranks"]), {})
+            best = pts.get(f["fastest"])
+            if not best or f["ranks"] < 2:
+                continue
+            mrows.append([f["layer"], f["ranks"] if f["ranks"] <= nproc else f"{f['ranks']} (oversub.)", f["N"], f["P"],
+                          f["H"], f"**{f['fastest']}**", fmt(best["total_s"]), f["runner_up"] or "-",
+                          fmt(f["runner_up_ratio"], 2), f"{100 * best['exposed_s'] / max(best['total_s'], 1e-12):.0f}%"]
+                         + [fmt(mib_of(pts[s]), 1) if s in pts else "-" for s in ("seq", "head", "2d", "pseq")]
+                         + [f["fewest_bytes"]])
+        L.append(table(["layer", "R", "N", "P", "H", "fastest", "its time s", "runner-up", "runner-up / fastest",
+                        "exposed (fastest)", "seq MiB", "head MiB", "2d MiB", "pseq MiB", "fewest bytes"], mrows))
+        L.append("")
+        L.append("Commands:")
+        L.append(cmds("mesh"))
+    else:
+        L.append("(not run: the `mesh` suite)")
+    L.append("")
 
     # Bytes.
     L.append("## 4. Bytes moved")
@@ -939,18 +1082,32 @@ def full(results, report_path):
 
 def quick(results, baseline, label=None):
     now = quick_metrics(os.path.join(results, "quick"))
+    mach = read_kv(os.path.join(results, "machine.txt"))
     with open(os.path.join(results, "ratios.json"), "w") as f:
-        json.dump({"metrics": now}, f, indent=1)
+        json.dump({"generated": mach.get("date"), "machine": {k: mach.get(k) for k in ("cpu_model", "nproc", "git_commit")},
+                   "command": mach.get("command", "bench/run --quick"), "metrics": now}, f, indent=1)
     if not baseline:
-        print("no baseline to compare with; this run's ratios are in", os.path.join(results, "ratios.json"))
-        return 1
-    base = read_json(baseline)["metrics"]
+        print(table(["metric", "better", "median", "spread (max-min)", "what"],
+                    [[k, v["better"], fmt(v["median"]), fmt(v["spread"]), v["what"]] for k, v in sorted(now.items())]))
+        print("\nno baseline to compare with (exit 2): nothing judged; this run's ratios are in",
+              os.path.join(results, "ratios.json"))
+        return 2
+    bj = read_json(baseline)
+    base = bj["metrics"]
     rows = compare(base, now)
     suites = read_tsv(os.path.join(results, "suites.tsv"))
     lines = ["# Quick regression check", "",
-             f"Baseline: {label or baseline} (generated {read_json(baseline).get('generated', '?')}). "
-             "A metric is flagged DROP when it got worse by more than the spread (max - min) of this run's "
-             "repetitions.", ""]
+             f"Baseline: {label or baseline} (generated {bj.get('generated', '?')}). Only ratios are compared, "
+             "each against a baseline measured in its own run (never absolute times). A metric is flagged DROP "
+             "when its median got worse than the baseline's median by more than the spread (max - min) of this "
+             f"run's repetitions. Wall-time metrics whose ranks were on a CPU less than {ONCPU_JUDGED:.0%} of "
+             "the time are listed but not judged (their CPU-time twins are).", ""]
+    bm = bj.get("machine") or {}
+    if bm.get("cpu_model") and (bm.get("cpu_model") != mach.get("cpu_model") or str(bm.get("nproc")) != mach.get("nproc")):
+        lines.append(f"**Warning: the baseline was measured on another machine** ({bm.get('cpu_model')}, "
+                     f"{bm.get('nproc')} cores; now {mach.get('cpu_model')}, {mach.get('nproc')} cores): ratios "
+                     "such as kernel / sgemm depend on the CPU, so a flag may be the machine, not the code.")
+        lines.append("")
     if suites:
         lines.append(f"Load average before/after: {suites[0][3]} / {suites[0][4]}; "
                      f"{float(suites[0][2]) - float(suites[0][1]):.0f} s.")
@@ -968,7 +1125,16 @@ def quick(results, baseline, label=None):
         f.write(text)
     print(text)
     drops = [r for r in rows if r[5] == "DROP"]
-    print(f"{len(drops)} drop(s) flagged" + (": " + ", ".join(r[0] for r in drops) if drops else ""))
+    if drops:
+        print(f"{len(drops)} drop(s) flagged (exit 3):")
+        for n, b, c, sp_, w, _ in drops:
+            exact = " (an exact count, not noise)" if len(now[n]["reps"]) == 1 and not sp_ else ""
+            print(f"  {n}: {fmt(b)} -> {fmt(c)}, worse by {fmt(w)} > spread {fmt(sp_)} of this run's "
+                  f"{len(now[n]['reps'])} repetition(s){exact} ({now[n]['what']})")
+        print("A flag means: the change from the baseline is larger than the spread of this run's own repetitions. Rerun on a "
+              "calm machine (uptime); a flag that repeats is a regression to look at.")
+    else:
+        print("no drop flagged (exit 0)")
     return 3 if drops else 0
 
 
