@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages the build and tests need, if any are missing.
+# --bench also installs what bench/run's report needs for its plots (matplotlib, PIL); CI skips it.
 # The CUDA toolkit (nvcc, NCCL) is optional and not installed here: when present, the CUDA
 # targets are built too.
 set -euo pipefail
@@ -14,6 +15,9 @@ packages=(
   libgtest-dev libbenchmark-dev         # tests and benchmarks
   python3 python3-numpy python3-h5py    # schema and interop checks in the tests
 )
+if [ "${1:-}" = "--bench" ]; then
+  packages+=(python3-matplotlib python3-pil)  # bench/report: PNG plots
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,7 +1,7 @@
 // Checkpoint save/load throughput next to the raw sequential bandwidth of the same disk,
 // measured in the same run (DESIGN.md section 9).
 //
-//   mpiexec -n R ckpt_bench [--dir DIR] [--mib 1024] [--reps 3] [--threads T]
+//   mpiexec -n R ckpt_bench [--dir DIR] [--mib 1024] [--reps 3] [--threads T] [--json FILE]
 //
 // State: ~1 GiB the way training holds it across R ranks: f32 weights split by rows
 // (hyperslabs), bf16 weights replicated (written once, the replicas share the writing), an
@@ -17,7 +17,8 @@
 //   GB/s  = tensor bytes / wall seconds / 1e9   (wall: barrier to barrier, the slowest rank)
 //   ratio = checkpoint GB/s / raw GB/s          (target >= 0.5 for save and for load)
 // Medians over --reps repetitions are printed, each repetition in the order raw write, raw
-// read, save, load.
+// read, save, load. --json FILE also writes the medians, ratios and every repetition's times
+// (rank 0), so a report can take spreads.
 #include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -168,6 +170,7 @@ int main(int argc, char** argv) {
   int64_t mib = 1024;
   int reps = 3;
   bool verify = true;
+  std::string json;
   int threads = 1;  // hashing runs at ~12 GB/s per core with AVX-512: one is plenty
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -176,6 +179,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
     else if (a == "--threads") threads = std::stoi(argv[i + 1]);
     else if (a == "--verify") verify = std::stoi(argv[i + 1]) != 0;
+    else if (a == "--json") json = argv[i + 1];
   }
   set_num_threads(threads);
   const std::string root = dir + "/ckpt", raw = dir + "/raw.bin";
@@ -260,6 +264,27 @@ int main(int argc, char** argv) {
     std::printf(" | load");
     for (double x : t_load) std::printf(" %.3f", x);
     std::printf("\n");
+    if (!json.empty()) {
+      std::ofstream f(json);
+      f.precision(12);
+      auto arr = [&f](const char* key, const std::vector<double>& v) {
+        f << ", \"" << key << "\": [";
+        for (size_t i = 0; i < v.size(); ++i) f << (i ? ", " : "") << v[i];
+        f << "]";
+      };
+      f << "{\"ranks\": " << R << ", \"bytes\": " << b.bytes << ", \"tensors\": " << b.count
+        << ", \"reps\": " << reps << ", \"hash_threads\": " << threads << ", \"dir\": \"" << dir
+        << "\", \"raw_write_GBps\": " << w0 << ", \"raw_write_presized_GBps\": " << w1
+        << ", \"raw_read_GBps\": " << r << ", \"save_GBps\": " << s << ", \"load_GBps\": " << l
+        << ", \"save_ratio\": " << s / w << ", \"load_ratio\": " << l / r
+        << ", \"async_return_s\": " << t_async_return;
+      arr("t_write", t_write);
+      arr("t_write_presized", t_write_sized);
+      arr("t_read", t_read);
+      arr("t_save", t_save);
+      arr("t_load", t_load);
+      f << "}\n";
+    }
     fs::remove_all(dir);
   }
   return 0;
