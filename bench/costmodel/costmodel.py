@@ -107,13 +107,13 @@ def cmd_validate(a):
     md.append("|---:|---|" + "---:|" * (len(keys) + 1))
     for R, kind, procs, share, pred, meas, err, runs, used, cats in rows:
         md.append(f"| {R} | {procs} proc | " + " | ".join(f"{cats.get(k, 0.0):.3f}" for k in keys) + f" | {pred:.3f} |")
-    md.append("")
     for R, kind, *_ in rows:
         if kind != "bench":
             continue
         g = out[str(R)]["gradient"]
         if g["messages"] == 0:
             continue
+        md.append("")
         md.append(f"Gradient reduction at R={R}: {g['kind']}, {g['messages']} collectives, "
                   f"{g['bytes'] / 1e6:.1f} MB: {1e3 * g['serial_s']:.2f} ms, counted in full (not overlapped "
                   f"on this machine); had the buckets run beside backward, {1e3 * g['exposed_if_overlapped_s']:.2f} ms "
