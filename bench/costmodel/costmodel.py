@@ -92,7 +92,7 @@ def cmd_validate(a):
                         attn_rates_gflops={f"{k[0]}/{k[1]}": v / 1e9 for k, v in rates.attn.items()},
                         bench_cpu_share=[json.load(open(b)).get("cpu_share") for b in bench],
                         bench_loadavg=[(json.load(open(b))["loadavg_before"], json.load(open(b))["loadavg_after"]) for b in bench],
-                        work=cpu_model.work_summary(run))
+                        work=cpu_model.work_summary(run), gradient=cpu_model.gradient_summary(run, rates))
         rows.append((R, kind, procs, share, pred, meas, err, runs, len(used), cats))
     md = ["| ranks | rates measured by | compute share | predicted s | measured s | error | runs used | every run: median s (CPU share) |",
           "|---:|---|---:|---:|---:|---:|---:|---|"]
@@ -107,6 +107,17 @@ def cmd_validate(a):
     md.append("|---:|---|" + "---:|" * (len(keys) + 1))
     for R, kind, procs, share, pred, meas, err, runs, used, cats in rows:
         md.append(f"| {R} | {procs} proc | " + " | ".join(f"{cats.get(k, 0.0):.3f}" for k in keys) + f" | {pred:.3f} |")
+    for R, kind, *_ in rows:
+        if kind != "bench":
+            continue
+        g = out[str(R)]["gradient"]
+        if g["messages"] == 0:
+            continue
+        md.append("")
+        md.append(f"Gradient reduction at R={R}: {g['kind']}, {g['messages']} collectives, "
+                  f"{g['bytes'] / 1e6:.1f} MB: {1e3 * g['serial_s']:.2f} ms, counted in full (not overlapped "
+                  f"on this machine); had the buckets run beside backward, {1e3 * g['exposed_if_overlapped_s']:.2f} ms "
+                  f"would be left exposed (prediction {g['step_overlapped_s']:.3f} s).")
     md.append("")
     md += rates_tables(a, variants)
     text = "\n".join(md) + "\n"
@@ -154,6 +165,13 @@ def rates_tables(a, variants):
         md.append(f"All-reduce of the {run.model.params()} float gradients over 2 ranks: measured "
                   f"{rates.allreduce_measured * 1e3:.2f} ms, alpha-beta ring model "
                   f"{rates.allreduce(run.model.params() * 4, 2) * 1e3:.2f} ms.")
+    counts = cpu_model.bucket_counts(by_r[Rs[0]][0])
+    if rates.allreduce_buckets and all(c in rates.allreduce_buckets for c in counts):
+        meas = sum(rates.allreduce_buckets[c] for c in counts)
+        model = sum(rates.allreduce(c * 4, 2) for c in counts)
+        md.append(f"The {len(counts)} gradient buckets (mesh.grad_bucket_kib = {by_r[Rs[0]][0].grad_bucket_kib}) "
+                  f"all-reduced one at a time over 2 ranks: measured {meas * 1e3:.2f} ms in all, alpha-beta ring "
+                  f"model {model * 1e3:.2f} ms.")
     return md
 
 

@@ -1,7 +1,8 @@
 """The alpha-beta cost model of an iha-train step on this machine (CPU, MPI over shared memory).
 
 A step is enumerated the way the code runs it (trainer.cpp, transformer.cpp, layer.cpp,
-local_core.cpp, lib/ringattn/cores.cpp, ring_engine.cpp, halo_engine.cpp): every GEMM with its
+local_core.cpp, lib/ringattn/cores.cpp, engine.cpp, ring_engine.cpp, halo_engine.cpp,
+codec.cpp, lib/parallel/grad_reduce.cpp; sequence-parallel meshes, hp = 1): every GEMM with its
 shape, every attention kernel call with its exact visible pairs, every memory-bound op with its
 element count, every allocation, copy and message. Each item's time is its work divided by a
 RATE measured by costmodel_bench at this config's per-rank shapes (never by a step time):
@@ -12,7 +13,8 @@ RATE measured by costmodel_bench at this config's per-rank shapes (never by a st
     t(op)         = elements / rate_op[op]                                          (elements/s)
     t(alloc)      = bytes / rate_alloc ;  t(copy), t(add): floats / rate
     t(message)    = pingpong(bytes)        (measured curve, interpolated log-log; alpha = t(8 B))
-    t(all-reduce) = 2 (R-1)/R * bytes / bw(bytes/R) + 2 (R-1) alpha + (R-1)/R * floats / rate_add
+    t(all-reduce) = 2 (R-1) pingpong(bytes/R) + (R-1)/R * floats / rate_add       (ring)
+    t(reduce-scatter) = (R-1) pingpong(bytes/R) + (R-1)/R * floats / rate_add;  t(all-gather) = (R-1) pingpong(bytes/R)
 
 Ranks synchronise at every ring step (a rank needs its neighbour's block) and at every halo
 exchange, so the step time is the sum over segments of the slowest rank's segment:
@@ -24,6 +26,20 @@ progress only inside MPI calls (the engines test between heads, then wait), so a
 taken as NOT hidden by compute (overlap = False). The cluster projection (project.py) takes
 DMA transfers that overlap: exposed = max(0, t_comm - t_compute of the step).
 
+Gradient reduction, as trainer.cpp does it:
+  - without ZeRO (R > 1): GradientBuckets. On the last micro-batch each bucket's non-blocking
+    all-reduce is posted in the segment whose backward finishes its last tensor (LM head,
+    blocks from the last, embedding). grad_overlap = False (this machine): the reduction is
+    counted in full where it is posted. Its copies and additions are done by the rank's own
+    core inside MPI calls (Open MPI over shared memory has no progress thread), and that core
+    is busy with backward, so running "beside" backward hides no CPU time; at most it fills
+    waits for a slower neighbour, which the model does not credit. grad_overlap = True (what
+    project.py assumes on a GPU): the buckets run one after another on the link as soon as
+    each is ready, beside the rest of backward; only what is left after the embedding's
+    backward is exposed (bucket_exposed).
+  - with ZeRO-1 (optim.zero): a blocking reduce-scatter of the padded buffer, the norm from
+    the ranks' range sums, AdamW on the own 1/R range, a blocking all-gather: all exposed.
+
 With R ranks on C < R cores (the oversubscribed 4-rank point) every compute rate is scaled by
 C / R; the rates themselves are measured with C processes running at once.
 """
@@ -34,8 +50,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from workload import (AttnCall, Run, halo_schedule, pairs, ring_schedule, runs_total,
-                      tokens_of, whole_sequence_call)
+from workload import (AttnCall, Run, bucket_posting, gradient_buckets, halo_schedule, pairs, ring_schedule,
+                      runs_total, tokens_of, whole_sequence_call)
 
 F32 = 4  # bytes per float (train.dtype float32)
 
@@ -51,7 +67,8 @@ class Ops:
     alloc_floats: float = 0
     copy_floats: float = 0
     add_floats: float = 0
-    messages: list = field(default_factory=list)    # (kind, bytes, ranks)
+    messages: list = field(default_factory=list)    # (kind, bytes, ranks): kind p2p, allreduce,
+    #   reduce_scatter, all_gather (blocking) or bucket (a gradient bucket's non-blocking all-reduce)
     alloc_sizes: list = field(default_factory=list)  # floats of each allocation, in order
 
     def mm(self, ta, tb, M, N, K, beta=0.0):
@@ -67,6 +84,9 @@ class Enumerator:
     """The step of one rank as a list of (segment name, Ops)."""
 
     def __init__(self, run: Run, r: int):
+        if run.hp != 1:
+            raise ValueError("cpu_model enumerates sequence-parallel meshes (hp = 1) only; "
+                             f"the run has mesh.hp = {run.hp}")
         self.run, self.r = run, r
         m = run.model
         self.m = m
@@ -75,6 +95,7 @@ class Enumerator:
         self.n = runs_total(self.token_lists[r])
         self.B = run.micro_batch
         self.segments = []
+        self.ready = None   # on the last micro-batch without ZeRO: GradientsReady (see step)
 
     def seg(self, name) -> Ops:
         ops = Ops()
@@ -84,15 +105,52 @@ class Enumerator:
     # ---- the step (trainer.cpp train_step)
     def step(self):
         m, run = self.m, self.run
+        R = run.ranks                                            # gradients: over the whole world
+        L = m.params()
+        Lp = -(-L // R) * R if run.zero else L                   # ZeRO pads the buffer to R | L
         ops = self.seg("step.begin")
-        ops.elem["zero"] += m.params()                           # grads().zero()
-        for _ in range(run.accumulation):
+        if R > 1:
+            ops.messages.append(("allreduce", 8, R))             # train.count
+        ops.elem["zero"] += Lp                                   # grads.zero()
+        posting = bucket_posting(m, run.grad_bucket_kib * 1024, F32) if R > 1 and not run.zero else None
+        for u in range(run.accumulation):
+            if u + 1 == run.accumulation and posting is not None:
+                # Transformer::forward_backward's GradientsReady -> GradientBuckets::mark_ready:
+                # a bucket's non-blocking all-reduce starts in the segment that finishes its
+                # last tensor (predict() decides how much of it the rest of backward hides).
+                def ready(ops, group):
+                    for g, count in posting:
+                        if g == group:
+                            ops.messages.append(("bucket", count * F32, R))
+                self.ready = ready
             self.forward_backward()
+            self.ready = None
         ops = self.seg("step.end")
-        if run.ranks > 1:
-            ops.messages.append(("allreduce", m.params() * F32, run.ranks))
-        ops.elem["sumsq"] += m.params()                          # global norm
-        ops.elem["adamw"] += m.params()
+        if not run.zero:
+            # buckets->finish(): every bucket was started above; what is left of them is
+            # exposed here (predict). Then the norm and AdamW on the whole buffer.
+            ops.elem["sumsq"] += L
+            if R > 1:
+                ops.messages.append(("allreduce", 4 * 8, R))     # train.stats
+            ops.elem["adamw"] += L
+        elif R > 1:
+            # ZeRO-1: blocking reduce-scatter of the padded buffer, the norm from the ranks'
+            # range sums (all-gather of one double), AdamW on the own range, the range copied
+            # out and all-gathered.
+            per = Lp // R
+            ops.messages.append(("reduce_scatter", Lp * F32, R))
+            ops.elem["sumsq"] += per
+            ops.messages.append(("all_gather", R * 8, R))        # global_sum, train.norm
+            ops.messages.append(("allreduce", 4 * 8, R))         # train.stats
+            ops.elem["adamw"] += per                             # the busiest range: all real
+            ops.copy_floats += per
+            ops.messages.append(("all_gather", Lp * F32, R))
+        else:
+            ops.elem["sumsq"] += L
+            ops.elem["adamw"] += L
+        # Not counted: the clip pass (g *= clip / norm over the reduced gradient) runs only on
+        # steps whose norm exceeds optim.clip, which no count can know before the run; it is
+        # one read and write of the gradient (about 0.5 ms here for 7.5 M floats).
         return self.segments
 
     # ---- transformer.cpp forward_backward
@@ -117,12 +175,19 @@ class Enumerator:
             ops.mm(0, 1, s, m.D, m.vocab)
         ops.alloc(rows * m.D)
         ops.elem["rmsnorm_bwd"] += rows * m.D
+        # GradientsReady groups (Model.ready_groups): 0 the head, then blocks L-1 .. 0, embed.
+        if self.ready:
+            self.ready(ops, 0)                                    # norm_f, lm_head
         for i in reversed(range(m.layers)):
             if self.run.recompute:
                 self.block_forward(i, f"b{i}.re")
             self.block_backward(i, f"b{i}.bwd")
+            if self.ready:
+                self.ready(self.segments[-1][1], m.layers - i)
         ops = self.seg("embed.bwd")
         ops.elem["embed_bwd"] += rows * m.D
+        if self.ready:
+            self.ready(ops, m.layers + 1)
 
     def block_forward(self, i, tag):
         m, B, n = self.m, self.B, self.n
@@ -234,12 +299,11 @@ class Enumerator:
         m, B, n = self.m, self.B, self.n
         w, H, d, P = m.H * m.d, m.H, m.d, lay.P
         ops.alloc(B * H * n * P * d, B * H * n * P)               # ov, lse
-        ops.alloc(2 * B * n * w)
-        ops.copy_floats += 2 * B * n * w                          # cur
+        # cur = payload: the block now here is the payload tensor itself, no copy
         for st in ring_schedule(lay, self.token_lists, self.r):
             ops = self.seg(f"{tag}.ring{st.i}")
             if st.next_tokens:
-                ops.alloc(2 * B * st.next_tokens * w)             # next.assign
+                ops.alloc(2 * B * st.next_tokens * w)             # next = zeros
                 ops.messages.append(("p2p", 2 * B * st.block_tokens * w * F32, 2))
             if st.call:
                 self.decode(ops, lay, st.call.m)
@@ -291,7 +355,7 @@ class Enumerator:
         w = Hd
         ops.alloc(2 * B * n * w)
         ops.copy_floats += 2 * B * n * w                          # pack
-        ops.alloc(2 * B * n * w)                                  # dpayload
+        # dpayload: the engine's own buffer (ring: the last incoming gradient; halo: zeros)
         if lay.kind == "G":
             self.ring_backward(tag, lay, ops)
         else:
@@ -306,9 +370,7 @@ class Enumerator:
         m, B, n = self.m, self.B, self.n
         w, H, d, P = m.H * m.d, m.H, m.d, lay.P
         ops.alloc(B * H * n * P * d)                              # dqv
-        ops.alloc(2 * B * n * w)
-        ops.copy_floats += 2 * B * n * w                          # cur
-        R = self.R
+        R = self.R                                                # cur = payload (no copy)
         for st in ring_schedule(lay, self.token_lists, self.r):
             ops = self.seg(f"{tag}.ring{st.i}")
             if st.next_tokens:
@@ -325,7 +387,7 @@ class Enumerator:
             nxt = runs_total(self.token_lists[(self.r - st.i - 1) % R])
             ops.alloc(2 * B * nxt * w)                            # incoming
             ops.messages.append(("p2p", 2 * B * st.block_tokens * w * F32, 2))
-        ops.copy_floats += 2 * B * n * w                          # incoming -> dpayload
+        # dpayload = incoming: the last received gradient is the result, no copy
 
     def halo_backward(self, tag, lay, ops):
         m, B, n = self.m, self.B, self.n
@@ -342,12 +404,13 @@ class Enumerator:
             ops.alloc(2 * B * H * nh * P * d)
             self.attend(ops, lay, plan.halo, "bwd")
             self.decode_backward(ops, lay, nh)
+        ops.alloc(2 * B * recv * w)                               # send buffers (zeros)
         ops.copy_floats += 2 * B * recv * w                       # gather the halo gradients
         ops.alloc(2 * B * sent * w)                               # receive buffers
         ops = self.seg(f"{tag}.halo.own")
         ops.alloc(2 * B * H * n * P * d)                          # dkv, dvv
         self.attend(ops, lay, plan.own, "bwd")
-        ops.alloc(2 * B * n * w)                                  # fill dpayload
+        ops.alloc(2 * B * n * w)                                  # dpayload = zeros
         self.decode_backward(ops, lay, n)
         if sent or recv:
             ops.messages.append(("p2p", 2 * B * max(sent, recv) * w * F32, 2))
@@ -470,11 +533,20 @@ def make_plan(run: Run, min_time_s=0.05):
     return dict(config=dict(N=run.N, sp=R, layout=run.layout), min_time_s=min_time_s, groups=groups)
 
 
+def bucket_counts(run: Run):
+    """Elements of each gradient bucket of the run (GradientBuckets), in the order formed."""
+    sizes = [n for _, n in run.model.param_sizes()]
+    return [b[2] for b in gradient_buckets(sizes, run.grad_bucket_kib * 1024, F32)]
+
+
 def make_comm_plan(run: Run):
     sizes = [8 * 4 ** k for k in range(13)]  # 8 B .. 128 MiB
     groups = [[dict(id=f"comm/pingpong/{b}", op="pingpong", bytes=b)] for b in sizes]
     groups += [[dict(id=f"comm/exchange/{b}", op="exchange", bytes=b)] for b in sizes]
     groups.append([dict(id="comm/allreduce/params", op="allreduce", count=run.model.params())])
+    # Checks only (never used by the prediction): one blocking all-reduce at each bucket size.
+    for c in sorted(set(bucket_counts(run))):
+        groups.append([dict(id=f"comm/allreduce/bucket/{c}", op="allreduce", count=c)])
     return dict(min_reps=5, groups=groups)
 
 
@@ -488,7 +560,9 @@ class Rates:
     pingpong: list        # [(bytes, seconds)]
     allreduce_measured: float | None
     cores_per_rank: float = 1.0
-    overlap: bool = False
+    allreduce_buckets: dict = field(default_factory=dict)   # elements -> measured s (check only)
+    overlap: bool = False        # ring / halo transfers hidden behind the segment's compute
+    grad_overlap: bool = False   # gradient buckets' all-reduces run beside the rest of backward
 
     def p2p(self, nbytes):
         """One-way time of a message, log-log interpolation of the ping-pong curve."""
@@ -506,13 +580,33 @@ class Rates:
     def alpha(self):
         return self.pingpong[0][1]
 
-    def allreduce(self, nbytes, R):
-        """Ring all-reduce: reduce-scatter + all-gather, 2 (R - 1) messages of bytes / R."""
+    def reduce_scatter(self, nbytes, R):
+        """Ring reduce-scatter: R - 1 messages of bytes / R, and (R-1)/R of the floats added."""
         if R <= 1:
             return 0.0
-        piece = nbytes / R
-        return (2 * (R - 1) * self.p2p(piece)
+        return ((R - 1) * self.p2p(nbytes / R)
                 + (R - 1) / R * (nbytes / F32) / self.elem["add"] / self.cores_per_rank)
+
+    def all_gather(self, nbytes, R):
+        """Ring all-gather of a buffer of nbytes in total: R - 1 messages of bytes / R."""
+        if R <= 1:
+            return 0.0
+        return (R - 1) * self.p2p(nbytes / R)
+
+    def allreduce(self, nbytes, R):
+        """Ring all-reduce: reduce-scatter + all-gather, 2 (R - 1) messages of bytes / R."""
+        return self.reduce_scatter(nbytes, R) + self.all_gather(nbytes, R)
+
+    def message(self, kind, nbytes, R):
+        if kind == "p2p":
+            return self.p2p(nbytes)
+        if kind in ("allreduce", "bucket"):
+            return self.allreduce(nbytes, R)
+        if kind == "reduce_scatter":
+            return self.reduce_scatter(nbytes, R)
+        if kind == "all_gather":
+            return self.all_gather(nbytes, R)
+        raise ValueError(f"unknown message kind {kind}")
 
 
 def _median(v):
@@ -568,7 +662,8 @@ def load_rates(bench_jsons, comm_jsons, run: Run, cores_per_rank=1.0):
     csec = item_seconds(comm_jsons)
     pp = sorted((int(k.split("/")[2]), v) for k, v in csec.items() if k.startswith("comm/pingpong/"))
     ar = [csec["comm/allreduce/params"]] if "comm/allreduce/params" in csec else []
-    return Rates(gemm, attn, elem, pp, ar[0] if ar else None, cores_per_rank)
+    buckets = {int(k.rsplit("/", 1)[1]): v for k, v in csec.items() if k.startswith("comm/allreduce/bucket/")}
+    return Rates(gemm, attn, elem, pp, ar[0] if ar else None, cores_per_rank, allreduce_buckets=buckets)
 
 
 # ----------------------------------------------------------------------------- predict
@@ -586,12 +681,30 @@ def segment_time(ops: Ops, rates: Rates):
         out[cat] += n / rates.elem[op] / s
     out["alloc/copy"] += (ops.alloc_floats * F32 / rates.elem["alloc"] + ops.copy_floats / rates.elem["copy"]
                           + ops.add_floats / rates.elem["add"]) / s
-    comm = 0.0
+    p2p = coll = 0.0
     for kind, nbytes, R in ops.messages:
-        comm += rates.p2p(nbytes) if kind == "p2p" else rates.allreduce(nbytes, R)
+        if kind == "p2p":
+            p2p += rates.p2p(nbytes)
+        elif kind != "bucket" or not rates.grad_overlap:   # overlapped buckets: predict()
+            coll += rates.message(kind, nbytes, R)
     compute = sum(out.values())
-    out["communication"] = comm if not rates.overlap else max(0.0, comm - compute)
+    out["communication"] = (p2p if not rates.overlap else max(0.0, p2p - compute)) + coll
     return out
+
+
+def bucket_exposed(clock, posted, end):
+    """Exposed time of the gradient buckets' all-reduces when they run beside backward.
+
+    clock[k]: the (synchronised) time at which segment k ends; posted: (segment index,
+    seconds) of each bucket in the order the code starts them; end: the index of the last
+    backward segment (buckets->finish() comes right after it). The buckets share one link and
+    MPI completes collectives of one communicator in order, so they run one after another: a
+    bucket starts when its segment ends (its last gradient is final) and the previous bucket
+    is done. What runs past the end of backward is exposed."""
+    done = 0.0
+    for k, t in posted:
+        done = max(done, clock[k]) + t
+    return max(0.0, done - clock[end])
 
 
 def predict(run: Run, rates: Rates):
@@ -600,16 +713,44 @@ def predict(run: Run, rates: Rates):
     total = 0.0
     cats = defaultdict(float)
     names = [n for n, _ in steps[0]]
+    clock = []
     for k, name in enumerate(names):
         per_rank = [segment_time(segs[k][1], rates) for segs in steps]
         worst = max(per_rank, key=lambda c: sum(c.values()))
         total += sum(worst.values())
+        clock.append(total)
         for c, v in worst.items():
             cats[c] += v
-    # Balance: the mean over ranks of their own total, against the synchronised total.
     own = [sum(sum(segment_time(o, rates).values()) for _, o in segs) for segs in steps]
+    if rates.grad_overlap:
+        # Every rank posts the same buckets at the same points: rank 0's list stands for all.
+        posted = [(k, rates.message(kind, b, R)) for k, (_, ops) in enumerate(steps[0])
+                  for kind, b, R in ops.messages if kind == "bucket"]
+        x = bucket_exposed(clock, posted, names.index("step.end") - 1) if posted else 0.0
+        total += x
+        cats["communication"] += x
+        own = [o + x for o in own]
+    # Balance: the slowest rank's own total against the synchronised total.
     cats["(sync wait)"] = total - max(own)
     return total, dict(cats), own
+
+
+def gradient_summary(run: Run, rates: Rates):
+    """The gradient reduction of the step: bucket count and bytes, its time serialised (what
+    the prediction adds on this machine), and what would be left exposed if the buckets ran
+    beside backward (for comparison; dataclasses.replace keeps every measured rate)."""
+    from dataclasses import replace
+    steps = enumerate_step(run)
+    msgs = [(kind, b, R) for _, ops in steps[0] for kind, b, R in ops.messages
+            if kind in ("bucket", "reduce_scatter", "all_gather") and b > 8 * R]
+    serial = sum(rates.message(*x) for x in msgs)
+    t_ser = predict(run, replace(rates, grad_overlap=False))[0]
+    t_ovl = predict(run, replace(rates, grad_overlap=True))[0]
+    return dict(kind="ZeRO-1 reduce-scatter + all-gather (blocking)" if run.zero else
+                "bucketed all-reduce" if msgs else "none",
+                messages=len(msgs), bytes=sum(b for _, b, _ in msgs), serial_s=serial,
+                step_serial_s=t_ser, step_overlapped_s=t_ovl,
+                exposed_if_overlapped_s=serial - (t_ser - t_ovl))
 
 
 def work_summary(run: Run):

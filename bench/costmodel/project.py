@@ -16,9 +16,18 @@ Per rank, per block (n = N / C tokens per rank, C = T x S ranks per sequence rep
             t_a2a = alpha (T-1) + (T-1)/T bytes / bw(link)
   memory    bytes / (HBM f_hbm) for norms, residuals, SwiGLU gating, mixing, RoPE, collapse,
             cross-entropy, AdamW (the unfused element-wise passes of the library)
-  gradients ZeRO-1 over all R ranks (every rank holds all parameters): reduce-scatter of fp32
-            gradients overlapped with backward (exposed = max(0, t_rs - t_bwd)), all-gather
-            of bf16 parameters exposed.
+  gradients over all R ranks (every rank holds all parameters), hierarchical ring collectives
+            (NVLink inside the node, IB across nodes), one of (Projection.step grad=):
+            zero      ZeRO-1 as trainer.cpp runs it: blocking reduce-scatter of the fp32
+                      gradients after backward, AdamW on the own 1/R, blocking all-gather of the
+                      bf16 parameters; all exposed.
+            buckets   trainer.cpp without ZeRO: mesh.grad_bucket_kib buckets (1 MiB), each
+                      all-reduced as soon as backward has finished its tensors, beside the rest
+                      of backward, one bucket after another on the links; exposed = what is
+                      left when backward ends. Link sharing with backward's ring / halo traffic
+                      and the SMs a reduction kernel takes are not charged.
+            allreduce the GPU trainer today (train_cuda.cpp): one blocking all-reduce of the
+                      fp32 gradients after backward.
 
 Step time T = sum over blocks and phases of the slowest rank; efficiency E = (work per rank
 at the kernel rates, perfectly balanced, no communication) / T.
@@ -31,8 +40,8 @@ import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from workload import (Layer, Model, chunk_bounds, halo_needs, pairs, ring_schedule, runs_clip,
-                      runs_intersect, runs_total, runs_virtual, tokens_of)
+from workload import (Layer, Model, bucket_posting, chunk_bounds, halo_needs, pairs, ring_schedule,
+                      runs_total, runs_virtual)
 
 GB = 1e9
 
@@ -62,6 +71,15 @@ class Cluster:
 
 ACT = 2        # bytes per activation element (bf16)
 ACC = 4        # bytes per fp32 element (partial outputs, travelling gradients, master state)
+
+BUCKET_BYTES = 1024 * 1024   # mesh.grad_bucket_kib default (1024 KiB)
+
+# How the gradients are reduced (Projection.step grad=...), with the label the tables print.
+GRAD_MODES = {
+    "zero": "ZeRO-1, blocking RS + AG",
+    "buckets": "all-reduce, buckets beside backward",
+    "allreduce": "all-reduce, one blocking",
+}
 
 
 def iha_1b(window_tokens=4096) -> Model:
@@ -261,16 +279,35 @@ class Projection:
             busy += t_own + t_halo
         return t, exposed, busy
 
+    # ---- the gradient collectives over R ranks (every rank holds all parameters)
+    def coll(self, nbytes, R):
+        """Hierarchical ring reduce-scatter (or all-gather) of nbytes over R ranks: NVLink
+        inside the node, then IB across nodes on each GPU's 1/gpn of the bytes."""
+        cl = self.cl
+        if R <= 1:
+            return 0.0
+        gpn = cl.gpus_per_node
+        nodes = math.ceil(R / gpn)
+        intra = min(R, gpn)
+        bw_n, a_n = cl.link(False)
+        bw_i, a_i = cl.link(True)
+        x = (intra - 1) / intra * nbytes / bw_n + a_n * (intra - 1)
+        if nodes > 1:
+            x += (nodes - 1) / nodes * (nbytes / intra) / bw_i + a_i * (nodes - 1)
+        return x
+
     # ---- the step of one replica rank
-    def step(self, sc: Scheme, dp: int, zero1=True):
+    def step(self, sc: Scheme, dp: int, grad: str = "zero", bucket_bytes: int = BUCKET_BYTES):
+        """grad: how the gradients are reduced over all R = C dp ranks (GRAD_MODES)."""
         m, cl, N = self.m, self.cl, self.N
         C = sc.T * sc.S
         R = C * dp
         n = N / C
         gpn = cl.gpus_per_node
-        t = exposed = busy = 0.0
+        exposed = busy = 0.0
         Hd = m.H * m.d
-        dense_block = 8 * (4 * m.D * Hd + 3 * m.D * m.ffn) * n
+        dense_block = 8 * (4 * m.D * Hd + 3 * m.D * m.ffn) * n   # fwd 2 + recompute 2 + bwd 4
+        fwd, bwd = [], []   # per block: forward; recomputed forward + backward
         for i in range(m.layers):
             lay = m.layer(i)
             scheme = sc.global_scheme if lay.kind == "G" else sc.window_scheme
@@ -280,56 +317,68 @@ class Projection:
                 cross = C > gpn
             else:
                 cross = sc.S > 1 and sc.T * sc.S > gpn
-            tg = self.t_flops(dense_block, cl.f_gemm)
+            tg_f = self.t_flops(dense_block * 2 / 8, cl.f_gemm)
+            tg_b = self.t_flops(dense_block * 4 / 8, cl.f_gemm)
             fwd_b, bwd_b = self.block_mem_bytes(lay)
-            tm = self.t_bytes(n * (2 * fwd_b + bwd_b))  # forward, recomputed forward, backward
-            t += tg + tm
-            busy += tg + tm
-            for direction, times in (("fwd", 2), ("bwd", 1)):
-                ta, ea, ba = self.attention(lay, sc, scheme, direction, cross)
-                t += times * ta
-                exposed += times * ea
-                busy += times * ba
+            tm_f, tm_b = self.t_bytes(n * fwd_b), self.t_bytes(n * bwd_b)
+            ta_f, ea_f, ba_f = self.attention(lay, sc, scheme, "fwd", cross)
+            ta_b, ea_b, ba_b = self.attention(lay, sc, scheme, "bwd", cross)
+            f = tg_f + tm_f + ta_f
+            fwd.append(f)
+            bwd.append(f + tg_b + tm_b + ta_b)
+            exposed += 2 * ea_f + ea_b
+            busy += 2 * (tg_f + tm_f + ba_f) + tg_b + tm_b + ba_b
         # LM head, cross-entropy (logits in fp32, forward and backward passes), embedding.
         th = self.t_flops(6 * m.D * m.vocab * n, cl.f_gemm) + self.t_bytes(n * m.vocab * 3 * ACC)
-        t += th
         busy += th
+        t_compute = sum(fwd) + th + sum(bwd)
         # Gradients: every rank holds all parameters, so they are reduced over all R ranks.
         P = m.params()
-        t_rs = t_ag = 0.0
-        if R > 1:
-            nodes = math.ceil(R / gpn)
-            intra = min(R, gpn)
-            bw_n, a_n = cl.link(False)
-            bw_i, a_i = cl.link(True)
-
-            def coll(nbytes):  # hierarchical reduce-scatter (or all-gather) of nbytes
-                x = (intra - 1) / intra * nbytes / bw_n + a_n * (intra - 1)
-                if nodes > 1:
-                    x += (nodes - 1) / nodes * (nbytes / intra) / bw_i + a_i * (nodes - 1)
-                return x
-            t_rs = coll(P * ACC)
-            t_ag = coll(P * ACT)
-        t_bwd = busy / 2  # about half the step's busy time is backward (4 of 8 dense FLOP units)
-        grad_exposed = max(0.0, t_rs - t_bwd) + t_ag
-        t += grad_exposed
+        if grad == "zero":
+            # ZeRO-1 as trainer.cpp runs it: after backward, a blocking reduce-scatter of the
+            # fp32 gradients, AdamW on the own 1/R (fp32 master, m, v), a blocking all-gather
+            # of the bf16 parameters. Nothing overlaps.
+            grad_exposed = self.coll(P * ACC, R) + self.coll(P * ACT, R)
+            owned = P / R
+        elif grad == "buckets":
+            # trainer.cpp without ZeRO: each bucket's all-reduce starts when the backward has
+            # finished its last tensor (LM head, blocks from the last, embedding) and runs
+            # beside the rest of backward; buckets share the links one after another; what is
+            # left when backward ends is exposed.
+            ready = [sum(fwd) + th]                       # head group: after the LM head
+            for i in reversed(range(m.layers)):
+                ready.append(ready[-1] + bwd[i])
+            ready.append(ready[-1])                       # embedding: its backward ~ 0 here
+            done = 0.0
+            for g, count in bucket_posting(m, bucket_bytes, ACC):
+                done = max(done, ready[g]) + 2 * self.coll(count * ACC, R)
+            grad_exposed = max(0.0, done - t_compute) if R > 1 else 0.0
+            owned = P
+        elif grad == "allreduce":
+            # The GPU trainer today (train_cuda.cpp reduce_gradients): one blocking all-reduce
+            # of the whole fp32 gradient after backward.
+            grad_exposed = 2 * self.coll(P * ACC, R)
+            owned = P
+        else:
+            raise ValueError(f"unknown gradient mode {grad}")
+        t = t_compute + grad_exposed
         exposed += grad_exposed
-        # AdamW on the rank's 1/R of the parameters (ZeRO-1): fp32 master, m, v, grad; bf16 copy.
-        topt = self.t_bytes(P / R * (4 * ACC + 3 * ACC + ACT)) + self.t_bytes(P * ACC)  # + zero grads
+        # AdamW on the rank's `owned` parameters: fp32 master, m, v, grad; bf16 copy; + zero grads.
+        topt = self.t_bytes(owned * (4 * ACC + 3 * ACC + ACT)) + self.t_bytes(P * ACC)
         t += topt
         busy += topt
-        return dict(step_s=t, exposed_s=exposed, busy_s=busy, hidden=busy / t,
-                    grad_s=grad_exposed, mem_gb=self.memory(sc, R) / 1e9)
+        return dict(step_s=t, exposed_s=exposed, busy_s=busy, hidden=busy / t, grad=grad,
+                    grad_s=grad_exposed, mem_gb=self.memory(sc, R, grad == "zero") / 1e9)
 
-    def memory(self, sc: Scheme, R):
-        """Bytes per GPU: states (bf16 params, fp32 grads, ZeRO-1 fp32 master, m, v over R)
+    def memory(self, sc: Scheme, R, zero=True):
+        """Bytes per GPU: states (bf16 params, fp32 grads, fp32 master, m, v: over R with ZeRO-1)
         plus activations with recomputation (block inputs of every block, one block's working
         set, a 1024-row slab of fp32 logits)."""
         m = self.m
         C = sc.T * sc.S
         n = self.N / C
         P = m.params()
-        states = P * (ACT + ACC) + P * 3 * ACC / R
+        states = P * (ACT + ACC) + P * 3 * ACC / (R if zero else 1)
         HPd = m.H * m.P * m.d
         inputs = m.layers * n * m.D * ACT
         work = n * (3 * m.H * m.d * ACT + 4 * HPd * ACT + HPd * ACC + 3 * m.ffn * ACT) * 2
@@ -351,26 +400,26 @@ GPUS = [8, 16, 32, 64, 128, 256, 512, 1024]
 CONTEXTS = [65536, 262144, 1048576]
 
 
-def strong_scaling(cl: Cluster, model: Model):
+def strong_scaling(cl: Cluster, model: Model, grad: str = "zero"):
     """One sequence on C GPUs. Efficiency = T(1 GPU) / (C T(C)), T(1 GPU) from the same model
     with every token local (no exchange, no merge or re-mix), whether or not it fits."""
     rows = []
     for N in CONTEXTS:
         pj = Projection(model, N, cl)
         mf = model_flops(model, N)
-        t1 = pj.step(SINGLE, dp=1)["step_s"]
+        t1 = pj.step(SINGLE, dp=1, grad=grad)["step_s"]
         for C in GPUS:
             if N // C < 64:
                 continue
             for sc in schemes_for(C, model.H, cl.gpus_per_node):
-                r = pj.step(sc, dp=1)
+                r = pj.step(sc, dp=1, grad=grad)
                 r.update(N=N, gpus=C, scheme=sc.name, family=sc.family, t1=t1, efficiency=t1 / (C * r["step_s"]),
                          mfu=mf / (C * cl.peak_flops * r["step_s"]))
                 rows.append(r)
     return rows
 
 
-def weak_scaling(cl: Cluster, model: Model, C_for_N):
+def weak_scaling(cl: Cluster, model: Model, C_for_N, grad: str = "zero", bucket_bytes: int = BUCKET_BYTES):
     rows = []
     for N, C in C_for_N.items():
         pj = Projection(model, N, cl)
@@ -381,12 +430,13 @@ def weak_scaling(cl: Cluster, model: Model, C_for_N):
             dp = R // C
             best = None
             for sc in schemes_for(C, model.H, cl.gpus_per_node):
-                r = pj.step(sc, dp=dp)
-                if best is None or r["step_s"] < best["step_s"]:
+                r = pj.step(sc, dp=dp, grad=grad, bucket_bytes=bucket_bytes)
+                if r["mem_gb"] <= 0.9 * 141 and (best is None or r["step_s"] < best["step_s"]):
                     best = dict(r, scheme=sc.name)
-            base = pj.step([s for s in schemes_for(C, model.H, cl.gpus_per_node) if s.name == best["scheme"]][0], dp=1)
+            base = pj.step([s for s in schemes_for(C, model.H, cl.gpus_per_node) if s.name == best["scheme"]][0],
+                           dp=1, grad=grad, bucket_bytes=bucket_bytes)
             best.update(N=N, gpus=R, C=C, dp=dp, tokens_per_s=dp * N / best["step_s"],
-                        weak_eff=base["step_s"] / best["step_s"],
+                        weak_eff=base["step_s"] / best["step_s"], bucket_bytes=bucket_bytes,
                         mfu=dp * mf / (R * cl.peak_flops * best["step_s"]))
             rows.append(best)
     return rows
@@ -411,31 +461,61 @@ def winners(rows):
     return best
 
 
+def grad_label(r):
+    b = r.get("bucket_bytes", BUCKET_BYTES)
+    if r["grad"] == "buckets":
+        return f"all-reduce, {b // 2**20} MiB buckets beside backward"
+    return GRAD_MODES[r["grad"]]
+
+
 def main(out_dir=None):
     cl = Cluster()
     model = iha_1b()
+    Z, BK = GRAD_MODES["zero"], GRAD_MODES["buckets"]
     text = []
     text.append(f"Cluster: {cl.name}; peak {cl.peak_flops / 1e12:.0f} TFLOP/s bf16, f_gemm {cl.f_gemm}, "
                 f"f_attn fwd/bwd {cl.f_attn_fwd}/{cl.f_attn_bwd}, HBM {cl.hbm_bw / 1e12:.1f} TB/s x {cl.f_hbm}, "
                 f"NVLink {cl.nvlink_bw / GB:.0f} GB/s, IB {cl.ib_bw / GB:.0f} GB/s per GPU, link efficiency {cl.f_link}")
     text.append(f"Model: D={model.D} H={model.H} d={model.d} P={model.P} L={model.layers} ({model.pattern}) "
                 f"F={model.ffn} V={model.vocab} Wv={model.Wv}; {model.params() / 1e9:.2f}B parameters")
-    rows = strong_scaling(cl, model)
-    data = dict(cluster=cl.__dict__, model=model.__dict__, strong=rows)
+    text.append("\nGradient reduction (every rank holds all parameters, so over all GPUs), the two ways the CPU "
+                f"trainer (trainer.cpp) does it: **{Z}** (`optim.zero: true`: reduce-scatter of fp32 gradients after "
+                f"backward, AdamW on the own 1/R, all-gather of bf16 parameters; nothing overlaps) or **{BK}** "
+                f"(`optim.zero: false`: buckets of {BUCKET_BYTES // 1024} KiB of fp32 gradients (mesh.grad_bucket_kib default), each "
+                "all-reduced as soon as backward has finished it, beside the rest of backward, one after another on "
+                "the links; the part left after backward is exposed). The `gradients` column or the table's heading "
+                "says which a row is. The GPU trainer today (train_cuda.cpp) has neither: it does one blocking "
+                "all-reduce after backward (last column of the gradient variants table).")
+    rows = strong_scaling(cl, model, "zero")
+    rows_b = strong_scaling(cl, model, "buckets")
+    for r, rb in zip(rows, rows_b):
+        assert (r["N"], r["gpus"], r["scheme"]) == (rb["N"], rb["gpus"], rb["scheme"])
+        r["buckets"] = dict(step_s=rb["step_s"], efficiency=rb["efficiency"], grad_s=rb["grad_s"],
+                            mem_gb=rb["mem_gb"])
+    data = dict(cluster=cl.__dict__, model=model.__dict__, grad_modes=GRAD_MODES,
+                bucket_bytes=BUCKET_BYTES, strong=rows)
     text.append("\n### Strong scaling of one sequence (dp = 1)\n")
+    text.append("Every column up to GB/GPU is with the gradients reduced by ZeRO-1 (blocking); the last three "
+                "columns are the same point with the bucketed all-reduce beside backward instead.\n")
     text.append(fmt_table(rows, [
-        lambda r: f"{r['N'] // 1024}k", lambda r: str(r["gpus"]), lambda r: r["scheme"],
+        lambda r: f"{r['N'] // 1024}k", lambda r: str(r["gpus"]), lambda r: r["scheme"], lambda r: "ZeRO-1 blocking",
         lambda r: f"{r['step_s']:.3f}", lambda r: f"{100 * r['efficiency']:.0f}%",
-        lambda r: f"{100 * r['exposed_s'] / r['step_s']:.0f}%", lambda r: f"{100 * r['mfu']:.0f}%",
-        lambda r: f"{r['mem_gb']:.0f}"],
-        ["N", "GPUs", "scheme", "step s", "efficiency", "exposed comm", "MFU", "GB/GPU"]))
-    w = winners(rows)
+        lambda r: f"{100 * r['exposed_s'] / r['step_s']:.0f}%", lambda r: f"{1000 * r['grad_s']:.1f}",
+        lambda r: f"{100 * r['mfu']:.0f}%", lambda r: f"{r['mem_gb']:.0f}",
+        lambda r: f"{r['buckets']['step_s']:.3f}", lambda r: f"{100 * r['buckets']['efficiency']:.0f}%",
+        lambda r: f"{1000 * r['buckets']['grad_s']:.1f}"],
+        ["N", "GPUs", "scheme", "gradients", "step s", "efficiency", "exposed comm", "exposed grad ms", "MFU",
+         "GB/GPU", "step s, buckets", "efficiency, buckets", "exposed grad ms, buckets"]))
+    w, wb = winners(rows), winners(rows_b)
+    data["fastest"] = {"zero": list(w.values()), "buckets": list(wb.values())}
     text.append("\n### Fastest scheme\n")
-    text.append(fmt_table(sorted(w.values(), key=lambda r: (r["N"], r["gpus"])), [
-        lambda r: f"{r['N'] // 1024}k", lambda r: str(r["gpus"]), lambda r: r["scheme"],
-        lambda r: f"{r['step_s']:.3f}", lambda r: f"{100 * r['efficiency']:.0f}%"],
-        ["N", "GPUs", "fastest", "step s", "efficiency"]))
-    text.append("\n### Where communication stops being hidden\n")
+    text.append(fmt_table(sorted(w), [
+        lambda k: f"{k[0] // 1024}k", lambda k: str(k[1]), lambda k: w[k]["scheme"],
+        lambda k: f"{w[k]['step_s']:.3f}", lambda k: f"{100 * w[k]['efficiency']:.0f}%",
+        lambda k: "same" if wb[k]["scheme"] == w[k]["scheme"] else wb[k]["scheme"],
+        lambda k: f"{wb[k]['step_s']:.3f}", lambda k: f"{100 * wb[k]['efficiency']:.0f}%"],
+        ["N", "GPUs", f"fastest ({Z})", "step s", "efficiency", f"fastest ({BK})", "step s", "efficiency"]))
+    text.append(f"\n### Where communication stops being hidden (gradients: {Z}; 'exposed comm' includes them)\n")
     lines = ["| N | scheme | largest GPUs with exposed comm < 10% | largest GPUs with efficiency >= 80% |",
              "|---|---|---|---|"]
     for N in CONTEXTS:
@@ -445,15 +525,36 @@ def main(out_dir=None):
             eff = [r["gpus"] for r in rs if r["efficiency"] >= 0.8]
             lines.append(f"| {N // 1024}k | {fam} | {max(hid) if hid else '-'} | {max(eff) if eff else '-'} |")
     text.append("\n".join(lines))
-    weak = weak_scaling(cl, model, {65536: 8, 262144: 32, 1048576: 128})
+    replicas = {65536: 8, 262144: 32, 1048576: 128}
+    weak = weak_scaling(cl, model, replicas, "zero") + weak_scaling(cl, model, replicas, "buckets")
+    weak.sort(key=lambda r: (r["N"], r["gpus"], r["grad"]))
     data["weak"] = weak
     text.append("\n### Data parallel on top (one sequence per replica of C GPUs)\n")
+    text.append("Two rows per point, one per way of reducing the gradients (column `gradients`); `vs dp=1` is "
+                "the replica's step time alone (same gradient mode) over this one.\n")
     text.append(fmt_table(weak, [
         lambda r: f"{r['N'] // 1024}k", lambda r: str(r["gpus"]), lambda r: str(r["C"]), lambda r: str(r["dp"]),
-        lambda r: r["scheme"], lambda r: f"{r['step_s']:.3f}", lambda r: f"{1000 * r['grad_s']:.1f}",
+        lambda r: r["scheme"], grad_label, lambda r: f"{r['step_s']:.3f}", lambda r: f"{1000 * r['grad_s']:.1f}",
         lambda r: f"{100 * r['weak_eff']:.0f}%", lambda r: f"{r['tokens_per_s'] / 1e6:.2f}",
-        lambda r: f"{100 * r['mfu']:.0f}%"],
-        ["N", "GPUs", "C", "dp", "scheme", "step s", "exposed grad ms", "vs dp=1", "Mtok/s", "MFU"]))
+        lambda r: f"{100 * r['mfu']:.0f}%", lambda r: f"{r['mem_gb']:.0f}"],
+        ["N", "GPUs", "C", "dp", "scheme", "gradients", "step s", "exposed grad ms", "vs dp=1", "Mtok/s", "MFU",
+         "GB/GPU"]))
+    # The gradient reduction alone, every variant, at the data-parallel points: ZeRO-1, the
+    # bucketed all-reduce at the default and at a large bucket, and the GPU trainer's one
+    # blocking all-reduce (train_cuda.cpp).
+    variants_g = [("zero", BUCKET_BYTES), ("buckets", BUCKET_BYTES), ("buckets", 64 * 2**20), ("allreduce", BUCKET_BYTES)]
+    gv = {v: {(r["N"], r["gpus"]): r for r in weak_scaling(cl, model, replicas, *v)} for v in variants_g}
+    data["gradient_variants"] = {f"{g}/{b}": list(d.values()) for (g, b), d in gv.items()}
+    text.append("\n### Gradient reduction variants at the data-parallel points: step s (exposed gradient ms)\n")
+    hdr = ["N", "GPUs", "C", "dp"] + [grad_label(dict(grad=g, bucket_bytes=b)) for g, b in variants_g]
+    hdr[-1] += " (GPU trainer today)"
+    lines = ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    for k in sorted(gv[variants_g[0]]):
+        r0 = gv[variants_g[0]][k]
+        cells = [f"{k[0] // 1024}k", str(k[1]), str(r0["C"]), str(r0["dp"])]
+        cells += [f"{gv[v][k]['step_s']:.3f} ({1000 * gv[v][k]['grad_s']:.1f})" for v in variants_g]
+        lines.append("| " + " | ".join(cells) + " |")
+    text.append("\n".join(lines))
     # Sensitivity: the conclusions under 2x errors in the assumed rates.
     variants = [
         ("as assumed", cl),
@@ -464,13 +565,13 @@ def main(out_dir=None):
     ]
     sens = []
     for label, c in variants:
-        w = winners(strong_scaling(c, model))
+        w = winners(strong_scaling(c, model, "zero"))
         for k in sorted(w):
             r = w[k]
             sens.append(dict(variant=label, N=k[0], gpus=k[1], scheme=r["scheme"], step_s=r["step_s"],
                              efficiency=r["efficiency"]))
     data["sensitivity"] = sens
-    text.append("\n### Sensitivity: fastest scheme and its efficiency\n")
+    text.append(f"\n### Sensitivity: fastest scheme and its efficiency (gradients: {Z})\n")
     keys = sorted({(s["N"], s["gpus"]) for s in sens})
     labels = [v[0] for v in variants]
     hdr = ["N", "GPUs"] + labels

@@ -69,6 +69,40 @@ class Model:
         return (self.vocab * self.D + sum(self.block_params(i) for i in range(self.layers))
                 + self.D + self.D * self.vocab)
 
+    def param_sizes(self) -> list:
+        """(name, elements) of every tensor of the flat parameter buffer, in buffer order
+        (transformer.cpp make_param_layout): embed, each block, norm_f, lm_head."""
+        Hd = self.H * self.d
+        out = [("embed", self.vocab * self.D)]
+        for i in range(self.layers):
+            p = f"blocks.{i}."
+            out += [(p + "norm1", self.D)] + [(p + "attn." + w, self.D * Hd) for w in ("wq", "wk", "wv", "wo")]
+            if self.layer(i).iha:
+                cols = self.H * self.P if self.collapse == "global" else self.P
+                out += [(p + "attn." + a, self.H * self.H * self.P) for a in ("aq", "ak", "av")]
+                out += [(p + "attn.collapse", self.H * cols)]
+            out += [(p + "norm2", self.D)] + [(p + "mlp." + w, self.D * self.ffn) for w in ("w_gate", "w_up", "w_down")]
+        out += [("norm_f", self.D), ("lm_head", self.D * self.vocab)]
+        assert sum(n for _, n in out) == self.params()
+        return out
+
+    def ready_groups(self) -> list:
+        """The tensor ranges [first, end) of param_sizes() whose gradients become final
+        together in backward, in the order Transformer::forward_backward announces them
+        (GradientsReady): norm_f + lm_head after the LM head, each block from the last to the
+        first after its backward, the embedding last."""
+        sizes = self.param_sizes()
+        starts, k = [], 1
+        for i in range(self.layers):
+            starts.append(k)
+            k += sum(1 for name, _ in sizes if name.startswith(f"blocks.{i}."))
+        groups = [("head", k, k + 2)]
+        for i in reversed(range(self.layers)):
+            end = starts[i + 1] if i + 1 < self.layers else k
+            groups.append((f"b{i}", starts[i], end))
+        groups.append(("embed", 0, 1))
+        return groups
+
     def dense_params(self) -> int:
         """Parameters in GEMMs (no embedding gather, norms or mixing)."""
         Hd = self.H * self.d
@@ -89,6 +123,8 @@ class Run:
     tile_q: int = 128
     tile_k: int = 128
     clip: float = 1.0
+    zero: bool = False             # optim.zero: ZeRO-1 (blocking reduce-scatter + all-gather)
+    grad_bucket_kib: int = 1024    # mesh.grad_bucket_kib: all-reduce buckets without ZeRO
 
     @property
     def ranks(self) -> int:
@@ -129,11 +165,48 @@ def load_run(path: str, **overrides) -> Run:
               hp=mesh.get("hp", 1), sp=mesh.get("sp", 1), batch_size=t.get("batch_size", 8),
               micro_batch=t.get("micro_batch", 0), recompute=t.get("recompute", True),
               tile_q=s.get("tile_q", 128), tile_k=s.get("tile_k", 128),
-              clip=c.get("optim", {}).get("clip", 1.0))
+              clip=c.get("optim", {}).get("clip", 1.0), zero=bool(c.get("optim", {}).get("zero", False)),
+              grad_bucket_kib=mesh.get("grad_bucket_kib", 1024))
     run = replace(run, **overrides)
     if run.micro_batch == 0:
         run = replace(run, micro_batch=run.batch_size // run.dp)
     return run
+
+
+def gradient_buckets(sizes, bucket_bytes: int, elem_bytes: int = 4):
+    """GradientBuckets (lib/parallel/grad_reduce.cpp): the flat buffer's tensors cut into
+    buckets from the end backwards, a bucket closed once it holds at least bucket_bytes.
+    Returns (first_tensor, last_tensor, elements) per bucket, in the order they were formed
+    (bucket 0 holds the buffer's last tensors)."""
+    out = []
+    last = len(sizes) - 1
+    while last >= 0:
+        first, nbytes = last, sizes[last] * elem_bytes
+        while first > 0 and nbytes < bucket_bytes:
+            first -= 1
+            nbytes += sizes[first] * elem_bytes
+        out.append((first, last, sum(sizes[first:last + 1])))
+        last = first - 1
+    return out
+
+
+def bucket_posting(model: Model, bucket_bytes: int, elem_bytes: int = 4):
+    """The order in which the last micro-batch's backward starts the buckets' all-reduces
+    (GradientsReady -> GradientBuckets::mark_ready, tensors marked in ascending order within
+    each group): (index into model.ready_groups(), elements of the bucket) per bucket."""
+    sizes = [n for _, n in model.param_sizes()]
+    buckets = gradient_buckets(sizes, bucket_bytes, elem_bytes)
+    pending = [last - first + 1 for first, last, _ in buckets]
+    bucket_of = {t: k for k, (first, last, _) in enumerate(buckets) for t in range(first, last + 1)}
+    out = []
+    for g, (_, first, end) in enumerate(model.ready_groups()):
+        for t in range(first, end):
+            k = bucket_of[t]
+            pending[k] -= 1
+            if pending[k] == 0:
+                out.append((g, buckets[k][2]))
+    assert len(out) == len(buckets)
+    return out
 
 
 # ----------------------------------------------------------------------------- runs
