@@ -1,7 +1,7 @@
 // The one online-softmax merge of partial attention results (O, LSE), used by the flash
 // kernels, ring steps and halo steps on CPU and GPU. A row whose keys were all masked has
 // LSE = -inf and O = 0; merging handles -inf against -inf without NaN.
-// defines: iha::neg_inf, iha::merge_partial_row
+// defines: iha::neg_inf, iha::hd_exp, iha::hd_log, iha::merge_partial_row
 #pragma once
 
 #include <cmath>

@@ -13,7 +13,7 @@
 // into row groups.
 //
 // Threading: pure functions of their arguments; callers own all buffers.
-// defines: iha::detail::tile_kernels_available, iha::detail::panel_floats,
+// defines: iha::detail::tile_kernels_available, iha::detail::kPanel, iha::detail::panel_floats,
 //          iha::detail::pack_panels, iha::detail::scores_nt, iha::detail::accumulate_nn
 #pragma once
 

@@ -1,7 +1,8 @@
 // Layer configuration, its validation, the window rules of DESIGN.md section 1, and a strict
 // YAML reader that names the key at fault (unknown keys, wrong types, invalid values).
-// defines: iha::Collapse, iha::MaskKind, iha::LayerConfig, iha::WindowSpec,
-//          iha::resolve_window_virtual, iha::ConfigNode
+// defines: iha::Collapse, iha::MaskKind, iha::collapse_name, iha::mask_name, iha::parse_collapse,
+//          iha::parse_mask, iha::LayerConfig, iha::WindowSpec, iha::resolve_window_virtual,
+//          iha::ConfigNode, iha::parse_layer_config, iha::parse_window_spec
 #pragma once
 
 #include <cstdint>

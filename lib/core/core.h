@@ -1,16 +1,18 @@
 // lib/core: the small base every other part stands on.
 //
 // What it holds
-//   - Tensor (tensor.h): shape, dtype (f32, f64, bf16 storage), device (cpu, cuda), contiguous
-//     row-major, owning or view. No autograd; layers have explicit forward and backward.
+//   - Tensor (tensor.h): shape, dtype (f32, f64, bf16, i32, i64, u8), device (cpu, cuda),
+//     contiguous row-major, owning or view. No autograd; layers have explicit forward and
+//     backward.
 //   - Errors (error.h): iha::Error carries file:line and a message naming the thing at fault;
 //     iha::ConfigError is bad user input. Library code throws; only apps exit.
 //   - Config (config.h): LayerConfig with validation naming the field, the window rules, and
 //     ConfigNode, a strict YAML reader (unknown keys and wrong types are errors).
 //   - RNG (rng.h): counter-based, so values do not depend on the mesh or call order.
 //   - BLAS wrappers and thread settings (blas.h).
-//   - CUDA builds only (cuda_device.h, not included here): CUDA error checks, the device count
-//     and the Device::cuda allocator, registered when the library loads.
+//   - CUDA builds only (not included here): cuda_device.h (CUDA error checks, the device count
+//     and the Device::cuda allocator, registered when the library loads), cuda_blas.h (cuBLAS
+//     GEMM) and cuda_ops.h (casts and element-wise kernels).
 //
 // Invariants
 //   - Tensors are contiguous; a view never outlives the memory it points to (caller's duty).

@@ -14,7 +14,7 @@
 //
 // Threads: the CUDA runtime is thread-safe; the current device is per host thread.
 // defines: IHA_CUDA_CHECK, iha::cuda_check, iha::cuda_device_count, iha::cuda_register_allocator,
-//          iha::cuda_launch_check, iha::CudaScratch
+//          iha::cuda_launch_check, IHA_CUDA_LAUNCH_CHECK, iha::CudaScratch
 #pragma once
 
 #include <cuda_runtime_api.h>

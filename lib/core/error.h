@@ -1,5 +1,5 @@
 // Errors: one exception type carrying where (file:line) and why.
-// defines: iha::Error, IHA_CHECK, IHA_FAIL
+// defines: iha::Error, iha::ConfigError, IHA_CHECK, IHA_FAIL, IHA_CONFIG_CHECK
 #pragma once
 
 #include <sstream>

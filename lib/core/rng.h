@@ -1,7 +1,7 @@
 // Counter-based random numbers: a value is a pure function of (seed, stream, index), so
 // initialisation and synthetic data do not depend on the mesh or on the order of calls.
 // The stateful Rng is (seed, counter): two integers, trivially checkpointed.
-// defines: iha::mix64, iha::uniform01, iha::normal01, iha::Rng
+// defines: iha::mix64, iha::hash3, iha::uniform01, iha::normal01, iha::name_stream, iha::Rng
 #pragma once
 
 #include <cmath>

@@ -1,6 +1,9 @@
 // Tensor: shape, dtype, device; contiguous row-major; owning or view. No autograd: layers
 // have explicit forward and backward (as in llm.c) and take tensors or raw typed pointers.
-// defines: iha::DType, iha::Device, iha::Shape, iha::Tensor, iha::dtype_of<T>
+// defines: iha::DType, iha::Device, iha::Shape, iha::Tensor, iha::dtype_of<T>, iha::DTypeOf<T>,
+//          iha::dtype_size, iha::dtype_name, iha::parse_dtype, iha::is_floating, iha::device_name,
+//          iha::shape_numel, iha::shape_str, iha::DeviceAllocator, iha::register_device_allocator,
+//          iha::has_device
 #pragma once
 
 #include <cstddef>

@@ -11,12 +11,18 @@
 //   - data.h: HDF5 token files and synthetic tasks (multi-key retrieval, 2-hop composition),
 //     each rank reading only its shard of each sequence.
 //   - run_config.h, trainer.h: the strict YAML run config and the training loop's state and
-//     step (micro-batch accumulation, one gradient all-reduce over all ranks, evaluation).
+//     step (micro-batch accumulation, the gradient sum over all ranks: a bucketed all-reduce
+//     overlapped with backward, or with optim.zero a reduce-scatter and ZeRO-1 sharded AdamW;
+//     evaluation).
 //   - train_checkpoint.h: saving, resuming, fine-tuning and evaluating through lib/checkpoint.
+//   - model_math.h: the per-element formulas (SwiGLU, AdamW) shared by the CPU and GPU code.
+//   - CUDA builds only (not included here): ops_cuda.h, transformer_cuda.h and train_cuda.h,
+//     the GPU model and the device half of a `train.device: cuda` run.
 //
 // Invariants
 //   - Results do not depend on the mesh beyond summation order: float64 losses and parameters
-//     of a run on any sequence x data mesh equal the single-process run within 1e-10.
+//     of a run on any data x head x sequence mesh, with or without ZeRO-1, equal the
+//     single-process run within 1e-10.
 //   - A fixed mesh gives the same bits every time; a resumed run continues bit for bit.
 //   - Initialisation and synthetic data are pure functions of (seed, name or index).
 //   - Bad input (config, data file, checkpoint) throws ConfigError naming the key, file or

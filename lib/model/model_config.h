@@ -2,7 +2,7 @@
 // sizes, the layer pattern, the attention settings shared by all layers, and how each block's
 // LayerConfig follows from them (window resolution of DESIGN.md section 1 included).
 // Invariant: layer_config() needs the window resolved first (resolve_window). Threads: plain data.
-// defines: iha::GlobalKind, iha::ModelConfig, iha::parse_model_config
+// defines: iha::GlobalKind, iha::global_kind_name, iha::ModelConfig, iha::parse_model_config
 #pragma once
 
 #include <cstdint>

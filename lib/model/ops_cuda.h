@@ -15,8 +15,9 @@
 //
 // Streams: asynchronous on `stream`, device pointers, except the *_stats and plan functions,
 // which synchronise and return host values.
-// defines: iha::embedding_forward_cuda, iha::EmbeddingGradPlan, iha::embedding_backward_cuda,
-//          iha::rmsnorm_forward_cuda, iha::rmsnorm_backward_cuda, iha::swiglu_act_forward_cuda,
+// defines: iha::embedding_forward_cuda, iha::EmbeddingGradPlan, iha::make_embedding_grad_plan,
+//          iha::embedding_backward_cuda, iha::rmsnorm_forward_cuda, iha::rmsnorm_backward_cuda,
+//          iha::swiglu_act_forward_cuda,
 //          iha::swiglu_act_backward_cuda, iha::SwigluCudaCache, iha::swiglu_forward_cuda,
 //          iha::swiglu_backward_cuda, iha::cross_entropy_cuda, iha::cross_entropy_stats_cuda,
 //          iha::adamw_update_cuda

@@ -7,8 +7,9 @@
 //     the same order.
 // Every call names a call site (e.g. "ring.fwd"); the communicator counts the bytes this
 // rank sends per site (CommCounters), so tests and benchmarks can check traffic.
-// defines: iha::SendOp, iha::RecvOp, iha::PendingExchange, iha::Communicator,
-//          iha::CommCounters, iha::make_mpi_world, iha::MpiRuntime
+// defines: iha::ReduceOp, iha::SendOp, iha::RecvOp, iha::PendingExchange, iha::Communicator,
+//          iha::CommCounters, iha::collective_check, iha::check_same_on_all_ranks,
+//          iha::make_mpi_world, iha::MpiRuntime
 #pragma once
 
 #include <cstddef>

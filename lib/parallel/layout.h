@@ -5,8 +5,8 @@
 // of C has floor(N/C) + (c < N mod C) tokens: any N works, chunks may be empty, no padding.
 // In a head x sequence mesh every head-parallel rank sees the same chunks (the map depends
 // only on the sequence rank). The chunk arithmetic is host-and-device code.
-// defines: iha::LayoutKind, iha::TokenRange, iha::chunk_begin, iha::SequenceLayout,
-//          iha::ReplicaLayout
+// defines: iha::LayoutKind, iha::layout_name, iha::parse_layout, iha::TokenRange, iha::chunk_begin,
+//          iha::chunks_per_rank, iha::rank_chunk, iha::SequenceLayout, iha::ReplicaLayout
 #pragma once
 
 #include <cstdint>

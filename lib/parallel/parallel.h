@@ -6,9 +6,14 @@
 //     implementation over host memory, per-call-site byte counters, and collective_check, which
 //     turns an error on one rank into the same error on every rank.
 //   - mesh.h: the data x head x sequence process mesh and its sub-communicators.
-//   - layout.h: contiguous and zigzag sequence layouts, the one map of who holds which tokens.
-//   - nccl_comm.h (CUDA builds only, not included here): the NCCL Communicator over device
-//     memory, a drop-in for the MPI one, one rank per GPU.
+//   - layout.h: contiguous and zigzag sequence layouts, the one map of who holds which tokens
+//     (SequenceLayout), and its nesting in a head x sequence replica (ReplicaLayout).
+//   - grad_reduce.h: bucketed non-blocking gradient all-reduce (GradientBuckets) and the ZeRO-1
+//     split of a flat buffer into per-rank ranges (FlatPartition).
+//   - mpi_handle.h (not included here): the raw MPI_Comm of a communicator, for parallel HDF5.
+//   - nccl_comm.h, staged_comm.h (CUDA builds only, not included here): the NCCL Communicator
+//     over device memory, a drop-in for the MPI one, one rank per GPU; and MPI with host
+//     staging for device buffers when ranks share a GPU.
 //
 // Invariants
 //   - Every rank of a group calls the same collectives in the same order.

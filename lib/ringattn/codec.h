@@ -10,7 +10,7 @@
 // backend's accumulation dtype. These are the CPU codecs (host tensors of T); the GPU twins of
 // PremixCodec are in engine_cuda.h.
 // defines: iha::detail::KVBlock, iha::detail::KVCodec, iha::detail::PremixCodec,
-//          iha::detail::PseudoCodec
+//          iha::detail::PseudoCodec, iha::detail::host_positions
 #pragma once
 
 #include <cstdint>

@@ -33,6 +33,9 @@
 // Threads
 //   - A core is used by one thread; it owns no threads. Communication overlaps compute through
 //     non-blocking transfers that the core tests between heads of work.
+// defines: iha::SeqParallelOptions, iha::ParallelScheme, iha::scheme_name, iha::parse_scheme,
+//          iha::ReplicaGroups, iha::make_replica_core, iha::make_ring_core, iha::make_halo_core,
+//          iha::make_sequence_parallel_core
 #pragma once
 
 #include <memory>
