@@ -11,7 +11,9 @@
 // Checkpoints see device views with the CPU run's names and fp32 dtype: lib/checkpoint copies
 // them through the host, so CPU and GPU runs load each other's checkpoints.
 //
-// Limits: mesh.hp must be 1 (no device head-parallel core yet); a ConfigError otherwise.
+// Limits: mesh.hp must be 1 (no device head-parallel core yet) and train.dtype float32, else a
+// ConfigError here; Trainer refuses optim.zero with train.device: cuda (no sharded device
+// optimizer). The gradient sum is one all-reduce after the last micro-batch (no buckets).
 // Threads: one thread, like Trainer.
 // defines: iha::CudaTrainState
 #pragma once
