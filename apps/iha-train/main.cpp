@@ -29,7 +29,8 @@ const char* kUsage =
     "  finetune  load weights from finetune.from and continue at this config's context\n"
     "  eval      loss and answer accuracy of a checkpoint on held-out data\n"
     "  --set k=v override a config key (dotted path, YAML value), e.g. --set optim.lr=3e-4\n"
-    "  --resume  continue from the newest checkpoint in checkpoint.dir\n";
+    "  --resume  continue from the newest checkpoint in checkpoint.dir\n"
+    "  --help    print this text\n";
 
 enum class Mode { train, finetune, eval };
 
@@ -38,12 +39,17 @@ struct Args {
   std::string config;
   std::vector<std::string> overrides;
   bool resume = false;
+  bool help = false;  // print the usage and exit 0
 };
 
 Args parse_args(int argc, char** argv) {
   Args a;
   IHA_CONFIG_CHECK(argc >= 2, "missing command (train, finetune or eval)");
   const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    a.help = true;
+    return a;
+  }
   if (cmd == "train") {
     a.mode = Mode::train;
   } else if (cmd == "finetune") {
@@ -186,7 +192,10 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
     return 0;
   }
 
-  const double peak_rank = measure_gemm_peak(w, cfg.dtype);
+  // The peak a step is measured against: the GEMM the run's dense products use (cuBLAS in the
+  // compute dtype on GPUs, OpenBLAS in train.dtype on CPUs), every rank at once.
+  const bool gpu = cfg.device == Device::cuda;
+  const double peak_rank = gpu ? measure_gemm_peak_cuda(w, cfg.compute_dtype) : measure_gemm_peak(w, cfg.dtype);
   double peak_total = peak_rank;
   w.all_reduce(&peak_total, 1, DType::f64, ReduceOp::sum, "log.peak");
   const double flops_step = trainer.flops_per_step();
@@ -202,7 +211,9 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
        << "\n  data: " << make_data_source(cfg, false)->describe()
        << "\n  batch: " << cfg.batch_size << " sequences/step (" << cfg.accumulation()
        << " micro-batches of " << cfg.micro_batch << " per replica), " << cfg.steps << " steps"
-       << "\n  peak (" << (cfg.dtype == DType::f64 ? "dgemm" : "sgemm") << ", all ranks at once): "
+       << "\n  peak (" << (gpu ? std::string("cuBLAS ") + dtype_name(cfg.compute_dtype) + " gemm"
+                         : std::string(cfg.dtype == DType::f64 ? "dgemm" : "sgemm"))
+       << ", all ranks at once): "
        << si(peak_total) << "FLOP/s; model " << si(flops_step) << "FLOP/step";
     rep->console(os.str());
     rep->json(JsonLine()
@@ -321,6 +332,10 @@ int main(int argc, char** argv) {
   } catch (const ConfigError& e) {
     if (root) std::cerr << "iha-train: error: " << e.what() << "\n\n" << kUsage;
     return 2;
+  }
+  if (args.help) {
+    if (root) std::cout << kUsage;
+    return 0;
   }
   try {
     RunConfig cfg;

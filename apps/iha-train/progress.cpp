@@ -10,6 +10,12 @@
 
 #include "core/blas.h"
 #include "core/error.h"
+#if defined(IHA_HAVE_CUDA)
+#include <cuda_runtime.h>
+
+#include "core/cuda_blas.h"
+#include "core/cuda_device.h"
+#endif
 
 namespace iha::app {
 
@@ -37,6 +43,34 @@ double gemm_rate(Communicator& world, double seconds) {
 
 double measure_gemm_peak(Communicator& world, DType dt, double seconds) {
   return dt == DType::f64 ? gemm_rate<double>(world, seconds) : gemm_rate<float>(world, seconds);
+}
+
+double measure_gemm_peak_cuda(Communicator& world, DType ab, double seconds) {
+#if defined(IHA_HAVE_CUDA)
+  // The cuBLAS product the model's projections use (ab inputs, fp32 output and accumulation)
+  // at a size that reaches the GPU's steady rate, on this rank's current device.
+  const int64_t n = 4096;
+  Tensor a({n, n}, ab, Device::cuda), b({n, n}, ab, Device::cuda), c({n, n}, DType::f32, Device::cuda);
+  auto product = [&] {
+    gemm_cuda(false, false, n, n, n, 1.0f, a.raw(), n, b.raw(), n, 0.0f, c.raw(), n, ab, DType::f32);
+  };
+  product();  // warm up (cuBLAS picks its kernel)
+  IHA_CUDA_CHECK(cudaDeviceSynchronize());
+  world.barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t reps = 0;
+  double elapsed = 0;
+  do {
+    for (int i = 0; i < 10; ++i) product();
+    IHA_CUDA_CHECK(cudaDeviceSynchronize());
+    reps += 10;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < seconds);
+  return 2.0 * static_cast<double>(n * n * n) * static_cast<double>(reps) / elapsed;
+#else
+  (void)world, (void)ab, (void)seconds;
+  IHA_FAIL("measure_gemm_peak_cuda: this build has no CUDA support");
+#endif
 }
 
 MemoryUse memory_use() {

@@ -1,6 +1,6 @@
 // Progress reporting of iha-train: the machine's peak measured at startup with a short GEMM on
 // every rank at once, resident memory per rank, and the console / JSON-lines output of rank 0.
-// defines: iha::app::measure_gemm_peak, iha::app::MemoryUse, iha::app::memory_use,
+// defines: iha::app::measure_gemm_peak, iha::app::measure_gemm_peak_cuda, iha::app::MemoryUse, iha::app::memory_use,
 //          iha::app::JsonLine, iha::app::Reporter, iha::app::format_duration
 #pragma once
 
@@ -17,6 +17,9 @@ namespace iha::app {
 // FLOP/s of a square GEMM of dtype dt on this rank, measured while every rank of `world` runs
 // the same GEMM (so shared cores are shared as in training). Collective.
 double measure_gemm_peak(Communicator& world, DType dt, double seconds = 0.3);
+// The same on this rank's GPU: a cuBLAS product with ab inputs (the run's compute dtype) and
+// fp32 accumulation, as the model's projections use. Collective. CUDA builds only.
+double measure_gemm_peak_cuda(Communicator& world, DType ab, double seconds = 0.3);
 
 struct MemoryUse {
   double rss_mib = 0;       // resident now

@@ -79,6 +79,17 @@ TEST(IhaTrain, BadCommandLines) {
   expect_config_error("train --config /tmp/iha_no_such_config.yaml", "cannot open config file");
 }
 
+TEST(IhaTrain, HelpPrintsTheUsageOnce) {
+  for (const char* flag : {"--help", "-h"}) {
+    const Result r = run(flag);
+    EXPECT_EQ(r.code, 0) << flag << "\n" << r.output;
+    const size_t first = r.output.find("usage: iha-train");
+    EXPECT_NE(first, std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("usage: iha-train", first + 1), std::string::npos) << "printed by every rank:\n" << r.output;
+    EXPECT_EQ(r.output.find("error"), std::string::npos) << r.output;
+  }
+}
+
 TEST(IhaTrain, BadConfigsNameTheKey) {
   expect_config_error(demo("--set model.heads=4"), "unknown config key 'model.heads'");
   expect_config_error(demo("--set optim.lr=fast"), "'optim.lr'");
