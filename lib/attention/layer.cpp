@@ -121,8 +121,11 @@ void IhaLayer<T>::forward(const IhaWeights<T>& w, const Tensor& x, Tensor& z, Ca
   cache.B = B;
   cache.x = x;
   cache.q = Tensor({B, n, Hd}, dt);
-  cache.k = Tensor({B, n, Hd}, dt);
-  cache.v = Tensor({B, n, Hd}, dt);
+  // K and V in one allocation, V right after K: a sequence-parallel core sends them as its
+  // exchange payload in place instead of packing a copy.
+  const Tensor kv({2, B, n, Hd}, dt);
+  cache.k = kv.slice(0, 1).reshape({B, n, Hd});
+  cache.v = kv.slice(1, 2).reshape({B, n, Hd});
   cache.o = Tensor({B, n, Hd}, dt);
   const T* xp = x.template data<T>();
   gemm<T>(false, false, B * n, Hd, D, T(1), xp, D, w.wq.template data<T>(), Hd, T(0), cache.q.template data<T>(), Hd);
@@ -146,12 +149,19 @@ void IhaLayer<T>::backward(const IhaWeights<T>& w, const Tensor& dz, Cache& cach
   // Output projection: dW_O += O^T dZ; dO = dZ W_O^T.
   gemm<T>(true, false, Hd, D, B * n, T(1), cache.o.template data<T>(), Hd, dz.template data<T>(), D, T(1),
           grads.wo.template data<T>(), D);
+  cache.o = Tensor();  // last use: released before the core's backward buffers
   Tensor d_o({B, n, Hd}, dt);
   gemm<T>(false, true, B * n, Hd, D, T(1), dz.template data<T>(), D, w.wo.template data<T>(), D, T(0),
           d_o.template data<T>(), Hd);
-  Tensor dq({B, n, Hd}, dt), dk({B, n, Hd}, dt), dv({B, n, Hd}, dt);
+  // dK and dV adjacent, like K and V: a sequence-parallel core receives its gradient there.
+  Tensor dq({B, n, Hd}, dt), dkv({2, B, n, Hd}, dt);
+  const Tensor dk = dkv.slice(0, 1).reshape({B, n, Hd}), dv = dkv.slice(1, 2).reshape({B, n, Hd});
   core_->backward(w, B, cache.q.template data<T>(), cache.k.template data<T>(), cache.v.template data<T>(), d_o.template data<T>(),
-                  dq.template data<T>(), dk.template data<T>(), dv.template data<T>(), grads, *cache.core);
+                  dq.template data<T>(), dkv.template data<T>(), dkv.template data<T>() + B * n * Hd, grads, *cache.core);
+  // The cache is consumed: the core may have released parts of it; a second backward needs a
+  // new forward.
+  cache.core.reset();
+  cache.q = cache.k = cache.v = Tensor();
   const T* xp = cache.x.template data<T>();
   gemm<T>(true, false, D, Hd, B * n, T(1), xp, D, dq.template data<T>(), Hd, T(1), grads.wq.template data<T>(), Hd);
   gemm<T>(true, false, D, Hd, B * n, T(1), xp, D, dk.template data<T>(), Hd, T(1), grads.wk.template data<T>(), Hd);

@@ -62,6 +62,9 @@ class AttentionCore {
   virtual void forward(const IhaWeights<T>& w, int64_t B, const T* q, const T* k, const T* v,
                        T* out, CoreCache& cache) = 0;
   // dout [B, n_loc, H*d] -> dq, dk, dv (written); grads.aq/ak/av/collapse accumulate (+=).
+  // May release parts of the cache it no longer needs: one backward per forward. IhaLayer
+  // passes k, v (and dk, dv) adjacent, v == k + B*n_loc*H*d; cores may rely on it only as an
+  // optimisation.
   virtual void backward(const IhaWeights<T>& w, int64_t B, const T* q, const T* k, const T* v,
                         const T* dout, T* dq, T* dk, T* dv, IhaWeights<T>& grads,
                         CoreCache& cache) = 0;
@@ -97,6 +100,7 @@ class IhaLayer {
   // reference to x (shared storage; a view must outlive backward).
   void forward(const IhaWeights<T>& w, const Tensor& x, Tensor& z, Cache& cache) const;
   // dz [B, n_loc, D] -> dx (written, allocated if undefined); grads accumulate (+=).
+  // Consumes the cache (buffers are released at their last use): one backward per forward.
   void backward(const IhaWeights<T>& w, const Tensor& dz, Cache& cache, Tensor& dx,
                 IhaWeights<T>& grads) const;
   // After the last backward of a step: sum parameter gradients over the sequence group.

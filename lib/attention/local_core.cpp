@@ -79,20 +79,23 @@ class LocalCore final : public AttentionCore<T> {
     const MixView<T> mv = this->mix_view(w);
     const MaskSpec mask = this->mask();
     const bool mixing = c.mixing;
-    Tensor dov({B, H, NP, d}, dt), dqv({B, H, NP, d}, dt), dkv({B, H, NP, d}, dt),
-        dvv({B, H, NP, d}, dt), drow({B, H, NP}, dt);
+    Tensor dov({B, H, NP, d}, dt), drow({B, H, NP}, dt);
     const T* ov = cache.ov.template data<T>();
     for (int64_t b = 0; b < B; ++b)
       collapse_backward(dout + b * N_ * Hd, Hd, ov + b * H * hs, hs, N_, H, d, P, mv.form, mv.c,
                         dov.template data<T>() + b * H * hs, mixing ? grads.collapse.template data<T>() : nullptr);
+    for (int64_t bh = 0; bh < B * H; ++bh)
+      flash_drow(ov + bh * hs, dov.template data<T>() + bh * hs, NP, d, drow.template data<T>() + bh * NP);
+    // The output's last use: released before the gradient buffers are allocated.
+    cache.ov = Tensor();
+    Tensor dqv({B, H, NP, d}, dt), dkv({B, H, NP, d}, dt), dvv({B, H, NP, d}, dt);
     const T* qv = cache.qv.template data<T>();
     const T* kv = cache.kv.template data<T>();
     const T* vv = cache.vv.template data<T>();
     const T* lse = cache.lse.template data<T>();
 #pragma omp parallel for schedule(dynamic) if (num_threads() > 1)
     for (int64_t bh = 0; bh < B * H; ++bh) {
-      T* dr = drow.template data<T>() + bh * NP;
-      flash_drow(ov + bh * hs, dov.template data<T>() + bh * hs, NP, d, dr);
+      const T* dr = drow.template data<T>() + bh * NP;
       flash_backward(mask, d, qv + bh * hs, vpos_.data(), NP, kv + bh * hs, vv + bh * hs,
                      vpos_.data(), NP, dov.template data<T>() + bh * hs, lse + bh * NP, dr,
                      dqv.template data<T>() + bh * hs, dkv.template data<T>() + bh * hs, dvv.template data<T>() + bh * hs,

@@ -116,7 +116,7 @@ class PremixCore final : public AttentionCore<T> {
     const MixView<T> mv = this->mix_view(w);
     const int64_t n = local_tokens();
     make_queries(mv, B, q, cache.qv);
-    const Tensor payload = pack(B, n, k, v);
+    const Tensor payload = payload_of(B, n, k, v);
     engine_->forward(B, cache.qv, payload, PremixCodec<T>(c, mv, nullptr), cache.ov, cache.lse, cache.engine);
     collapse_all(c, mv, B, n, cache.ov, out);
   }
@@ -133,15 +133,21 @@ class PremixCore final : public AttentionCore<T> {
       collapse_backward(dout + b * n * Hd, Hd, cache.ov.template data<T>() + b * c.H * hs, hs, n, c.H, c.d,
                         c.P, mv.form, mv.c, dov.template data<T>() + b * c.H * hs,
                         c.mixing ? grads.collapse.template data<T>() : nullptr);
-    // Drow from the final merged output, once, before any step.
+    // Drow from the final merged output, once, before any step. The output is not needed
+    // after it: released before the engine allocates its step buffers.
     drow_all<T>(B * c.H, nP, c.d, cache.ov, dov, drow);
-    const Tensor payload = pack(B, n, k, v);
-    Tensor dpayload;
+    cache.ov = Tensor();
+    const Tensor payload = payload_of(B, n, k, v);
+    // dK | dV adjacent (as IhaLayer allocates them): the engine writes the gradient there.
+    const int64_t m = B * n * Hd;
+    Tensor dpayload = dv == dk + m ? Tensor::view(dk, {2 * m}, dtype_of<T>()) : Tensor();
     engine_->backward(B, cache.qv, payload, PremixCodec<T>(c, mv, &grads), dov, cache.lse, drow, dqv, dpayload,
                       cache.engine);
-    const T* dp = dpayload.template data<T>();
-    std::copy(dp, dp + B * n * Hd, dk);
-    std::copy(dp + B * n * Hd, dp + 2 * B * n * Hd, dv);
+    if (dpayload.template data<T>() != dk) {
+      const T* dp = dpayload.template data<T>();
+      std::copy(dp, dp + m, dk);
+      std::copy(dp + m, dp + 2 * m, dv);
+    }
     std::fill(dq, dq + B * n * Hd, T(0));
     T* daq = c.mixing ? grads.aq.template data<T>() : nullptr;
     for (int64_t b = 0; b < B; ++b) {
@@ -166,8 +172,11 @@ class PremixCore final : public AttentionCore<T> {
       for (int64_t h = 0; h < c.H; ++h) rope_.apply(qb + h * hs, nP, false);
     }
   }
-  Tensor pack(int64_t B, int64_t n, const T* k, const T* v) const {
+  // The [2][B][n][H*d] payload of this rank's K and V: a view when V follows K in memory (as
+  // IhaLayer allocates them; the engine only reads and sends it), else a packed copy.
+  Tensor payload_of(int64_t B, int64_t n, const T* k, const T* v) const {
     const int64_t m = B * n * this->cfg_.H * this->cfg_.d;
+    if (v == k + m) return Tensor::view(const_cast<T*>(k), {2 * m}, dtype_of<T>());
     Tensor buf({2 * m}, dtype_of<T>());
     std::copy(k, k + m, buf.template data<T>());
     std::copy(v, v + m, buf.template data<T>() + m);

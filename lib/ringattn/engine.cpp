@@ -119,6 +119,14 @@ SeqEngine::SeqEngine(const LayerConfig& cfg, int64_t heads, std::shared_ptr<Comm
   qpos_t_ = be_->positions(qpos_);
 }
 
+Tensor SeqEngine::own_payload_grad(Tensor& dpayload, int64_t numel, bool zero) const {
+  if (dpayload.numel() == numel && dpayload.dtype() == be_->acc_dtype() && dpayload.device() == be_->device()) {
+    if (zero) dpayload.zero();
+    return dpayload;
+  }
+  return be_->zeros({numel}, be_->acc_dtype());
+}
+
 std::pair<int64_t, int64_t> SeqEngine::query_rows_seeing(int64_t k_lo, int64_t k_hi) const {
   const MaskSpec m = mask();
   const auto b = std::lower_bound(qpos_.begin(), qpos_.end(), first_query_seeing(m, k_lo));

@@ -125,7 +125,9 @@ class SeqEngine {
   virtual void forward(int64_t B, const Tensor& qv, const Tensor& payload, const KVCodec& codec,
                        Tensor& ov, Tensor& lse, EngineCache& cache) = 0;
   // From the final lse and drow: writes dqv [B, heads, nP, d] and dpayload [2][B][n][w] (the
-  // gradient of this rank's K/V payload, summed over every rank's queries).
+  // gradient of this rank's K/V payload, summed over every rank's queries). When dpayload
+  // already holds 2*B*n*w elements of the acc dtype on the backend's device (e.g. a view of
+  // the caller's dK | dV), the gradient is written into that memory instead of a new buffer.
   virtual void backward(int64_t B, const Tensor& qv, const Tensor& payload, const KVCodec& codec,
                         const Tensor& dov, const Tensor& lse, const Tensor& drow, Tensor& dqv,
                         Tensor& dpayload, EngineCache& cache) = 0;
@@ -133,6 +135,9 @@ class SeqEngine {
  protected:
   MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual}; }
   int64_t local_rows() const { return static_cast<int64_t>(qpos_.size()); }
+  // dpayload's memory for a gradient of `numel` elements, zero-filled: the caller's buffer
+  // when it fits (see backward), else a new one.
+  Tensor own_payload_grad(Tensor& dpayload, int64_t numel, bool zero) const;
   // Rows [begin, end) of local queries that can see some key with index in [k_lo, k_hi].
   std::pair<int64_t, int64_t> query_rows_seeing(int64_t k_lo, int64_t k_hi) const;
   // Query rows that can see some token of `toks` (a sorted list), as above.

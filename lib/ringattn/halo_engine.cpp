@@ -92,7 +92,7 @@ class HaloEngine final : public SeqEngine {
 
     Tensor dkv, dvv;
     attend_backward(B, qv, cache.local, 0, nP, dov, lse, drow, dqv, dkv, dvv, pending.get());
-    dpayload = be.zeros({2 * B * n * w}, be.acc_dtype());
+    dpayload = own_payload_grad(dpayload, 2 * B * n * w, true);
     codec.decode_backward(B, payload, n, 0, tokens(), dkv, dvv, dpayload);
     pending->wait();
     // Owners add the halo gradients of their rows in ascending rank order (deterministic).

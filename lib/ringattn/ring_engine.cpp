@@ -63,20 +63,33 @@ class RingEngine final : public SeqEngine {
         kv_pending = comm_->start_exchange({{cur.raw(), cur.nbytes(), next_rank()}},
                                            {{next.raw(), next.nbytes(), prev_rank()}}, site_ + ".bwd");
       }
-      // This rank's contribution to the gradient of block s's payload.
-      Tensor contrib = be.zeros({2 * B * ns * w}, be.acc_dtype());
+      // This rank's contribution to the gradient of block s's payload. Allocated only after
+      // the decoded block is released: the block and its pseudo-head gradients (P times the
+      // payload's width) are what this step holds at its peak. With one rank it is the final
+      // gradient, written in place when the caller lent its memory.
+      const auto new_contrib = [&] {
+        const int64_t numel = 2 * B * ns * w;
+        return R_ == 1 ? own_payload_grad(dpayload, numel, true) : be.zeros({numel}, be.acc_dtype());
+      };
+      Tensor contrib;
+      bool computed = false;
       const auto [a, b] = visible_tokens(s);
       if (a < b) {
         const std::vector<int64_t> sub(tokens_[s].begin() + a, tokens_[s].begin() + b);
         const auto [q0, q1] = query_rows_seeing_tokens(sub);
         if (q0 < q1) {
-          KVBlock blk;
-          codec.decode(B, cur, ns, a, sub, blk);
           Tensor dkv, dvv;
-          attend_backward(B, qv, blk, q0, q1, dov, lse, drow, dqv, dkv, dvv, kv_pending.get());
+          {
+            KVBlock blk;
+            codec.decode(B, cur, ns, a, sub, blk);
+            attend_backward(B, qv, blk, q0, q1, dov, lse, drow, dqv, dkv, dvv, kv_pending.get());
+          }
+          contrib = new_contrib();
+          computed = true;
           codec.decode_backward(B, cur, ns, a, sub, dkv, dvv, contrib);
         }
       }
+      if (!computed) contrib = new_contrib();
       if (R_ == 1) {
         incoming = contrib;
         break;
@@ -88,7 +101,8 @@ class RingEngine final : public SeqEngine {
       outgoing = contrib;
       // After the last step each gradient goes home: this rank sends block r+1's to rank r+1
       // and receives its own block's, complete, from rank r-1.
-      incoming = be.zeros({2 * B * size_of((rank_ - i - 1 + R_) % R_) * w}, be.acc_dtype());
+      const int64_t in_numel = 2 * B * size_of((rank_ - i - 1 + R_) % R_) * w;
+      incoming = i + 1 == R_ ? own_payload_grad(dpayload, in_numel, false) : be.zeros({in_numel}, be.acc_dtype());
       grad_pending = comm_->start_exchange({{outgoing.raw(), outgoing.nbytes(), next_rank()}},
                                            {{incoming.raw(), incoming.nbytes(), prev_rank()}}, site_ + ".bwd");
       if (kv_pending) {

@@ -4,6 +4,8 @@
 // than a chunk, Wv = 1. Also bytes moved against an independent formula, bad input, bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 
@@ -300,6 +302,64 @@ TEST(SeqParallelDeterminism, SameLayoutSameBits) {
     world().all_gather(g1.raw(), all.data(), g1.numel(), DType::f32, "test");
     for (int q = 1; q < world().size(); ++q)
       EXPECT_EQ(0, std::memcmp(all.data(), all.data() + q * g1.numel(), g1.nbytes()));
+  }
+}
+
+// The pre-mix core sends the caller's K | V as its payload and receives dK | dV in place when
+// they are adjacent (as IhaLayer allocates them), and packs / copies otherwise: both paths must
+// give the same bits. A layer's backward consumes its cache (the cores release buffers at their
+// last use), so a second backward without a forward is an error, not a read of freed memory.
+TEST(SeqParallelBuffers, AdjacentAndSeparateKVGiveTheSameBits) {
+  LayerConfig cfg;
+  cfg.D = 16; cfg.H = 2; cfg.d = 8; cfg.P = 2;
+  const int64_t N = 37, B = 2;
+  for (int64_t W : {int64_t(0), int64_t(9)}) {
+    cfg.window_virtual = W;
+    auto w = test::random_weights<float>(cfg, 11);
+    auto core = make_sequence_parallel_core<float>(cfg, N, test::world_ptr());
+    const int64_t m = B * core->local_tokens() * cfg.H * cfg.d;
+    const Tensor qkv = test::random_tensor<float>({3 * m}, 12, "qkv"), dout = test::random_tensor<float>({m}, 13, "dout");
+    const float* q = qkv.data<float>();
+    struct Result { Tensor out, dq, dk, dv; IhaWeights<float> grads; };
+    auto run = [&](bool adjacent) {
+      Result r{Tensor({m}, DType::f32), Tensor({m}, DType::f32), Tensor(), Tensor(), IhaWeights<float>::zeros(cfg)};
+      // Adjacent: K, V (and dK, dV) share one allocation; separate: each has its own.
+      Tensor k_sep({m}, DType::f32), v_sep({m}, DType::f32);
+      std::copy(q + m, q + 2 * m, k_sep.data<float>());
+      std::copy(q + 2 * m, q + 3 * m, v_sep.data<float>());
+      const float* k = adjacent ? q + m : k_sep.data<float>();
+      const float* v = adjacent ? q + 2 * m : v_sep.data<float>();
+      EXPECT_EQ(adjacent, v == k + m);
+      Tensor dkv({2 * m}, DType::f32);
+      r.dk = adjacent ? dkv.slice(0, m) : Tensor({m}, DType::f32);
+      r.dv = adjacent ? dkv.slice(m, 2 * m) : Tensor({m}, DType::f32);
+      // Backward writes (does not add to) dq, dk, dv: start them as garbage.
+      for (Tensor* t : {&r.dq, &r.dk, &r.dv}) std::fill(t->data<float>(), t->data<float>() + m, std::nanf(""));
+      auto cache = core->make_cache();
+      core->forward(w, B, q, k, v, r.out.data<float>(), *cache);
+      core->backward(w, B, q, k, v, dout.data<float>(), r.dq.data<float>(), r.dk.data<float>(), r.dv.data<float>(),
+                     r.grads, *cache);
+      return r;
+    };
+    const Result a = run(true), b = run(false);
+    for (const Tensor* t : {&a.dq, &a.dk, &a.dv, &b.dq, &b.dk, &b.dv})
+      EXPECT_TRUE(std::all_of(t->data<float>(), t->data<float>() + m, [](float x) { return std::isfinite(x); }))
+          << "W=" << W;
+    EXPECT_EQ(0, std::memcmp(a.out.raw(), b.out.raw(), a.out.nbytes())) << "W=" << W;
+    EXPECT_EQ(0, std::memcmp(a.dq.raw(), b.dq.raw(), a.dq.nbytes())) << "W=" << W;
+    EXPECT_EQ(0, std::memcmp(a.dk.raw(), b.dk.raw(), a.dk.nbytes())) << "W=" << W;
+    EXPECT_EQ(0, std::memcmp(a.dv.raw(), b.dv.raw(), a.dv.nbytes())) << "W=" << W;
+    EXPECT_EQ(0, std::memcmp(a.grads.ak.raw(), b.grads.ak.raw(), a.grads.ak.nbytes())) << "W=" << W;
+    EXPECT_EQ(0, std::memcmp(a.grads.av.raw(), b.grads.av.raw(), a.grads.av.nbytes())) << "W=" << W;
+
+    IhaLayer<float> layer(cfg, core);
+    IhaLayer<float>::Cache cache;
+    const Tensor x = test::random_tensor<float>({B, core->local_tokens(), cfg.D}, 14, "x");
+    Tensor z, dx;
+    auto grads = IhaWeights<float>::zeros(cfg);
+    layer.forward(w, x, z, cache);
+    layer.backward(w, x, cache, dx, grads);
+    EXPECT_THROW(layer.backward(w, x, cache, dx, grads), Error);
   }
 }
 
