@@ -11,7 +11,7 @@
 //          iha::ckpt::manifest_json, iha::ckpt::put_catalog, iha::ckpt::get_catalog,
 //          iha::ckpt::put_meta, iha::ckpt::get_meta, iha::ckpt::meta_digest,
 //          iha::ckpt::check_name, iha::ckpt::Conversion, iha::ckpt::classify_conversion,
-//          iha::ckpt::convert_elements, iha::ckpt::num_chunks, iha::ckpt::kStateFile,
+//          iha::ckpt::num_chunks, iha::ckpt::kStateFile,
 //          iha::ckpt::kManifestFile
 #pragma once
 
@@ -76,7 +76,6 @@ void check_name(const char* what, const std::string& name);
 
 enum class Conversion { same, widen, narrow, invalid };
 Conversion classify_conversion(DType from, DType to);
-// Element conversion for load (n elements); narrowing floats round to nearest even.
-void convert_elements(DType from, DType to, const void* src, void* dst, int64_t n);
+// The element conversion for load is core's iha::convert_elements (tensor.h).
 
 }  // namespace iha::ckpt

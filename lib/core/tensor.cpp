@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -182,33 +183,52 @@ void Tensor::copy_from(const Tensor& src) {
 
 namespace {
 template <class To, class From>
-To convert(From x) {
-  if constexpr (std::is_same_v<To, From>) {
-    return x;
-  } else if constexpr (std::is_same_v<To, bf16>) {
-    return bf16::from_float(static_cast<float>(x));
+To convert_one(From x) {
+  if constexpr (std::is_same_v<To, bf16>) {
+    if constexpr (std::is_same_v<From, double>) {
+      // Round to odd into float, then to nearest even into bf16: one correct rounding.
+      float f = static_cast<float>(x);
+      if (static_cast<double>(f) != x && !std::isnan(x)) {
+        if (std::fabs(static_cast<double>(f)) > std::fabs(x)) f = std::nextafter(f, 0.0f);
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        u |= 1u;
+        std::memcpy(&f, &u, 4);
+      }
+      return bf16::from_float(f);
+    } else {
+      return bf16::from_float(static_cast<float>(x));
+    }
   } else if constexpr (std::is_same_v<From, bf16>) {
     return static_cast<To>(x.to_float());
   } else {
     return static_cast<To>(x);
   }
 }
+
 template <class To, class From>
-void convert_all(const void* src, void* dst, int64_t n) {
+void convert_typed(const void* src, void* dst, int64_t n) {
   const From* s = static_cast<const From*>(src);
   To* d = static_cast<To*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = convert<To>(s[i]);
-}
-template <class From>
-void convert_from(DType to, const void* src, void* dst, int64_t n) {
-  switch (to) {
-    case DType::f32: convert_all<float, From>(src, dst, n); break;
-    case DType::f64: convert_all<double, From>(src, dst, n); break;
-    case DType::bf16: convert_all<bf16, From>(src, dst, n); break;
-    default: IHA_FAIL("unsupported conversion target ", dtype_name(to));
-  }
+  for (int64_t i = 0; i < n; ++i) d[i] = convert_one<To, From>(s[i]);
 }
 }  // namespace
+
+void convert_elements(DType from, DType to, const void* src, void* dst, int64_t n) {
+#define IHA_CONV(F, T, CF, CT) \
+  if (from == F && to == T) return convert_typed<CT, CF>(src, dst, n);
+  IHA_CONV(DType::bf16, DType::f32, bf16, float)
+  IHA_CONV(DType::bf16, DType::f64, bf16, double)
+  IHA_CONV(DType::f32, DType::f64, float, double)
+  IHA_CONV(DType::f64, DType::f32, double, float)
+  IHA_CONV(DType::f64, DType::bf16, double, bf16)
+  IHA_CONV(DType::f32, DType::bf16, float, bf16)
+  IHA_CONV(DType::i32, DType::i64, int32_t, int64_t)
+  IHA_CONV(DType::u8, DType::i32, uint8_t, int32_t)
+  IHA_CONV(DType::u8, DType::i64, uint8_t, int64_t)
+#undef IHA_CONV
+  IHA_FAIL("no conversion from ", dtype_name(from), " to ", dtype_name(to));
+}
 
 Tensor Tensor::to(DType dtype) const {
   IHA_CHECK(device_ == Device::cpu, "dtype conversion runs on the host only");
@@ -216,12 +236,7 @@ Tensor Tensor::to(DType dtype) const {
             dtype_name(dtype_), " to ", dtype_name(dtype), " is not supported");
   if (dtype == dtype_) return clone();
   Tensor t(shape_, dtype, Device::cpu);
-  switch (dtype_) {
-    case DType::f32: convert_from<float>(dtype, data_, t.data_, numel_); break;
-    case DType::f64: convert_from<double>(dtype, data_, t.data_, numel_); break;
-    case DType::bf16: convert_from<bf16>(dtype, data_, t.data_, numel_); break;
-    default: IHA_FAIL("unsupported conversion source ", dtype_name(dtype_));
-  }
+  convert_elements(dtype_, dtype, data_, t.data_, numel_);
   return t;
 }
 

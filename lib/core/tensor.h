@@ -3,7 +3,7 @@
 // defines: iha::DType, iha::Device, iha::Shape, iha::Tensor, iha::dtype_of<T>, iha::DTypeOf<T>,
 //          iha::dtype_size, iha::dtype_name, iha::parse_dtype, iha::is_floating, iha::device_name,
 //          iha::shape_numel, iha::shape_str, iha::DeviceAllocator, iha::register_device_allocator,
-//          iha::has_device
+//          iha::has_device, iha::convert_elements
 #pragma once
 
 #include <cstddef>
@@ -53,6 +53,11 @@ struct DeviceAllocator {
 void register_device_allocator(Device d, DeviceAllocator a);
 bool has_device(Device d);
 
+// n host elements of dtype `from` at src into dtype `to` at dst: floats widen exactly and
+// narrow to the nearest (ties to even; f64 -> bf16 rounds once, not through f32); integers
+// widen (i32 -> i64, u8 -> i32/i64). Any other pair is an Error naming both dtypes.
+void convert_elements(DType from, DType to, const void* src, void* dst, int64_t n);
+
 class Tensor {
  public:
   Tensor() = default;
@@ -89,7 +94,8 @@ class Tensor {
   Tensor reshape(Shape shape) const;
   // Deep copy (same device).
   Tensor clone() const;
-  // Copy into another dtype (CPU only), rounding when narrowing (floating types only).
+  // Copy into another dtype (CPU only), rounding when narrowing (floating types only;
+  // convert_elements).
   Tensor to(DType dtype) const;
   // Copy to another device.
   Tensor to(Device device) const;

@@ -56,6 +56,19 @@ TEST(Tensor, Bf16RoundsToNearestEvenAndKeepsNaN) {
   EXPECT_NEAR(b.to(DType::f64).data<double>()[0], 3.14159, 0.01);
 }
 
+TEST(Tensor, Float64ToBf16RoundsOnce) {
+  // Just above the tie between 1 and 1 + 2^-7: the nearest bf16 is 1 + 2^-7. Through f32 the
+  // excess would be lost (1 + 2^-8 exactly) and the tie would round to even, 1.
+  Tensor t({2}, DType::f64);
+  t.data<double>()[0] = 1.0 + 0x1.0p-8 + 0x1.0p-40;
+  t.data<double>()[1] = 1.0 + 0x1.0p-8;  // an exact tie: to even
+  Tensor b = t.to(DType::bf16);
+  EXPECT_EQ(b.data<bf16>()[0].to_float(), 1.0f + 0x1.0p-7f);
+  EXPECT_EQ(b.data<bf16>()[1].to_float(), 1.0f);
+  Tensor i({1}, DType::i32);
+  EXPECT_THROW(i.to(DType::f32), Error);
+}
+
 TEST(Tensor, CudaTensorWithoutAllocatorIsAnError) {
   if (has_device(Device::cuda)) GTEST_SKIP() << "a CUDA allocator is registered in this process";
   EXPECT_THROW(Tensor({2}, DType::f32, Device::cuda), Error);
