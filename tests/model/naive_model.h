@@ -17,6 +17,43 @@ namespace iha::test {
 
 using NaiveParams = std::map<std::string, std::vector<double>>;
 
+// y = x / sqrt(mean(x^2) + eps) * g per row of D.
+inline std::vector<double> naive_rmsnorm(const std::vector<double>& x, const std::vector<double>& g,
+                                         int64_t rows, int64_t D, double eps) {
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < D; ++c) ss += x[r * D + c] * x[r * D + c];
+    const double inv = 1.0 / std::sqrt(ss / D + eps);
+    for (int64_t c = 0; c < D; ++c) y[r * D + c] = x[r * D + c] * inv * g[c];
+  }
+  return y;
+}
+
+// y = (silu(x W_gate) * (x W_up)) W_down per row; W_gate, W_up [D, F], W_down [F, D].
+inline std::vector<double> naive_swiglu(const std::vector<double>& x, const std::vector<double>& wg,
+                                        const std::vector<double>& wu, const std::vector<double>& wd,
+                                        int64_t rows, int64_t D, int64_t F) {
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<double> act(F);
+    for (int64_t f = 0; f < F; ++f) {
+      double g = 0, u = 0;
+      for (int64_t c = 0; c < D; ++c) {
+        g += x[r * D + c] * wg[c * F + f];
+        u += x[r * D + c] * wu[c * F + f];
+      }
+      act[f] = g / (1.0 + std::exp(-g)) * u;
+    }
+    for (int64_t c = 0; c < D; ++c) {
+      double m = 0;
+      for (int64_t f = 0; f < F; ++f) m += act[f] * wd[f * D + c];
+      y[r * D + c] = m;
+    }
+  }
+  return y;
+}
+
 // Sum of cross-entropies over rows with target >= 0 of B sequences of N tokens (all tokens
 // of each sequence present, positions 0..N-1).
 inline double naive_model_loss(const ModelConfig& cfg, const NaiveParams& p,
@@ -25,14 +62,7 @@ inline double naive_model_loss(const ModelConfig& cfg, const NaiveParams& p,
   const int64_t D = cfg.D, V = cfg.vocab, F = cfg.ffn, rows = B * N;
   auto at = [&](const std::string& name) -> const std::vector<double>& { return p.at(name); };
   auto rmsnorm = [&](const std::vector<double>& x, const std::vector<double>& g) {
-    std::vector<double> y(x.size());
-    for (int64_t r = 0; r < rows; ++r) {
-      double ss = 0;
-      for (int64_t c = 0; c < D; ++c) ss += x[r * D + c] * x[r * D + c];
-      const double inv = 1.0 / std::sqrt(ss / D + cfg.norm_eps);
-      for (int64_t c = 0; c < D; ++c) y[r * D + c] = x[r * D + c] * inv * g[c];
-    }
-    return y;
+    return naive_rmsnorm(x, g, rows, D, cfg.norm_eps);
   };
   std::vector<double> x(rows * D);
   for (int64_t r = 0; r < rows; ++r)
@@ -59,22 +89,8 @@ inline double naive_model_loss(const ModelConfig& cfg, const NaiveParams& p,
     const auto& wg = at(b + "mlp.w_gate");
     const auto& wu = at(b + "mlp.w_up");
     const auto& wd = at(b + "mlp.w_down");
-    for (int64_t r = 0; r < rows; ++r) {
-      std::vector<double> act(F);
-      for (int64_t f = 0; f < F; ++f) {
-        double g = 0, u = 0;
-        for (int64_t c = 0; c < D; ++c) {
-          g += h[r * D + c] * wg[c * F + f];
-          u += h[r * D + c] * wu[c * F + f];
-        }
-        act[f] = g / (1.0 + std::exp(-g)) * u;
-      }
-      for (int64_t c = 0; c < D; ++c) {
-        double m = 0;
-        for (int64_t f = 0; f < F; ++f) m += act[f] * wd[f * D + c];
-        x[r * D + c] += m;
-      }
-    }
+    const std::vector<double> m = naive_swiglu(h, wg, wu, wd, rows, D, F);
+    for (size_t k = 0; k < x.size(); ++k) x[k] += m[k];
   }
   const std::vector<double> fx = rmsnorm(x, at("norm_f"));
   const auto& head = at("lm_head");

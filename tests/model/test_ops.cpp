@@ -8,6 +8,7 @@
 
 #include "model/ops.h"
 #include "model/optim.h"
+#include "naive_model.h"
 #include "reference/compare.h"
 #include "reference/fixtures.h"
 
@@ -15,6 +16,8 @@ namespace iha {
 namespace {
 
 using test::close_normwise;
+using test::naive_rmsnorm;
+using test::naive_swiglu;
 
 std::vector<double> randn(int64_t n, uint64_t seed, const char* name, double std = 1.0) {
   std::vector<double> v(n);
@@ -62,20 +65,17 @@ TEST(Ops, EmbeddingGathersAndScattersRows) {
   EXPECT_THROW(embedding_forward<double>(bad.data(), 2, table.data(), kV, kD, x.data()), Error);
 }
 
+// <w, y> of the float64 references, so a backward can be checked by finite differences.
+double dot_ref(const std::vector<double>& y, const std::vector<double>& w, std::vector<double>* y_out) {
+  if (y_out) *y_out = y;
+  double s = 0;
+  for (size_t k = 0; k < y.size(); ++k) s += w[k] * y[k];
+  return s;
+}
+
 double rmsnorm_ref(const std::vector<double>& x, const std::vector<double>& g, double eps,
                    const std::vector<double>& w, std::vector<double>* y_out) {
-  // Returns <w, y> so the backward can be checked by finite differences.
-  double s = 0;
-  for (int64_t r = 0; r < kRows; ++r) {
-    double ms = 0;
-    for (int64_t c = 0; c < kD; ++c) ms += x[r * kD + c] * x[r * kD + c] / kD;
-    for (int64_t c = 0; c < kD; ++c) {
-      const double y = x[r * kD + c] / std::sqrt(ms + eps) * g[c];
-      if (y_out) (*y_out)[r * kD + c] = y;
-      s += w[r * kD + c] * y;
-    }
-  }
-  return s;
+  return dot_ref(naive_rmsnorm(x, g, kRows, kD, eps), w, y_out);
 }
 
 TEST(Ops, RmsNormForwardBackward) {
@@ -101,25 +101,7 @@ TEST(Ops, RmsNormForwardBackward) {
 double swiglu_ref(const std::vector<double>& x, const std::vector<double>& wg,
                   const std::vector<double>& wu, const std::vector<double>& wd,
                   const std::vector<double>& w, std::vector<double>* y_out) {
-  double s = 0;
-  for (int64_t r = 0; r < kRows; ++r) {
-    std::vector<double> h(kF);
-    for (int64_t f = 0; f < kF; ++f) {
-      double a = 0, u = 0;
-      for (int64_t c = 0; c < kD; ++c) {
-        a += x[r * kD + c] * wg[c * kF + f];
-        u += x[r * kD + c] * wu[c * kF + f];
-      }
-      h[f] = a / (1 + std::exp(-a)) * u;
-    }
-    for (int64_t c = 0; c < kD; ++c) {
-      double y = 0;
-      for (int64_t f = 0; f < kF; ++f) y += h[f] * wd[f * kD + c];
-      if (y_out) (*y_out)[r * kD + c] = y;
-      s += w[r * kD + c] * y;
-    }
-  }
-  return s;
+  return dot_ref(naive_swiglu(x, wg, wu, wd, kRows, kD, kF), w, y_out);
 }
 
 TEST(Ops, SwigluForwardBackward) {
