@@ -7,6 +7,23 @@ namespace iha {
 
 const char* global_kind_name(GlobalKind k) { return k == GlobalKind::iha ? "iha" : "mha"; }
 
+namespace {
+// The layer settings every block shares (P, mixing and window are per block kind).
+LayerConfig shared_layer_settings(const ModelConfig& m) {
+  LayerConfig c;
+  c.D = m.D;
+  c.H = m.H;
+  c.d = m.d;
+  c.P = m.P;
+  c.collapse = m.collapse;
+  c.mask = m.mask;
+  c.rope = m.rope;
+  c.rope_base = m.rope_base;
+  c.rope_scale = m.rope_scale;
+  return c;
+}
+}  // namespace
+
 void ModelConfig::validate() const {
   IHA_CONFIG_CHECK(vocab >= 2, "config key 'model.vocab_size': must be >= 2, got ", vocab);
   IHA_CONFIG_CHECK(vocab <= INT32_MAX, "config key 'model.vocab_size': must fit in 32 bits, got ",
@@ -27,17 +44,7 @@ void ModelConfig::validate() const {
                    "token, got ", window.window.value_or(0));
   IHA_CONFIG_CHECK(!window.window_virtual || *window.window_virtual >= 1, "config key "
                    "'model.window_virtual': must be >= 1 virtual token, got ", window.window_virtual.value_or(0));
-  LayerConfig c;
-  c.D = D;
-  c.H = H;
-  c.d = d;
-  c.P = P;
-  c.collapse = collapse;
-  c.mask = mask;
-  c.rope = rope;
-  c.rope_base = rope_base;
-  c.rope_scale = rope_scale;
-  c.validate("model.");
+  shared_layer_settings(*this).validate("model.");
 }
 
 void ModelConfig::resolve_window(int64_t n_train, std::optional<int64_t> checkpoint_wv) {
@@ -45,19 +52,10 @@ void ModelConfig::resolve_window(int64_t n_train, std::optional<int64_t> checkpo
 }
 
 LayerConfig ModelConfig::layer_config(int64_t i) const {
-  LayerConfig c;
-  c.D = D;
-  c.H = H;
-  c.d = d;
-  c.collapse = collapse;
-  c.mask = mask;
-  c.rope = rope;
-  c.rope_base = rope_base;
-  c.rope_scale = rope_scale;
+  LayerConfig c = shared_layer_settings(*this);
   const bool window = block_kind(i) == 'L';
   if (window) IHA_CHECK(window_virtual >= 1, "the window of model block ", i, " is not resolved");
   if (block_is_iha(i)) {
-    c.P = P;
     c.window_virtual = window ? window_virtual : 0;
   } else {
     c.P = 1;
