@@ -3,7 +3,6 @@
 // names the dataset or attribute).
 #include <gtest/gtest.h>
 #include <hdf5.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,28 +15,15 @@
 #include "layer_file.h"
 #include "reference/compare.h"
 #include "reference/fixtures.h"
+#include "run_command.h"
 
 namespace iha {
 namespace {
 
 using layer_file::H5File;
 
-struct ToolRun {
-  int status = -1;  // exit status, -1 if it did not exit normally (e.g. a crash)
-  std::string output;
-};
-
-ToolRun run_tool(const std::string& args) {
-  const std::string cmd = "\"" + std::string(IHA_LAYER_TOOL) + "\" " + args + " 2>&1";
-  ToolRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+test::CommandResult run_tool(const std::string& args) {
+  return test::run_command("\"" + std::string(IHA_LAYER_TOOL) + "\" " + args);
 }
 
 // Files the tests wrote, removed when the test program ends.
@@ -191,8 +177,8 @@ TEST_P(IhaLayerRoundTrip, Float64BitwiseEqualsLibrary) {
   const Problem p = make_problem(c.cfg(), c.B, c.N, 11);
   const std::string in = temp_file("in"), out = temp_file("out");
   write_problem(in, p);
-  const ToolRun r = run_tool(in + " " + out);
-  ASSERT_EQ(r.status, 0) << r.output;
+  const test::CommandResult r = run_tool(in + " " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
   Direct<double> d = run_direct<double>(p);
   H5File f(out, 'r');
   const LayerConfig back = layer_file::read_config(f);
@@ -226,8 +212,8 @@ TEST_P(IhaLayerRoundTrip, Float32EqualsLibraryAndIsCloseToFloat64) {
   const Problem p = make_problem(c.cfg(), c.B, c.N, 12);
   const std::string in = temp_file("in"), out = temp_file("out");
   write_problem(in, p);
-  const ToolRun r = run_tool("--dtype float32 --threads 2 " + in + " " + out);
-  ASSERT_EQ(r.status, 0) << r.output;
+  const test::CommandResult r = run_tool("--dtype float32 --threads 2 " + in + " " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
   Direct<float> d32 = run_direct<float>(p);
   Direct<double> d64 = run_direct<double>(p);
   const auto e32 = expected_outputs(d32);
@@ -250,8 +236,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, IhaLayerRoundTrip, ::testing::ValuesIn(round_t
 
 // A bad file: the tool exits 2 and its message names `must_name`.
 void expect_rejected(const std::string& args, const std::string& must_name) {
-  const ToolRun r = run_tool(args);
-  EXPECT_EQ(r.status, 2) << r.output;
+  const test::CommandResult r = run_tool(args);
+  EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find(must_name), std::string::npos)
       << "message does not name " << must_name << ":\n" << r.output;
   EXPECT_NE(r.output.find("error"), std::string::npos) << r.output;

@@ -3,7 +3,6 @@
 // file; a NaN loss stops with exit code 3; a good run logs the progress figures as JSON lines.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,13 +14,11 @@
 #include <string>
 
 #include "h5_files.h"
+#include "run_command.h"
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string output;  // stdout and stderr of all ranks
-};
+using Result = iha::test::CommandResult;
 
 std::string tmp(const std::string& name) {
   return "/tmp/iha_app_test_" + std::to_string(::getpid()) + "_" + name;
@@ -32,31 +29,12 @@ Result run(const std::string& args, int ranks = 2) {
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-  const std::string cmd = std::string(IHA_MPIEXEC) + " -n " + std::to_string(ranks) +
-                          " --oversubscribe " + IHA_TRAIN_BIN + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return iha::test::run_command(std::string(IHA_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe " +
+                           IHA_TRAIN_BIN + " " + args);
 }
 
 // Runs a command (no mpiexec), returning its exit code and output.
-Result shell(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Result shell(const std::string& cmd) { return iha::test::run_command(cmd); }
 
 // The demo config shrunk to a few seconds.
 std::string demo(const std::string& extra = "") {
