@@ -25,6 +25,8 @@ namespace iha {
 namespace {
 
 using test::close_normwise;
+using test::local_rows;
+using test::max_abs;
 using test::world;
 
 struct SpCudaCase {
@@ -64,22 +66,6 @@ LayerConfig config_of(const SpCudaCase& c) {
 std::shared_ptr<Communicator> device_world() {
   static std::shared_ptr<Communicator> dev = make_device_world(test::world_ptr());
   return dev;
-}
-
-Tensor local_rows(const Tensor& full, const std::vector<int64_t>& tokens) {
-  const int64_t B = full.dim(0), N = full.dim(1), D = full.dim(2), n = tokens.size();
-  Tensor out({B, n, D}, full.dtype());
-  const size_t es = dtype_size(full.dtype());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(static_cast<char*>(out.raw()) + ((b * n + i) * D) * es,
-                  static_cast<const char*>(full.raw()) + ((b * N + tokens[i]) * D) * es, D * es);
-  return out;
-}
-
-double max_abs(const Tensor& t) {
-  const auto v = test::flat(t);
-  return test::normwise_error(v.data(), v.data(), static_cast<int64_t>(v.size())).max_ref;
 }
 
 class SeqParallelCuda : public ::testing::TestWithParam<SpCudaCase> {};

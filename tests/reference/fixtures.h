@@ -1,13 +1,14 @@
 // Shared test inputs: random tensors and weights from the counter RNG, and the
 // finite-difference gradient check of DESIGN.md section 3.
 // defines: iha::test::random_tensor, iha::test::random_weights, iha::test::to_naive,
-//          iha::test::fd_check
+//          iha::test::fd_check, iha::test::local_rows, iha::test::max_abs
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -41,6 +42,24 @@ IhaWeights<T> random_weights(const LayerConfig& c, uint64_t seed) {
 }
 
 inline std::vector<double> flat(const Tensor& t) { return as_f64(t); }
+
+// The rows of a [B, N, D] host tensor at `tokens` (a rank's share), as [B, tokens.size(), D].
+inline Tensor local_rows(const Tensor& full, const std::vector<int64_t>& tokens) {
+  const int64_t B = full.dim(0), N = full.dim(1), D = full.dim(2), n = static_cast<int64_t>(tokens.size());
+  Tensor out({B, n, D}, full.dtype());
+  const size_t es = dtype_size(full.dtype());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(static_cast<char*>(out.raw()) + ((b * n + i) * D) * es,
+                  static_cast<const char*>(full.raw()) + ((b * N + tokens[i]) * D) * es, D * es);
+  return out;
+}
+
+// max |t| (the scale of a normwise comparison).
+inline double max_abs(const Tensor& t) {
+  const auto v = flat(t);
+  return normwise_error(v.data(), v.data(), static_cast<int64_t>(v.size())).max_ref;
+}
 
 inline NaiveWeights to_naive(const IhaWeights<double>& w) {
   NaiveWeights n;

@@ -17,6 +17,8 @@ namespace iha {
 namespace {
 
 using test::close_normwise;
+using test::local_rows;
+using test::max_abs;
 using test::world;
 
 struct MeshCase {
@@ -56,20 +58,6 @@ std::vector<MeshShape> shapes_for(int64_t R) {
   return out;
 }
 
-Tensor rows_of(const Tensor& full, const std::vector<int64_t>& tokens) {
-  const int64_t B = full.dim(0), N = full.dim(1), D = full.dim(2), n = tokens.size();
-  Tensor out({B, n, D}, full.dtype());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(out.data<double>() + (b * n + i) * D, full.data<double>() + (b * N + tokens[i]) * D, D * 8);
-  return out;
-}
-
-double max_abs(const Tensor& t) {
-  const auto v = test::flat(t);
-  return test::normwise_error(v.data(), v.data(), t.numel()).max_ref;
-}
-
 class ReplicaParallel : public ::testing::TestWithParam<MeshCase> {};
 
 TEST_P(ReplicaParallel, EveryMeshMatchesSingleProcess) {
@@ -98,11 +86,11 @@ TEST_P(ReplicaParallel, EveryMeshMatchesSingleProcess) {
     IhaLayer<double>::Cache cache;
     Tensor z, dx;
     auto grads = IhaWeights<double>::zeros(cfg);
-    layer.forward(w, rows_of(x, tokens), z, cache);
-    layer.backward(w, rows_of(g, tokens), cache, dx, grads);
+    layer.forward(w, local_rows(x, tokens), z, cache);
+    layer.backward(w, local_rows(g, tokens), cache, dx, grads);
     layer.reduce_gradients(grads);
-    EXPECT_TRUE(close_normwise(z, rows_of(z_ref, tokens), 1e-12, "z"));
-    EXPECT_TRUE(close_normwise(test::flat(dx), test::flat(rows_of(dx_ref, tokens)), 1e-12, "dx", max_abs(dx_ref)));
+    EXPECT_TRUE(close_normwise(z, local_rows(z_ref, tokens), 1e-12, "z"));
+    EXPECT_TRUE(close_normwise(test::flat(dx), test::flat(local_rows(dx_ref, tokens)), 1e-12, "dx", max_abs(dx_ref)));
     auto a = grads.named();
     auto b = g_ref.named();
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(close_normwise(*a[i].second, *b[i].second, 1e-12, "d" + a[i].first));

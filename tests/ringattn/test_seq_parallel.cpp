@@ -19,6 +19,7 @@ namespace iha {
 namespace {
 
 using test::close_normwise;
+using test::local_rows;
 using test::world;
 
 enum class CoreKind { ring, halo, ring_windowed };
@@ -76,18 +77,6 @@ std::shared_ptr<AttentionCore<T>> make_core(const SpCase& c, const LayerConfig& 
     case CoreKind::halo: return make_halo_core<T>(cfg, c.N, test::world_ptr(), opt);
   }
   return nullptr;
-}
-
-// Rows of a [B, N, D] tensor held by this rank, as a [B, n_local, D] tensor.
-Tensor local_rows(const Tensor& full, const std::vector<int64_t>& tokens) {
-  const int64_t B = full.dim(0), N = full.dim(1), D = full.dim(2), n = tokens.size();
-  Tensor out({B, n, D}, full.dtype());
-  const size_t es = dtype_size(full.dtype());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(static_cast<char*>(out.raw()) + ((b * n + i) * D) * es,
-                  static_cast<const char*>(full.raw()) + ((b * N + tokens[i]) * D) * es, D * es);
-  return out;
 }
 
 struct Oracle {
