@@ -294,30 +294,10 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
 }
 
 template <class T>
-Tensor Transformer<T>::logits(const TokenBatch& batch) {
+Tensor Transformer<T>::final_hidden(const TokenBatch& batch) {
   check_batch(batch);
   const DType dt = dtype_of<T>();
-  const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
-  Tensor x = embed(batch);
-  for (auto& blk : blocks_) {
-    BlockActs acts;
-    Tensor out;
-    block_forward(*blk, x, out, acts);
-    x = out;
-  }
-  Tensor f({rows, D}, dt), inv_f({rows}, dt), out({rows, V}, dt);
-  rmsnorm_forward<T>(x.template data<T>(), rows, D, params_.view(norm_f_).template data<T>(),
-                     cfg_.norm_eps, f.template data<T>(), inv_f.template data<T>());
-  gemm<T>(false, false, rows, V, D, T(1), f.template data<T>(), D,
-          params_.view(lm_head_).template data<T>(), V, T(0), out.template data<T>(), V);
-  return out;
-}
-
-template <class T>
-CrossEntropyStats Transformer<T>::evaluate(const TokenBatch& batch) {
-  const DType dt = dtype_of<T>();
-  const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
-  check_batch(batch);
+  const int64_t rows = batch.B * batch.n, D = cfg_.D;
   Tensor x = embed(batch);
   for (auto& blk : blocks_) {
     BlockActs acts;
@@ -328,6 +308,24 @@ CrossEntropyStats Transformer<T>::evaluate(const TokenBatch& batch) {
   Tensor f({rows, D}, dt), inv_f({rows}, dt);
   rmsnorm_forward<T>(x.template data<T>(), rows, D, params_.view(norm_f_).template data<T>(),
                      cfg_.norm_eps, f.template data<T>(), inv_f.template data<T>());
+  return f;
+}
+
+template <class T>
+Tensor Transformer<T>::logits(const TokenBatch& batch) {
+  const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
+  const Tensor f = final_hidden(batch);
+  Tensor out({rows, V}, dtype_of<T>());
+  gemm<T>(false, false, rows, V, D, T(1), f.template data<T>(), D,
+          params_.view(lm_head_).template data<T>(), V, T(0), out.template data<T>(), V);
+  return out;
+}
+
+template <class T>
+CrossEntropyStats Transformer<T>::evaluate(const TokenBatch& batch) {
+  const DType dt = dtype_of<T>();
+  const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
+  const Tensor f = final_hidden(batch);
   CrossEntropyStats stats;
   Tensor logits({std::min(rows, kLogitRows), V}, dt);
   for (int64_t r0 = 0; r0 < rows; r0 += kLogitRows) {

@@ -92,6 +92,8 @@ class Transformer {
   void block_forward(Block& blk, const Tensor& x, Tensor& out, BlockActs& acts);
   void block_backward(Block& blk, const Tensor& dout, BlockActs& acts, Tensor& dx);
   Tensor embed(const TokenBatch& batch);
+  // Forward without activations through the final RMSNorm: [B * n, D] (logits, evaluate).
+  Tensor final_hidden(const TokenBatch& batch);
   void check_batch(const TokenBatch& batch) const;
 
   ModelConfig cfg_;
