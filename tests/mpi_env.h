@@ -1,5 +1,5 @@
 // The world communicator for tests running under mpiexec (set by mpi_main.cpp).
-// defines: iha::test::world, iha::test::set_world, iha::test::SharedDir
+// defines: iha::test::world, iha::test::set_world, iha::test::self_comm, iha::test::SharedDir
 #pragma once
 
 #include <unistd.h>
@@ -19,6 +19,8 @@ inline std::shared_ptr<Communicator>& world_slot() {
 inline void set_world(std::shared_ptr<Communicator> w) { world_slot() = std::move(w); }
 inline Communicator& world() { return *world_slot(); }
 inline std::shared_ptr<Communicator> world_ptr() { return world_slot(); }
+// A communicator holding only this rank (the single-process reference runs on it). Collective.
+inline std::shared_ptr<Communicator> self_comm() { return world().split(world().rank(), 0); }
 
 // A scratch directory shared by the ranks of this job (they share the launcher, mpiexec, as
 // parent process): /tmp/iha_test_<ppid>_<name>, emptied before and removed after. Collective.

@@ -1,14 +1,18 @@
 // Shared pieces of the model tests: tiny model configs, random token batches, and a run
 // config for the trainer written as YAML (so tests exercise the same parser as the app).
 // defines: iha::test::tiny_model, iha::test::random_batch, iha::test::local_factory,
-//          iha::test::tiny_run_yaml, iha::test::run_config_from
+//          iha::test::tiny_run_yaml, iha::test::run_config_from, iha::test::TrainRun,
+//          iha::test::train
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "model/run_config.h"
+#include "model/trainer.h"
 #include "model/transformer.h"
+#include "reference/compare.h"
 
 namespace iha::test {
 
@@ -76,6 +80,21 @@ inline RunConfig run_config_from(const std::string& yaml, const std::vector<std:
   YAML::Emitter out;
   out << root.raw();
   return parse_run_config(ConfigNode::from_string(out.c_str(), "test"), out.c_str());
+}
+
+// Losses of `steps` training steps from a fresh init, and the parameters after them.
+struct TrainRun {
+  std::vector<double> losses, params;
+};
+
+template <class T>
+TrainRun train(const RunConfig& cfg, std::shared_ptr<Communicator> comm, int steps = 5) {
+  Trainer<T> t(cfg, comm);
+  t.init();
+  TrainRun r;
+  for (int i = 0; i < steps; ++i) r.losses.push_back(t.train_step().loss);
+  r.params = as_f64(t.model().params().flat());
+  return r;
 }
 
 }  // namespace iha::test

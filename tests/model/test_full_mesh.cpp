@@ -18,9 +18,10 @@ namespace iha {
 namespace {
 
 using test::close_normwise;
+using test::self_comm;
+using test::train;
+using test::TrainRun;
 using test::world;
-
-std::shared_ptr<Communicator> self_comm() { return test::world_ptr()->split(world().rank(), 0); }
 
 struct RunSetup {
   MeshShape mesh;
@@ -92,20 +93,6 @@ bool same_on_all_ranks(const std::vector<double>& v) {
   for (uint64_t x : all)
     if (x != all[0]) return false;
   return true;
-}
-
-struct TrainRun {
-  std::vector<double> losses, params;
-};
-
-template <class T>
-TrainRun train(const RunConfig& cfg, std::shared_ptr<Communicator> comm, int steps = 5) {
-  Trainer<T> t(cfg, comm);
-  t.init();
-  TrainRun r;
-  for (int i = 0; i < steps; ++i) r.losses.push_back(t.train_step().loss);
-  r.params = test::as_f64(t.model().params().flat());
-  return r;
 }
 
 // The whole of a ZeRO moment (every rank's range gathered), or the replicated one.

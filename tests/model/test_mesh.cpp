@@ -19,27 +19,10 @@ namespace iha {
 namespace {
 
 using test::close_normwise;
+using test::self_comm;
+using test::train;
+using test::TrainRun;
 using test::world;
-
-// A communicator holding only this rank: the single-process reference runs on it.
-std::shared_ptr<Communicator> self_comm() {
-  return test::world_ptr()->split(test::world().rank(), 0);
-}
-
-struct TrainRun {
-  std::vector<double> losses;
-  std::vector<double> params;
-};
-
-template <class T>
-TrainRun train(const RunConfig& cfg, std::shared_ptr<Communicator> comm, int steps = 5) {
-  Trainer<T> t(cfg, comm);
-  t.init();
-  TrainRun r;
-  for (int i = 0; i < steps; ++i) r.losses.push_back(t.train_step().loss);
-  r.params = test::as_f64(t.model().params().flat());
-  return r;
-}
 
 struct MeshCase {
   std::string layout;

@@ -14,9 +14,8 @@ namespace iha {
 namespace {
 
 using test::close_normwise;
+using test::self_comm;
 using test::world;
-
-std::shared_ptr<Communicator> self_comm() { return test::world_ptr()->split(world().rank(), 0); }
 
 RunConfig tiny(int64_t sp, int64_t dp, const std::string& dtype, int64_t N = 23,
                const std::vector<std::string>& overrides = {}) {
