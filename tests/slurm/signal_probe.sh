@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Records which of SIGUSR1, SIGUSR2, SIGTERM, SIGINT reach this process, one line each
 # ("<epoch seconds> <signal>") in PREFIX.<rank>, and refreshes PREFIX.<rank>.alive every 0.1 s.
-# Ends 3 s after its first signal (later copies of a signal still get recorded), when
-# PREFIX.stop appears, or after SECONDS_MAX; ignores nothing else, so SIGKILL ends it at once.
-#   signal_probe.sh PREFIX [SECONDS_MAX]
+# Ends LINGER s after its first signal (copies that arrive later still get recorded), when
+# PREFIX.stop appears, or after SECONDS_MAX; SIGKILL ends it at once.
+#   signal_probe.sh PREFIX SECONDS_MAX LINGER
 prefix=$1
 out=$prefix.${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-0}}
 first=""
@@ -11,9 +11,9 @@ for s in USR1 USR2 TERM INT; do
   trap "echo \"\$(date +%s.%N) $s\" >> '$out'; first=\${first:-\$SECONDS}" "$s"
 done
 echo "$(date +%s.%N) start" >> "$out"
-end=$((SECONDS + ${2:-90}))
+end=$((SECONDS + $2))
 while [ "$SECONDS" -lt "$end" ] && [ ! -e "$prefix.stop" ]; do
-  if [ -n "$first" ] && [ $((SECONDS - first)) -ge 3 ]; then break; fi
+  if [ -n "$first" ] && [ $((SECONDS - first)) -ge "$3" ]; then break; fi
   sleep 0.1 & wait $!
   date +%s.%N > "$out.alive"
 done
