@@ -1,6 +1,6 @@
 // iha-train: train, fine-tune or evaluate an IHA language model from a YAML config.
 //
-//   mpiexec -n R iha-train train|finetune|eval --config FILE [--set key=value ...] [--resume]
+//   mpiexec -n R iha-train train|finetune|eval --config FILE [--set key=value ...] [--resume [auto]]
 //
 // Exit codes: 0 success; 2 bad command line, config or data (the message names the key or
 // file; every rank exits 2); 3 the loss became NaN or Inf (the last good checkpoint is kept);
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/root.h"
 #include "model/train_checkpoint.h"
 #include "model/trainer.h"
 #include "parallel/comm.h"
@@ -27,12 +28,14 @@ namespace iha::app {
 namespace {
 
 const char* kUsage =
-    "usage: iha-train train|finetune|eval --config FILE [--set key=value ...] [--resume]\n"
+    "usage: iha-train train|finetune|eval --config FILE [--set key=value ...] [--resume [auto]]\n"
     "  train     train a model (from scratch, or from checkpoint.dir/latest with --resume)\n"
     "  finetune  load weights from finetune.from and continue at this config's context\n"
     "  eval      loss and answer accuracy of a checkpoint on held-out data\n"
     "  --set k=v override a config key (dotted path, YAML value), e.g. --set optim.lr=3e-4\n"
     "  --resume  continue from the newest checkpoint in checkpoint.dir\n"
+    "  --resume auto  continue from checkpoint.dir/latest if it exists, else start fresh\n"
+    "            (for jobs that are requeued: the same command line every time)\n"
     "  --help    print this text\n";
 
 enum class Mode { train, finetune, eval };
@@ -42,6 +45,7 @@ struct Args {
   std::string config;
   std::vector<std::string> overrides;
   bool resume = false;
+  bool resume_auto = false;  // --resume auto
   bool help = false;  // print the usage and exit 0
 };
 
@@ -71,8 +75,12 @@ Args parse_args(int argc, char** argv) {
       a.config = s.substr(9);
     } else if (s.rfind("--set=", 0) == 0) {
       a.overrides.push_back(s.substr(6));
-    } else if (s == "--resume") {
+    } else if (s == "--resume" || s == "--resume=auto") {
       a.resume = true;
+      if (s == "--resume=auto" || (i + 1 < argc && std::strcmp(argv[i + 1], "auto") == 0)) {
+        a.resume_auto = true;
+        if (s == "--resume") ++i;
+      }
     } else {
       throw ConfigError("unknown option '" + s + "'");
     }
@@ -103,6 +111,7 @@ struct Origin {
   enum Kind { fresh, resume, weights } kind = fresh;
   std::string path;   // checkpoint to load (resume: the root; weights: root or step dir)
   std::optional<CheckpointModel> ck;
+  std::unique_ptr<CheckpointRoot> root;  // held for the run: the lock on checkpoint.dir
 };
 
 // Decides the origin from the command and config; checks what can be checked before the
@@ -114,25 +123,35 @@ Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
     o.kind = Origin::weights;
     o.path = cfg.eval.checkpoint.empty() ? root : cfg.eval.checkpoint;
     o.ck = inspect_train_checkpoint(w, o.path, cfg.eval.checkpoint.empty() ? "checkpoint.dir" : "eval.checkpoint");
-  } else if (args.resume) {
-    o.kind = Origin::resume;
-    o.path = root;
-    collective_check(w, [&] {
-      IHA_CONFIG_CHECK(!root.empty(), "--resume needs config key 'checkpoint.dir'");
-      IHA_CONFIG_CHECK(has_checkpoint(root), "--resume: config key 'checkpoint.dir' = '", root,
-                       "' holds no checkpoint (no 'latest')");
-    });
-    o.ck = inspect_train_checkpoint(w, root, "checkpoint.dir");
   } else {
-    collective_check(w, [&] {
-      IHA_CONFIG_CHECK(!has_checkpoint(root), "config key 'checkpoint.dir' = '", root,
-                       "' already holds checkpoints: continue them with --resume, or choose "
-                       "another directory");
-      if (args.mode == Mode::finetune)
+    // The one protocol for a root that is written: lock, writability, crash recovery.
+    if (!root.empty())
+      o.root = std::make_unique<CheckpointRoot>(
+          w, root, "checkpoint.dir",
+          args.resume_auto ? RootUse::resume_auto : args.resume ? RootUse::resume : RootUse::fresh);
+    else
+      collective_check(w, [&] {
+        IHA_CONFIG_CHECK(!args.resume, "--resume needs config key 'checkpoint.dir'");
+      });
+    if (o.root) {
+      const bool rank0 = w.rank() == 0;
+      for (const std::string& note : o.root->notes())
+        if (rank0) std::cerr << "iha-train: " << note << std::endl;
+    }
+    if (o.root && o.root->resume()) {
+      o.kind = Origin::resume;
+      o.path = root;
+      o.ck = inspect_train_checkpoint(w, root, "checkpoint.dir");
+      collective_check(w, [&] {
+        IHA_CONFIG_CHECK(cfg.steps >= o.ck->step, "config key 'train.steps' = ", cfg.steps,
+                         " is below the step of the checkpoint to resume (", o.ck->dir, " is step ",
+                         o.ck->step, "): raise train.steps, or start a new run elsewhere");
+      });
+    } else if (args.mode == Mode::finetune) {
+      collective_check(w, [&] {
         IHA_CONFIG_CHECK(!cfg.finetune_from.empty(), "iha-train finetune needs config key "
                          "'finetune.from' (the checkpoint whose weights start the run)");
-    });
-    if (args.mode == Mode::finetune) {
+      });
       o.kind = Origin::weights;
       o.path = cfg.finetune_from;
       o.ck = inspect_train_checkpoint(w, o.path, "finetune.from");
@@ -154,6 +173,11 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
     rep = std::make_unique<Reporter>(root, cfg.log.jsonl);
   });
   const Origin origin = plan(args, cfg, w);
+  if (origin.kind == Origin::resume && origin.ck->step == cfg.steps) {
+    rep->console("nothing to do: " + origin.ck->dir + " is step " + std::to_string(cfg.steps) +
+                 " = train.steps");
+    return 0;
+  }
   Trainer<T> trainer(cfg, world,
                      origin.ck ? std::optional<int64_t>(origin.ck->model.window_virtual) : std::nullopt);
   trainer.init();

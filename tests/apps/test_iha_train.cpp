@@ -213,6 +213,78 @@ TEST(IhaTrain, ResumeContinuesTheLossTrajectoryBitForBit) {
   for (const auto& p : {full_dir, dir, full_log, part_log}) std::filesystem::remove_all(p);
 }
 
+// The checkpoint-directory protocol as a requeued job meets it (lib/checkpoint/root.h):
+// --resume auto starts fresh, then continues; a finished run is a no-op; train.steps below the
+// checkpoint is an error; a second writer is refused until the first is killed (kill -9).
+TEST(IhaTrain, ResumeAutoAndTheCheckpointDirLock) {
+  const std::string dir = tmp("auto_ckpt");
+  std::filesystem::remove_all(dir);
+  const std::string base = demo("--set eval.sequences=0 --set checkpoint.every=0 --set checkpoint.dir=" + dir);
+  Result r = run(base + " --set train.steps=2 --resume auto");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("resumed from"), std::string::npos) << r.output;
+  r = run(base + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir + "/step_2 at step 2"), std::string::npos) << r.output;
+  r = run(base + " --resume=auto");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("nothing to do"), std::string::npos) << r.output;
+  expect_config_error(base + " --set train.steps=3 --resume", "config key 'train.steps' = 3 is below");
+  expect_config_error(base, "--resume");  // a fresh run into a used directory
+  // Another process holds the lock (flock -o: the lock lives in the flock process only).
+  const Result holder = shell("flock -o " + dir + "/lock sleep 120 >/dev/null 2>&1 & echo $!");
+  const std::string pid = holder.output.substr(0, holder.output.find('\n'));
+  ASSERT_FALSE(pid.empty());
+  for (int i = 0; i < 200 && shell("flock -n " + dir + "/lock true").code == 0; ++i) ::usleep(20000);
+  expect_config_error(base + " --set train.steps=6 --resume auto", "is in use by another run");
+  shell("kill -9 " + pid);
+  for (int i = 0; i < 200 && shell("flock -n " + dir + "/lock true").code != 0; ++i) ::usleep(20000);
+  r = run(base + " --set train.steps=6 --resume auto");
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+// A crash between the rename of a step directory and the update of `latest` (here the first
+// save: no `latest` at all) blocks neither a fresh run's safety nor a resume.
+TEST(IhaTrain, StepDirectoriesWithoutLatestAreNotOverwritten) {
+  const std::string dir = tmp("nolatest_ckpt");
+  std::filesystem::remove_all(dir);
+  const std::string base = demo("--set eval.sequences=0 --set checkpoint.every=0 --set checkpoint.dir=" + dir);
+  ASSERT_EQ(run(base + " --set train.steps=2").code, 0);
+  std::filesystem::remove(dir + "/latest");
+  expect_config_error(base, "step_2, no 'latest'");
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step_2/state.h5"));
+  const Result r = run(base + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("recovered " + dir + "/step_2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir + "/step_2"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+// A checkpoint.dir that cannot be written fails before the first training step.
+TEST(IhaTrain, UnwritableCheckpointDirFailsBeforeTraining) {
+  const std::string file = tmp("ckpt_is_a_file");
+  std::ofstream(file) << "x";
+  Result r = run(demo("--set checkpoint.dir=" + file));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("config key 'checkpoint.dir'"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 2/4"), std::string::npos) << "trained before failing:\n" << r.output;
+  std::filesystem::remove(file);
+  const std::string ro = tmp("ro_mount");
+  std::filesystem::create_directories(ro);
+  if (shell("mount -t tmpfs -o ro,size=64k tmpfs " + ro).code != 0) {
+    std::filesystem::remove(ro);
+    GTEST_SKIP() << "cannot mount a read-only tmpfs here (needs root): the read-only case is untested";
+  }
+  r = run(demo("--set checkpoint.dir=" + ro + "/run"));
+  shell("umount " + ro);
+  std::filesystem::remove(ro);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("config key 'checkpoint.dir'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Read-only file system"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 2/4"), std::string::npos) << "trained before failing:\n" << r.output;
+}
+
 TEST(IhaTrain, NonFiniteLossKeepsTheLastGoodCheckpoint) {
   const std::string dir = tmp("nan_ckpt");
   const std::string args = demo("--set optim.lr=1e30 --set optim.min_lr=0 --set optim.warmup_steps=0"
