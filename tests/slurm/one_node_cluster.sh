@@ -12,6 +12,7 @@
 
 # The cluster's settings: one place, read by the test and the docs (docs/training.md).
 SLURM_TEST_KILL_WAIT=${SLURM_TEST_KILL_WAIT:-30}   # seconds from SIGTERM to SIGKILL (Slurm's default)
+SLURM_TEST_CPUS=${SLURM_TEST_CPUS:-$(nproc)}
 
 slurm_free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -29,9 +30,9 @@ slurm_cluster_start() {
     --pid-file="$dir/munge/munged.pid" --log-file="$dir/log/munged.log" \
     --seed-file="$dir/munge/seed" || { echo "munged failed:"; cat "$dir/log/munged.log"; return 1; }
 
-  # What slurmd finds on this machine (CPUs, sockets, memory), so the node is never "invalid".
-  local node
-  node=$(slurmd -C | head -1 | sed "s/^NodeName=[^ ]*/NodeName=$host NodeAddr=127.0.0.1/")
+  # The node offers SLURM_TEST_CPUS CPUs whatever the machine has (config_overrides), so
+  # jobs that mostly wait (the signal probes) run beside a training job on a 2-core machine.
+  local node="NodeName=$host NodeAddr=127.0.0.1 CPUs=$SLURM_TEST_CPUS"
   cat > "$dir/slurm.conf" <<CONF
 ClusterName=iha-test
 SlurmctldHost=$host(127.0.0.1)
@@ -58,6 +59,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
+SlurmdParameters=config_overrides
 JobRequeue=1
 KillWait=$SLURM_TEST_KILL_WAIT
 MinJobAge=3600

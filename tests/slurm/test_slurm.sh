@@ -27,8 +27,9 @@ done
   { echo "FAIL: Slurm's pmix plugin (mpi_pmix.so) is missing: run scripts/install-deps.sh"; exit 1; }
 
 source "$src/scripts/env.sh"
-export SLURM_TEST_KILL_WAIT=5   # short, so the KillWait probe takes seconds
+export SLURM_TEST_KILL_WAIT=5 SLURM_TEST_CPUS=6  # KillWait short, so its probe takes seconds
 source "$here/one_node_cluster.sh"
+slurm_cluster_stop "$work/cluster"   # one a killed earlier run left behind
 rm -rf "$work"; mkdir -p "$work"; cd "$work" || exit 1
 t0=$SECONDS
 cleanup() {
@@ -66,6 +67,7 @@ wait_for_text() {
 }
 
 # ---------------------------------------------------------------- 1. which signal reaches whom
+# Probe jobs (1 CPU each, sleeping) run beside the training jobs (2 CPUs) on the 6-CPU node.
 probe=$here/signal_probe.sh
 # --time=1 with a warning at 59 s: slurmctld sends it at its first time-limit check after the
 # start (it checks every 30 s or so), long before the limit.
@@ -79,30 +81,16 @@ while kill -0 \$! 2>/dev/null; do wait \$!; done
 JOB
 p1=$(sbatch --parsable -n 1 --time=1 --signal=USR1@59 -o p1.out probe_job.sh "$work/p1" srun 3)
 p2=$(sbatch --parsable -n 1 --time=1 --signal=B:USR1@59 -o p2.out probe_job.sh "$work/p2" srun 3)
-wait_gone "$p1" 100; wait_gone "$p2" 100
 p3=$(sbatch --parsable -n 1 --time=1 --signal=B:USR1@59 -o p3.out probe_job.sh "$work/p3" mpiexec 3)
 p4=$(sbatch --parsable -n 1 -o p4.out probe_job.sh "$work/p4" srun 60)
 wait_for_text "$work/p4.0" start 30 && sleep 1 && scancel "$p4"
-wait_gone "$p3" 100; wait_gone "$p4" 60
-got() { grep -q " $2\$" "$work/$1" 2>/dev/null; }
-got p1.0 USR1 || fail "--signal=USR1@T: the srun task got no SIGUSR1"
-got p1.shell USR1 && fail "--signal=USR1@T: the batch shell got SIGUSR1 too"
-got p2.shell USR1 || fail "--signal=B:USR1@T: the batch shell got no SIGUSR1"
-got p2.0 USR1 && fail "--signal=B:USR1@T: the srun task got SIGUSR1 too"
-got p3.0 USR1 || fail "--signal=B:USR1@T, exec mpiexec: the rank got no SIGUSR1 (mpirun did not forward it)"
-got p4.0 TERM || fail "scancel: the srun task got no SIGTERM"
-got p4.0 end && fail "scancel: the task that ignores SIGTERM was not killed"
-if got p4.0 TERM; then
-  echo "scancel: SIGTERM reached the task; it was killed $(python3 -c "import sys; print('%.1f' % (float(sys.argv[1]) - float(sys.argv[2])))" \
-    "$(cat "$work/p4.0.alive")" "$(awk '$2 == "TERM" {print $1; exit}' "$work/p4.0")") s later (KillWait=$SLURM_TEST_KILL_WAIT)"
-fi
-echo "signal probes done ($((SECONDS - t0)) s)"
 
 # ---------------------------------------------------------------- 2. the reference run
-# The demo model, shortened: ~0.05 s a step on 2 cores; a checkpoint every 16 steps.
+# The demo model, shortened to 40 steps (0.05-0.4 s each on 2 cores, by load); a checkpoint every 16.
 export IHA_CONFIG=$src/configs/demo.yaml IHA_TRAIN=$train
-export IHA_SET="--set mesh.sp=2 --set train.steps=60 --set logging.every=1 --set checkpoint.every=16 --set eval.every=0 --set eval.sequences=16"
-sbatch_args=(--nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=10)
+export IHA_SET="--set mesh.sp=2 --set train.steps=40 --set logging.every=1 --set checkpoint.every=16 --set eval.every=0 --set eval.sequences=16"
+# --time leaves the script's --signal=USR1@600 far off (that path is probe p1's).
+sbatch_args=(--nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=60)
 ref=$(sbatch --parsable "${sbatch_args[@]}" -o ref.out --wrap \
   "exec mpiexec -n 2 $train train --config $IHA_CONFIG $IHA_SET --set checkpoint.dir=$work/ref/checkpoints --set logging.jsonl=$work/ref/log.jsonl")
 wait_gone "$ref" 120
@@ -134,13 +122,30 @@ interrupted_run() {
 }
 scancel_usr1() { scancel --signal=USR1 "$1"; }
 preempt() { scontrol requeue "$1"; }
-at_a=${IHA_SLURM_SIGNAL_STEP:-$((RANDOM % 40 + 5))}
-at_b=$((RANDOM % 40 + 5))
+at_a=${IHA_SLURM_SIGNAL_STEP:-$((RANDOM % 30 + 3))}
+at_b=$((RANDOM % 30 + 3))
 echo "SIGUSR1 after step $at_a, scontrol requeue after step $at_b"
 interrupted_run usr1 scancel_usr1 "$at_a" SIGUSR1
 echo "SIGUSR1 + self-requeue done ($((SECONDS - t0)) s)"
 interrupted_run requeue preempt "$at_b" SIGTERM
 echo "scontrol requeue (SIGTERM) done ($((SECONDS - t0)) s)"
+
+# ---------------------------------------------------------------- the probes' results
+for p in $p1 $p2 $p3 $p4; do wait_gone "$p" 100; done
+got() { grep -q " $2\$" "$work/$1" 2>/dev/null; }
+got p1.0 USR1 || fail "--signal=USR1@T: the srun task got no SIGUSR1"
+got p1.shell USR1 && fail "--signal=USR1@T: the batch shell got SIGUSR1 too"
+got p2.shell USR1 || fail "--signal=B:USR1@T: the batch shell got no SIGUSR1"
+got p2.0 USR1 && fail "--signal=B:USR1@T: the srun task got SIGUSR1 too"
+got p3.0 USR1 || fail "--signal=B:USR1@T, exec mpiexec: the rank got no SIGUSR1 (mpirun did not forward it)"
+got p4.0 TERM || fail "scancel: the srun task got no SIGTERM"
+got p4.0 end && fail "scancel: the task that ignores SIGTERM was not killed"
+if got p4.0 TERM; then
+  echo "scancel: SIGTERM reached the task; it was killed $(python3 -c "import sys; print('%.1f' % (float(sys.argv[1]) - float(sys.argv[2])))" \
+    "$(cat "$work/p4.0.alive")" "$(awk '$2 == "TERM" {print $1; exit}' "$work/p4.0")") s later (KillWait=$SLURM_TEST_KILL_WAIT)"
+fi
+echo "signal probes done ($((SECONDS - t0)) s)"
+
 
 python3 - "$src/README.md" "$src/scripts/iha-train.sbatch" <<'PY' || fail "README.md does not show scripts/iha-train.sbatch verbatim"
 import sys
