@@ -51,6 +51,11 @@ namespace iha {
 struct SeqParallelOptions {
   LayoutKind layout = LayoutKind::zigzag;
   FlashTiles tiles{};
+  // Ring: transfer granules per round (>= 1, the same on every rank). Each visiting block is
+  // cut into this many pieces, decoded and computed one at a time while the next travels, so
+  // a rank holds pieces instead of whole blocks; 4 keeps every piece's compute far longer than
+  // its transfer at the sizes bench/ringattn measures.
+  int64_t ring_pieces = 4;
 };
 
 // How a layer is parallelised inside a head x sequence replica:
