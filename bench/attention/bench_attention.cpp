@@ -384,6 +384,7 @@ BENCHMARK(BM_layer_parts)
     ->Args({2048, 1})
     ->Args({4096, 0})
     ->Args({4096, 1})
+    ->MinTime(1.5)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
