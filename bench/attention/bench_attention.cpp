@@ -241,6 +241,43 @@ BENCHMARK(BM_attention_backward)->Apply(attention_args);
 
 // ---- the full single-device layer: forward + backward ----
 
+// The single-device layer (D = 256, H = 4, d = 64, P = 2, batch 1) at N tokens, global or with
+// the default window Wv = N / (2P), and one forward + backward of it.
+struct LayerRun {
+  iha::LayerConfig cfg;
+  iha::IhaLayer<float> layer;
+  iha::IhaWeights<float> w, grads;
+  iha::Tensor x, dz, z, dx;
+
+  static iha::LayerConfig config(int64_t N, bool windowed) {
+    iha::LayerConfig c;
+    c.D = kHeads * kHeadDim;
+    c.H = kHeads;
+    c.d = kHeadDim;
+    c.P = kP;
+    c.window_virtual = windowed ? N / (2 * kP) : 0;
+    return c;
+  }
+  LayerRun(int64_t N, bool windowed)
+      : cfg(config(N, windowed)),
+        layer(cfg, iha::make_local_core<float>(cfg, N)),
+        w(iha::IhaWeights<float>::zeros(cfg)),
+        grads(iha::IhaWeights<float>::zeros(cfg)),
+        x({1, N, cfg.D}, iha::DType::f32),
+        dz({1, N, cfg.D}, iha::DType::f32) {
+    w.init(cfg, 11, 1.0 / std::sqrt(double(cfg.D)));
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      x.data<float>()[i] = static_cast<float>(iha::normal01(5, 1, i));
+      dz.data<float>()[i] = static_cast<float>(iha::normal01(5, 2, i));
+    }
+  }
+  void forward_backward() {
+    iha::IhaLayer<float>::Cache cache;
+    layer.forward(w, x, z, cache);
+    layer.backward(w, dz, cache, dx, grads);
+  }
+};
+
 // N = 4096 tokens, P = 2, D = 256, H = 4 (d = 64), batch 1, RoPE on, global collapse.
 // FLOPs counted (the rest, mixing/RoPE/collapse, is O(N P H^2 d) and left out, so the figure
 // understates the work):
@@ -248,35 +285,17 @@ BENCHMARK(BM_attention_backward)->Apply(attention_args);
 //   attention:   H * visible_pairs * (4 d + 10 d)
 void BM_layer_forward_backward(benchmark::State& state) {
   iha::set_num_threads(1);
-  const bool windowed = state.range(0) != 0;
-  const int64_t N = 4096, D = 256, H = 4, d = 64, P = 2;
-  iha::LayerConfig cfg;
-  cfg.D = D;
-  cfg.H = H;
-  cfg.d = d;
-  cfg.P = P;
-  cfg.window_virtual = windowed ? N / (2 * P) : 0;
-  const iha::IhaLayer<float> layer(cfg, iha::make_local_core<float>(cfg, N));
-  iha::IhaWeights<float> w = iha::IhaWeights<float>::zeros(cfg);
-  w.init(cfg, 11, 1.0 / std::sqrt(double(D)));
-  iha::IhaWeights<float> grads = iha::IhaWeights<float>::zeros(cfg);
-  iha::Tensor x({1, N, D}, iha::DType::f32), dz({1, N, D}, iha::DType::f32), z, dx;
-  for (int64_t i = 0; i < N * D; ++i) {
-    x.data<float>()[i] = static_cast<float>(iha::normal01(5, 1, i));
-    dz.data<float>()[i] = static_cast<float>(iha::normal01(5, 2, i));
-  }
+  const int64_t N = 4096, D = kHeads * kHeadDim, H = kHeads, d = kHeadDim, P = kP;
+  LayerRun run(N, state.range(0) != 0);
+  const iha::LayerConfig& cfg = run.cfg;
   const iha::MaskSpec mask{cfg.mask, P, cfg.window_virtual};
   const double pairs = static_cast<double>(visible_pairs(mask, N * P));
   const double flops = 24.0 * N * D * H * d + H * pairs * 14.0 * d;
 
   RatioTimer timer;
   for (auto _ : state) {
-    grads.zero();
-    timer.iteration(state, [&] {
-      iha::IhaLayer<float>::Cache cache;
-      layer.forward(w, x, z, cache);
-      layer.backward(w, dz, cache, dx, grads);
-    });
+    run.grads.zero();
+    timer.iteration(state, [&] { run.forward_backward(); });
   }
   timer.report(state, flops);
   state.SetLabel(layer_label(mask));
@@ -312,21 +331,7 @@ void BM_layer_parts(benchmark::State& state) {
   iha::set_num_threads(1);
   const int64_t N = state.range(0), D = kHeads * kHeadDim, Hd = D, P = kP;
   const bool windowed = state.range(1) != 0;
-  iha::LayerConfig cfg;
-  cfg.D = D;
-  cfg.H = kHeads;
-  cfg.d = kHeadDim;
-  cfg.P = P;
-  cfg.window_virtual = windowed ? N / (2 * P) : 0;
-  const iha::IhaLayer<float> layer(cfg, iha::make_local_core<float>(cfg, N));
-  iha::IhaWeights<float> w = iha::IhaWeights<float>::zeros(cfg);
-  w.init(cfg, 11, 1.0 / std::sqrt(double(D)));
-  iha::IhaWeights<float> grads = iha::IhaWeights<float>::zeros(cfg);
-  iha::Tensor x({1, N, D}, iha::DType::f32), dz({1, N, D}, iha::DType::f32), z, dx;
-  for (int64_t i = 0; i < N * D; ++i) {
-    x.data<float>()[i] = static_cast<float>(iha::normal01(5, 1, i));
-    dz.data<float>()[i] = static_cast<float>(iha::normal01(5, 2, i));
-  }
+  LayerRun run(N, windowed);
   AttentionData attn(N * P, windowed);
   // Projection operands: activations N x D or N x Hd, weights D x Hd or Hd x D.
   std::vector<float> a(size_t(N) * D), b(size_t(N) * D), c(size_t(N) * D), wt(size_t(D) * Hd), gw(size_t(D) * Hd);
@@ -353,12 +358,8 @@ void BM_layer_parts(benchmark::State& state) {
     return s;
   };
   for (auto _ : state) {
-    grads.zero();
-    state.SetIterationTime(timed(layer_s, layer_c, [&] {
-      iha::IhaLayer<float>::Cache cache;
-      layer.forward(w, x, z, cache);
-      layer.backward(w, dz, cache, dx, grads);
-    }));
+    run.grads.zero();
+    state.SetIterationTime(timed(layer_s, layer_c, [&] { run.forward_backward(); }));
     std::fill(attn.dq.begin(), attn.dq.end(), 0.0f);
     std::fill(attn.dk.begin(), attn.dk.end(), 0.0f);
     std::fill(attn.dv.begin(), attn.dv.end(), 0.0f);
