@@ -70,12 +70,14 @@ int dispatch(int argc, char** argv, std::shared_ptr<Communicator> world) {
     IHA_CONFIG_CHECK(pos.size() == 2, "import needs HF_DIR and OUT_ROOT");
     a.hf_dir = pos[0];
     a.out_root = pos[1];
-    std::cout << "iha-convert: " << import_hf_model(a, world) << "\n";
+    const std::string done = import_hf_model(a, world);
+    std::cout << "iha-convert: " << done << "\n";
     return 0;
   }
   if (cmd == "export") {
     IHA_CONFIG_CHECK(pos.size() == 2, "export needs CHECKPOINT and HF_DIR");
-    std::cout << "iha-convert: " << export_hf_model(pos[0], pos[1], world) << "\n";
+    const std::string done = export_hf_model(pos[0], pos[1], world);
+    std::cout << "iha-convert: " << done << "\n";
     return 0;
   }
   throw ConfigError("unknown command '" + cmd + "' (expected import or export)");
