@@ -10,6 +10,7 @@ packages=(
   libopenmpi-dev openmpi-bin            # MPI
   libhdf5-openmpi-dev hdf5-tools        # parallel HDF5 (+ h5dump)
   libyaml-cpp-dev                       # configs
+  nlohmann-json3-dev                    # iha-convert: Hugging Face config.json and safetensors headers
   libopenblas-dev                       # BLAS
   libsleef-dev                          # vectorised exp
   libgtest-dev libbenchmark-dev         # tests and benchmarks

@@ -118,6 +118,9 @@ TEST(IhaTrain, BadConfigsNameTheKey) {
   expect_config_error(demo("--set sequence.layout=spiral"), "'sequence.layout'");
   expect_config_error(demo("--set mesh.sp=1"), "world size");  // 1 rank of mesh, 2 launched
   expect_config_error(demo("--set badoverride"), "expected key=value");
+  expect_config_error(demo("--set 'model.rope_scaling={type: yarn, factor: 4, original_length: 16, beta_fast: 0.5}'"),
+                      "'model.rope_scaling.beta_fast'");
+  expect_config_error(demo("--set 'model.rope_scaling={type: warp, factor: 4}'"), "'model.rope_scaling.type'");
   const std::string bad_yaml = tmp("bad.yaml");
   std::ofstream(bad_yaml) << "mesh: {sp: 2\nmodel: [\n";
   expect_config_error("train --config " + bad_yaml, "YAML syntax error");
