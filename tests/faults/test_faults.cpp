@@ -119,6 +119,18 @@ TEST(Faults, WriteFailuresInEveryFileOfASave) {
   }
 }
 
+// A log file that cannot be written warns once and training goes on (the checkpoint is the
+// state); the warning names the key and the reason.
+TEST(Faults, LogWriteFailureIsReportedNotSilent) {
+  const std::string log = tmp("full.jsonl");
+  const std::string env = std::string("LD_PRELOAD=") + IHA_ENOSPC_LIB + " IHA_ENOSPC_PATH=full.jsonl IHA_ENOSPC_AFTER=300";
+  const Result r = train("--set train.steps=3 --set checkpoint.dir= --set logging.jsonl=" + log, env);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: writing config key 'logging.jsonl' = '" + log + "' failed (No space left on device)"),
+            std::string::npos) << r.output;
+  fs::remove(log);
+}
+
 // Two runs started at once into one directory: one trains, the other is refused (the lock,
 // or the checkpoints the first one left), and the directory stays consistent.
 TEST(Faults, ConcurrentWritersIntoOneDirectory) {
