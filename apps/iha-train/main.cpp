@@ -215,15 +215,11 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
       os << " | answer loss " << fmt("%.4f", e.answer_loss) << " | answer accuracy "
          << fmt("%.3f", e.answer_accuracy) << " (" << e.answers << " answers)";
     rep->console(os.str());
-    rep->json(JsonLine()
-                  .add("event", std::string("eval"))
-                  .add("step", step)
-                  .add("loss", e.loss)
-                  .add("accuracy", e.accuracy)
-                  .add("answer_loss", e.answer_loss)
-                  .add("answer_accuracy", e.answer_accuracy)
-                  .add("answers", e.answers)
-                  .add("sequences", e.sequences));
+    // Data without answer tokens (HDF5 text) has no answer figures: omitted, not logged as 0.
+    JsonLine line;
+    line.add("event", std::string("eval")).add("step", step).add("loss", e.loss).add("accuracy", e.accuracy);
+    if (e.answers > 0) line.add("answer_loss", e.answer_loss).add("answer_accuracy", e.answer_accuracy);
+    rep->json(line.add("answers", e.answers).add("sequences", e.sequences));
   };
 
   if (args.mode == Mode::eval) {
@@ -334,12 +330,10 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
          << fmt("%.0f", mem.rss_mib) << " MiB (peak " << fmt("%.0f", mem.peak_rss_mib)
          << ") | eta " << format_duration(eta);
       rep->console(os.str());
-      rep->json(JsonLine()
-                    .add("event", std::string("step"))
-                    .add("step", s.step)
-                    .add("loss", s.loss)
-                    .add("answer_loss", s.answer_loss)
-                    .add("answer_accuracy", s.answer_accuracy)
+      JsonLine line;
+      line.add("event", std::string("step")).add("step", s.step).add("loss", s.loss);
+      if (s.answer_loss > 0) line.add("answer_loss", s.answer_loss).add("answer_accuracy", s.answer_accuracy);
+      rep->json(line
                     .add("lr", s.lr)
                     .add("grad_norm", s.grad_norm)
                     .add("tokens_per_s", tok_s)

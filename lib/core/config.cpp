@@ -4,6 +4,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/config_size.h"
+
 namespace iha {
 
 const char* collapse_name(Collapse c) { return c == Collapse::global ? "global" : "per_head"; }
@@ -111,6 +113,11 @@ void LayerConfig::validate(const std::string& prefix) const {
                      "': ntk scaling needs a head dim > 2, got ", d);
     rope_scaling.validate(k("rope_scaling"));
   }
+  // The largest products the layer forms (projection D x H*P*d, virtual window Wv * H); every
+  // smaller one is bounded by them.
+  using S = ConfigSize;
+  (S(D, k("D")) * S(H, k("H")) * S(P, k("P")) * S(d, k("d"))).value();
+  (S(window_virtual, k("window_virtual")) * S(H, k("H")) * S(P, k("P"))).value();
 }
 
 RopeScaling parse_rope_scaling(const ConfigNode& parent, const std::string& key) {
@@ -149,7 +156,7 @@ int64_t resolve_window_virtual(const WindowSpec& spec, int64_t P, int64_t n_trai
   if (spec.window) {
     IHA_CONFIG_CHECK(*spec.window >= 1, "config key '", key, "window': must be >= 1 token, got ",
                      *spec.window);
-    explicit_wv = *spec.window * P;
+    explicit_wv = (ConfigSize(*spec.window, key + "window") * ConfigSize(P, key + "P")).value();
   }
   if (spec.window_virtual) {
     IHA_CONFIG_CHECK(*spec.window_virtual >= 1, "config key '", key,
@@ -167,7 +174,8 @@ int64_t resolve_window_virtual(const WindowSpec& spec, int64_t P, int64_t n_trai
   }
   if (explicit_wv) return *explicit_wv;
   IHA_CONFIG_CHECK(n_train >= 1, "default window needs the training context length, got ", n_train);
-  const int64_t W = (n_train + 2 * P * P - 1) / (2 * P * P);
+  const int64_t two_p2 = (ConfigSize(2) * ConfigSize(P, key + "P") * ConfigSize(P, key + "P")).value();
+  const int64_t W = n_train / two_p2 + (n_train % two_p2 != 0);
   return W * P;
 }
 

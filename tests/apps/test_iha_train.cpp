@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -443,6 +444,38 @@ TEST(IhaTrain, EvalAndFinetuneFromACheckpoint) {
   for (const auto& p : {dir, ft_dir, log, ev_log}) std::filesystem::remove_all(p);
 }
 
+// The "reading without our code" example of docs/checkpoint.md, run as written against a
+// checkpoint iha-train just wrote.
+TEST(IhaTrain, DocsReadingExampleRuns) {
+  const std::string dir = tmp("doc_ckpt"), script = tmp("doc_example.py");
+  ASSERT_EQ(run(demo("--set train.steps=1 --set eval.sequences=0 --set checkpoint.dir=" + dir)).code, 0);
+  std::ifstream doc(std::string(IHA_SOURCE_DIR) + "/docs/checkpoint.md");
+  const std::string text((std::istreambuf_iterator<char>(doc)), std::istreambuf_iterator<char>());
+  const size_t at = text.find("```python", text.find("### Reading a checkpoint without our code"));
+  ASSERT_NE(at, std::string::npos);
+  std::string code = text.substr(at + 10, text.find("```", at + 10) - (at + 10));
+  const std::string path = "runs/demo/checkpoints/step_800/state.h5";
+  ASSERT_NE(code.find(path), std::string::npos) << code;
+  code.replace(code.find(path), path.size(), dir + "/step_1/state.h5");
+  std::ofstream(script) << code << "\nassert wq.shape == (64, 64) and m.shape == wq.shape and step == 1\n"
+                        << "assert 'param/blocks.0.attn.wq' in names and 'mesh:' in config\n";
+  const Result r = shell(std::string(IHA_PYTHON3) + " " + script);
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(script);
+}
+
+// A float64 checkpoint resumed by a float32 config names the config key, not a C++ option.
+TEST(IhaTrain, Float64CheckpointIntoFloat32NamesTrainDtype) {
+  const std::string dir = tmp("f64_ckpt");
+  ASSERT_EQ(run(demo("--set train.steps=1 --set eval.sequences=0 --set train.dtype=float64 --set checkpoint.dir=" + dir)).code, 0);
+  const Result r = run(demo("--set train.steps=2 --set eval.sequences=0 --resume --set checkpoint.dir=" + dir));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("config key 'train.dtype' is float32"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("LoadOptions"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(IhaTrain, NumpyReferenceComputesTheSameLoss) {
   // docs/reference_loss.py reads only the checkpoint and the token file (docs/model.md).
   ASSERT_EQ(shell(std::string(IHA_PYTHON3) + " -c 'import numpy, h5py'").code, 0)
@@ -489,9 +522,18 @@ TEST(IhaData, TextBecomesByteTokensThatTrain) {
   const Result info = shell(std::string(IHA_DATA_BIN) + " info " + h5 + " --seq-len 64");
   ASSERT_EQ(info.code, 0) << info.output;
   EXPECT_NE(info.output.find("ids in sequences: [10, 233]"), std::string::npos) << info.output;  // '\n', 0xE9
+  const std::string log = tmp("corpus.jsonl");
   const Result train = run(demo("--set model.vocab_size=256 --set 'eval={path: " + h5 +
-                                ", sequences: 4}' --set 'data={kind: hdf5, path: " + h5 + "}'"));
+                                ", sequences: 4}' --set 'data={kind: hdf5, path: " + h5 + "}'"
+                                " --set logging.jsonl=" + log));
   EXPECT_EQ(train.code, 0) << train.output;
+  {  // text has no answer tokens: the answer figures are omitted, not logged as 0
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("\"event\":\"eval\""), std::string::npos) << text;
+    EXPECT_EQ(text.find("answer_loss"), std::string::npos) << text;
+  }
+  std::filesystem::remove(log);
   EXPECT_NE(train.output.find("eval  step 4 | loss"), std::string::npos) << train.output;
   // Bad input: a missing text file, and a text file given to `info`.
   EXPECT_EQ(shell(std::string(IHA_DATA_BIN) + " text /tmp/iha_no_such.txt " + h5).code, 2);

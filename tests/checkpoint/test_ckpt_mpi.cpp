@@ -799,6 +799,7 @@ TEST(CheckpointRoot, StepsWithoutLatestAreRefusedFreshAndAdoptedOnResume) {
   save_state(root, 4, Layout{1, 2});
   set_latest(root, "");  // a crash during the first commit
   const std::set<std::string> before = entries(root);
+  world().barrier();  // every rank has looked before rank 0 opens the root
   const std::string msg = expect_same_error(
       [&] { CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::fresh); });
   expect_contains(msg, {"config key 'checkpoint.dir' = '" + root + "'", "step_4, no 'latest'",
