@@ -36,7 +36,9 @@ const char* kUsage =
     "  --resume  continue from the newest checkpoint in checkpoint.dir\n"
     "  --resume auto  continue from checkpoint.dir/latest if it exists, else start fresh\n"
     "            (for jobs that are requeued: the same command line every time)\n"
-    "  --help    print this text\n";
+    "  --help    print this text\n"
+    "train and finetune stop at the next step boundary on SIGUSR1, SIGUSR2, SIGTERM or SIGINT,\n"
+    "saving a checkpoint (exit 4); a second such signal ends them at once (exit 128 + signal).\n";
 
 enum class Mode { train, finetune, eval };
 
@@ -365,7 +367,6 @@ int main(int argc, char** argv) {
   using namespace iha;
   using namespace iha::app;
   MpiRuntime runtime(&argc, &argv);
-  install_stop_handlers();
   auto world = runtime.world();
   const bool root = world->rank() == 0;
   Args args;
@@ -379,6 +380,9 @@ int main(int argc, char** argv) {
     if (root) std::cout << kUsage;
     return 0;
   }
+  // Training stops at a step boundary on a signal; eval has nothing to save and keeps the
+  // default (the signal ends it).
+  if (args.mode != Mode::eval) install_stop_handlers();
   try {
     RunConfig cfg;
     collective_check(*world, [&] { cfg = load_run_config(args.config, args.overrides); });
