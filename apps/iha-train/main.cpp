@@ -8,6 +8,7 @@
 // the next step boundary (the same command with --resume continues); 128 + N a second such
 // signal N ended the process at once, saving nothing (stop_signals.h).
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -28,10 +29,12 @@ namespace iha::app {
 namespace {
 
 const char* kUsage =
-    "usage: iha-train train|finetune|eval --config FILE [--set key=value ...] [--resume [auto]]\n"
+    "usage: iha-train train|finetune|eval|check --config FILE [--set key=value ...] [--resume [auto]]\n"
     "  train     train a model (from scratch, or from checkpoint.dir/latest with --resume)\n"
     "  finetune  load weights from finetune.from and continue at this config's context\n"
     "  eval      loss and answer accuracy of a checkpoint on held-out data\n"
+    "  check     validate the config against the types, the launched ranks and this machine,\n"
+    "            print the plan, and exit (0 valid, 2 not); touches no file\n"
     "  --set k=v override a config key (dotted path, YAML value), e.g. --set optim.lr=3e-4\n"
     "  --resume  continue from the newest checkpoint in checkpoint.dir\n"
     "  --resume auto  continue from checkpoint.dir/latest if it exists, else start fresh\n"
@@ -40,7 +43,7 @@ const char* kUsage =
     "train and finetune stop at the next step boundary on SIGUSR1, SIGUSR2, SIGTERM or SIGINT,\n"
     "saving a checkpoint (exit 4); a second such signal ends them at once (exit 128 + signal).\n";
 
-enum class Mode { train, finetune, eval };
+enum class Mode { train, finetune, eval, check };
 
 struct Args {
   Mode mode = Mode::train;
@@ -65,8 +68,10 @@ Args parse_args(int argc, char** argv) {
     a.mode = Mode::finetune;
   } else if (cmd == "eval") {
     a.mode = Mode::eval;
+  } else if (cmd == "check") {
+    a.mode = Mode::check;
   } else {
-    throw ConfigError("unknown command '" + cmd + "' (expected train, finetune or eval)");
+    throw ConfigError("unknown command '" + cmd + "' (expected train, finetune, eval or check)");
   }
   for (int i = 2; i < argc; ++i) {
     const std::string s = argv[i];
@@ -88,7 +93,8 @@ Args parse_args(int argc, char** argv) {
     }
   }
   IHA_CONFIG_CHECK(!a.config.empty(), "--config FILE is required");
-  IHA_CONFIG_CHECK(!(a.resume && a.mode == Mode::eval), "--resume applies to train and finetune");
+  IHA_CONFIG_CHECK(!(a.resume && (a.mode == Mode::eval || a.mode == Mode::check)),
+                   "--resume applies to train and finetune");
   return a;
 }
 
@@ -159,7 +165,14 @@ Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
       o.ck = inspect_train_checkpoint(w, o.path, "finetune.from");
     }
   }
-  if (o.ck) collective_check(w, [&] { check_same_architecture(cfg.model, *o.ck); });
+  if (o.ck)
+    collective_check(w, [&] {
+      check_same_architecture(cfg.model, *o.ck);
+      // Loading narrows only by permission (lib/checkpoint); say which config key gives it.
+      IHA_CONFIG_CHECK(!(o.ck->dtype == DType::f64 && cfg.dtype == DType::f32), "config key "
+                       "'train.dtype' is float32 but checkpoint '", o.ck->dir, "' holds float64 "
+                       "weights: set train.dtype: float64 to continue it");
+    });
   return o;
 }
 
@@ -366,6 +379,9 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
 int main(int argc, char** argv) {
   using namespace iha;
   using namespace iha::app;
+  // A write past RLIMIT_FSIZE then fails with EFBIG, which the checkpoint and log writers
+  // report (naming the file), instead of SIGXFSZ killing the rank without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   MpiRuntime runtime(&argc, &argv);
   auto world = runtime.world();
   const bool root = world->rank() == 0;
@@ -380,12 +396,31 @@ int main(int argc, char** argv) {
     if (root) std::cout << kUsage;
     return 0;
   }
-  // Training stops at a step boundary on a signal; eval has nothing to save and keeps the
-  // default (the signal ends it).
-  if (args.mode != Mode::eval) install_stop_handlers();
+  // Training stops at a step boundary on a signal; eval and check have nothing to save and
+  // keep the default (the signal ends them).
+  if (args.mode == Mode::train || args.mode == Mode::finetune) install_stop_handlers();
   try {
     RunConfig cfg;
-    collective_check(*world, [&] { cfg = load_run_config(args.config, args.overrides); });
+    RunEstimate est;
+    collective_check(*world, [&] {
+      cfg = load_run_config(args.config, args.overrides);
+      est = check_run_fits_machine(cfg, world->size());
+      if (args.mode == Mode::check) {
+        const int64_t ranks = cfg.mesh.dp * cfg.mesh.hp * cfg.mesh.sp;  // checked above
+        IHA_CONFIG_CHECK(ranks == world->size(), "config key 'mesh': dp * hp * sp = ", ranks,
+                         " ranks but the job has ", world->size(), " (dp * hp * sp must equal the world size)");
+        cfg.model.resolve_window(cfg.seq_len, std::nullopt);
+        check_mesh_fits_model(cfg);
+      }
+    });
+    if (args.mode == Mode::check) {
+      if (root)
+        std::cout << "iha-train check: valid: " << world->size() << " ranks (" << cfg.mesh.str()
+                  << "), N=" << cfg.seq_len << ", " << est.params << " parameters, at least "
+                  << est.bytes_per_rank << " bytes per rank of " << est.available_bytes
+                  << " available, train.threads=" << cfg.threads << " of " << est.cpus << " CPUs\n";
+      return 0;
+    }
     return cfg.dtype == DType::f64 ? run<double>(args, cfg, world) : run<float>(args, cfg, world);
   } catch (const ConfigError& e) {
     if (root) std::cerr << "iha-train: error: " << e.what() << std::endl;

@@ -457,12 +457,39 @@ const char* piece_bytes(const Entry& e, const FlatRun& r) {
 
 // ---- catalog on rank 0, shipped to all ----
 
+// Runs f; a failure reading a checkpoint is a damaged (or unreadable) input: a ConfigError,
+// which the apps turn into exit code 2, with the message unchanged.
+template <class F>
+void as_input_error(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
+}
+
+// The catalog of the checkpoint `path` denotes; a step directory must hold its own step (a
+// file copied or moved from another step directory would resume the wrong state).
+Catalog read_step_catalog(const std::string& path) {
+  const std::string dir = resolve_checkpoint(path);
+  Catalog cat;
+  as_input_error([&] { cat = read_catalog(dir); });
+  const size_t slash = dir.find_last_of('/');
+  const std::string base = slash == std::string::npos ? dir : dir.substr(slash + 1);
+  const int64_t named = parse_step_name(base);
+  IHA_CONFIG_CHECK(named < 0 || named == cat.info.step, "checkpoint directory ", dir, " is named ",
+                   base, " but its file ", cat.info.file, " holds step ", cat.info.step);
+  return cat;
+}
+
 Catalog fetch_catalog(Communicator& comm, const std::string& path) {
   Catalog cat;
   std::vector<uint8_t> bytes;
   collective_check(comm, [&] {
     if (comm.rank() != 0) return;
-    cat = read_catalog(resolve_checkpoint(path));
+    cat = read_step_catalog(path);
     BlobWriter w;
     put_catalog(w, cat);
     bytes = std::move(w.bytes());
@@ -525,7 +552,8 @@ void agree_on_failures(Communicator& comm, const std::string& first, int64_t fai
   comm.all_reduce(&total, 1, DType::i64, ReduceOp::sum, "ckpt.check");
   collective_check(comm, [&] {
     if (failures == 0) return;
-    throw Error(first + (total > 1 ? " (" + std::to_string(total) + " chunks fail in total)" : ""));
+    // A damaged file is bad input (exit code 2 in the apps), like any other damaged input.
+    throw ConfigError(first + (total > 1 ? " (" + std::to_string(total) + " chunks fail in total)" : ""));
   });
 }
 
@@ -774,7 +802,7 @@ CheckpointInfo run_load(Communicator& comm, const Registry& reg, const std::stri
     p.catalog_index = static_cast<int>(cat.info.find_tensor(p.name) - cat.info.tensors.data());
 
   std::vector<uint64_t> hashes(planned.chunks, 0);
-  collective_check(comm, [&] {
+  collective_check(comm, [&] { as_input_error([&] {
     PosixFile f(cat.info.file, PosixFile::Mode::read);
     std::vector<uint8_t> staging;
     for (const TensorPlan& p : plans) {
@@ -827,7 +855,7 @@ CheckpointInfo run_load(Communicator& comm, const Registry& reg, const std::stri
         if (l.device() != Device::cpu) l.copy_from(host[k]);
       }
     }
-  });
+  }); });
   if (!opt.verify) return cat.info;
 
   // Chunks covered exactly once by the ranks' duties are checked from the reduced sums; any
@@ -855,7 +883,7 @@ CheckpointInfo run_load(Communicator& comm, const Registry& reg, const std::stri
   }
   std::string gap_first;
   int64_t gap_failures = 0;
-  collective_check(comm, [&] { gap_first = verify_chunks(cat, gaps, gap_failures, threads); });
+  collective_check(comm, [&] { as_input_error([&] { gap_first = verify_chunks(cat, gaps, gap_failures, threads); }); });
   if (failures == 0 && gap_failures > 0) first = gap_first;
   agree_on_failures(comm, first, failures + gap_failures);
   return cat.info;
@@ -892,7 +920,7 @@ VerifyReport run_verify(Communicator& comm, const std::string& path, int threads
   }
   std::string first;
   int64_t failures = 0;
-  collective_check(comm, [&] { first = verify_chunks(cat, mine, failures, threads); });
+  collective_check(comm, [&] { as_input_error([&] { first = verify_chunks(cat, mine, failures, threads); }); });
   agree_on_failures(comm, first, failures);
   VerifyReport rep;
   rep.tensors = static_cast<int64_t>(cat.info.tensors.size());
@@ -1053,7 +1081,7 @@ CheckpointInfo Checkpointer::inspect(const std::string& path) {
 // ---- free functions ----
 
 CheckpointInfo inspect_checkpoint(const std::string& path) {
-  return read_catalog(resolve_checkpoint(path)).info;
+  return read_step_catalog(path).info;
 }
 
 VerifyReport verify_checkpoint(Communicator& comm, const std::string& path) {

@@ -72,6 +72,30 @@ TEST(IhaTrain, BadCommandLines) {
   expect_config_error("train --config /tmp/iha_no_such_config.yaml", "cannot open config file");
 }
 
+// The one validation of a run against the types and the machine (check_run_fits_machine),
+// before anything is allocated: through `iha-train check` and through `train`.
+TEST(IhaTrain, OverflowsAbsurdSizesAndDuplicateKeysNameTheKey) {
+  const std::string check = "check --config " + std::string(IHA_SOURCE_DIR) + "/configs/demo.yaml ";
+  const Result ok = run(check);
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("iha-train check: valid"), std::string::npos) << ok.output;
+  for (const std::string& cmd : {check, demo()}) {
+    expect_config_error(cmd + " --set model.ffn=4611686018427387904", "config key 'model.ffn'");
+    expect_config_error(cmd + " --set model.P=4611686018427387904", "config key 'model.P'");
+    expect_config_error(cmd + " --set train.micro_batch=4611686018427387904", "train.micro_batch");
+    expect_config_error(cmd + " --set train.threads=100000", "config key 'train.threads' = 100000");
+    expect_config_error(cmd + " --set model.layers=1000000000", "config key 'model.layers'");
+    expect_config_error(cmd + " --set sequence.length=100000000000", "config key 'sequence.length'");
+  }
+  const std::string dup = tmp("dup.yaml");
+  std::ofstream(dup) << "sequence: {length: 32}\nmodel: {vocab_size: 16, D: 16, H: 2}\n"
+                        "model: {vocab_size: 16, D: 32, H: 2}\n";
+  expect_config_error("check --config " + dup, "duplicate key 'model' (line 3)");
+  std::ofstream(dup) << "sequence: {length: 32}\nmodel:\n  vocab_size: 16\n  D: 16\n  D: 32\n  H: 2\n";
+  expect_config_error("check --config " + dup, "duplicate key 'model.D' (line 5)");
+  std::filesystem::remove(dup);
+}
+
 TEST(IhaTrain, HelpPrintsTheUsageOnce) {
   for (const char* flag : {"--help", "-h"}) {
     const Result r = run(flag);
@@ -359,6 +383,24 @@ TEST(IhaTrain, UnwritableCheckpointDirFailsBeforeTraining) {
   EXPECT_EQ(r.output.find("step 2/4"), std::string::npos) << "trained before failing:\n" << r.output;
 }
 
+// ulimit -f (16 MiB: room for MPI's shared-memory files, not for the 44 MB checkpoint): the
+// checkpoint write fails with a message naming the file (no SIGXFSZ death),
+// and the directory holds no partial checkpoint.
+TEST(IhaTrain, FileSizeLimitIsAnErrorNotASignal) {
+  const std::string dir = tmp("fsize_ckpt");
+  std::filesystem::remove_all(dir);
+  const Result r = shell("timeout 300 bash -c 'ulimit -f 16384; export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; " +
+                         std::string(IHA_MPIEXEC) + " -n 2 --oversubscribe " + IHA_TRAIN_BIN + " " +
+                         demo("--set eval.sequences=0 --set train.steps=2 --set model.D=512 --set model.ffn=1024 --set checkpoint.dir=" + dir) + "'");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.code, -1) << "killed by a signal:\n" << r.output;
+  EXPECT_NE(r.output.find("iha-train: error:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("File too large"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("signal"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/latest"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(IhaTrain, NonFiniteLossKeepsTheLastGoodCheckpoint) {
   const std::string dir = tmp("nan_ckpt");
   const std::string args = demo("--set optim.lr=1e30 --set optim.min_lr=0 --set optim.warmup_steps=0"
@@ -454,6 +496,17 @@ TEST(IhaData, TextBecomesByteTokensThatTrain) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("not an HDF5 file"), std::string::npos) << bad.output;
   EXPECT_EQ(shell(std::string(IHA_DATA_BIN) + " convert").code, 2);
+  // An output that is the input, by its own name or through a symlink, is refused untouched.
+  const std::string link = tmp("corpus_link.h5");
+  std::filesystem::create_symlink(txt, link);
+  const auto size = std::filesystem::file_size(txt);
+  for (const std::string& out : {txt, link}) {
+    const Result same = shell(std::string(IHA_DATA_BIN) + " text " + txt + " " + out);
+    EXPECT_EQ(same.code, 2) << same.output;
+    EXPECT_NE(same.output.find("is the input file"), std::string::npos) << same.output;
+    EXPECT_EQ(std::filesystem::file_size(txt), size) << "the input was changed";
+  }
+  std::filesystem::remove(link);
   std::filesystem::remove(txt);
   std::filesystem::remove(h5);
 }
