@@ -70,8 +70,9 @@ wait_for_text() {
 # ---------------------------------------------------------------- 1. which signal reaches whom
 # Probe jobs (1 CPU each, sleeping) run beside the training jobs (2 CPUs) on the 8-CPU node.
 probe=$here/signal_probe.sh
-# --time=1 with a warning at 59 s: slurmctld sends it at its first time-limit check after the
-# start (it checks every 30 s or so), long before the limit.
+# --time=2 with a warning at 110 s: due 10 s after the start, when the probes are up (a warning
+# due before the step exists would be lost); slurmctld sends it at its next time-limit check
+# (about every 30 s), long before the limit.
 cat > probe_job.sh <<JOB
 #!/bin/bash
 # \$1: probe prefix, \$2: srun or mpiexec, \$3: seconds the probe lingers after a signal
@@ -80,9 +81,9 @@ if [ "\$2" = mpiexec ]; then exec mpiexec -n 1 $probe \$1 75 \$3; fi
 srun --mpi=pmix -n 1 $probe \$1 75 \$3 &
 while kill -0 \$! 2>/dev/null; do wait \$!; done
 JOB
-p1=$(sbatch --parsable -n 1 --time=1 --signal=USR1@59 -o p1.out probe_job.sh "$work/p1" srun 3)
-p2=$(sbatch --parsable -n 1 --time=1 --signal=B:USR1@59 -o p2.out probe_job.sh "$work/p2" srun 3)
-p3=$(sbatch --parsable -n 1 --time=1 --signal=B:USR1@59 -o p3.out probe_job.sh "$work/p3" mpiexec 3)
+p1=$(sbatch --parsable -n 1 --time=2 --signal=USR1@110 -o p1.out probe_job.sh "$work/p1" srun 3)
+p2=$(sbatch --parsable -n 1 --time=2 --signal=B:USR1@110 -o p2.out probe_job.sh "$work/p2" srun 3)
+p3=$(sbatch --parsable -n 1 --time=2 --signal=B:USR1@110 -o p3.out probe_job.sh "$work/p3" mpiexec 3)
 p4=$(sbatch --parsable -n 1 -o p4.out probe_job.sh "$work/p4" srun 60)
 p5=$(sbatch --parsable -n 1 -o p5.out probe_job.sh "$work/p5" mpiexec 60)
 wait_for_text "$work/p4.0" start 30 && sleep 1 && scancel "$p4"
@@ -126,8 +127,8 @@ interrupted_run() {
 }
 scancel_usr1() { scancel --signal=USR1 "$1"; }
 preempt() { scontrol requeue "$1"; }
-at_a=${IHA_SLURM_SIGNAL_STEP:-$((RANDOM % 30 + 3))}
-at_b=$((RANDOM % 30 + 3))
+at_a=${IHA_SLURM_SIGNAL_STEP:-$((RANDOM % 20 + 3))}
+at_b=$((RANDOM % 20 + 3))
 echo "SIGUSR1 after step $at_a, scontrol requeue after step $at_b"
 interrupted_run usr1 scancel_usr1 "$at_a" SIGUSR1
 echo "SIGUSR1 + self-requeue done ($((SECONDS - t0)) s)"
