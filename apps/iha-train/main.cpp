@@ -39,7 +39,9 @@ const char* kUsage =
     "  --resume  continue from the newest checkpoint in checkpoint.dir\n"
     "  --resume auto  continue from checkpoint.dir/latest if it exists, else start fresh\n"
     "            (for jobs that are requeued: the same command line every time)\n"
-    "  --help    print this text\n";
+    "  --help    print this text\n"
+    "train and finetune stop at the next step boundary on SIGUSR1, SIGUSR2, SIGTERM or SIGINT,\n"
+    "saving a checkpoint (exit 4); a second such signal ends them at once (exit 128 + signal).\n";
 
 enum class Mode { train, finetune, eval, check };
 
@@ -375,7 +377,6 @@ int main(int argc, char** argv) {
   // report (naming the file), instead of SIGXFSZ killing the rank without a word.
   std::signal(SIGXFSZ, SIG_IGN);
   MpiRuntime runtime(&argc, &argv);
-  install_stop_handlers();
   auto world = runtime.world();
   const bool root = world->rank() == 0;
   Args args;
@@ -389,6 +390,9 @@ int main(int argc, char** argv) {
     if (root) std::cout << kUsage;
     return 0;
   }
+  // Training stops at a step boundary on a signal; eval and check have nothing to save and
+  // keep the default (the signal ends them).
+  if (args.mode == Mode::train || args.mode == Mode::finetune) install_stop_handlers();
   try {
     RunConfig cfg;
     RunEstimate est;
