@@ -52,8 +52,9 @@ class RingEngine final : public SeqEngine {
              std::string site, int64_t pieces)
       : SeqEngine(cfg, heads, std::move(comm), std::move(tokens_per_rank), std::move(backend), std::move(site)),
         pieces_(pieces) {
-    IHA_CHECK(pieces_ >= 1, "ring engine: pieces per round must be >= 1, got ", pieces_);
+    // Agreement first: then a bad value fails on every rank alike, and none waits for the others.
     check_same_on_all_ranks(*comm_, pieces_, "the ring's pieces per round");
+    IHA_CONFIG_CHECK(pieces_ >= 1, "ring engine: pieces per round (ring_pieces) must be >= 1, got ", pieces_);
     for (int64_t i = 0; i < R_; ++i) {
       Round rd;
       rd.in = (rank_ - i + R_) % R_;

@@ -300,6 +300,19 @@ TEST(SeqParallelErrors, RanksDisagreeingOnNGetTheSameErrorEverywhere) {
   EXPECT_THROW(make_ring_core<double>(cfg, 16, test::world_ptr(), {L, {}}), ConfigError);
 }
 
+TEST(SeqParallelErrors, RingPiecesMustAgreeAndBePositive) {
+  LayerConfig cfg;
+  cfg.D = 8; cfg.H = 2; cfg.d = 4; cfg.P = 2;
+  EXPECT_THROW(make_ring_core<double>(cfg, 16, test::world_ptr(), {LayoutKind::zigzag, {}, 0}), ConfigError);
+  if (world().size() < 2) return;
+  try {
+    make_ring_core<double>(cfg, 16, test::world_ptr(), {LayoutKind::zigzag, {}, world().rank() == 1 ? 3 : 4});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "ranks disagree on the ring's pieces per round: rank 0 has 4, rank 1 has 3");
+  }
+}
+
 TEST(SeqParallelErrors, HaloNeedsAWindow) {
   LayerConfig cfg;
   cfg.D = 8; cfg.H = 2; cfg.d = 4; cfg.P = 2;
