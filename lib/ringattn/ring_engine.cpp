@@ -105,23 +105,19 @@ class RingEngine final : public SeqEngine {
     // The own K/V's gradient, in the caller's memory when it lent it: own pieces write into it,
     // the other ranks' contributions are added as they arrive.
     Tensor grad = own_payload_grad(dpayload, 2 * B * n * w, true);
-    // Backward of one piece: writes its payload gradient (accumulated) into `dst` at row `a`.
-    const auto backward_piece = [&](const Tensor& src, int64_t src_n, int64_t a, const Piece& p, Tensor& dst,
-                                    PendingExchange* progress) {
+    // An own piece's gradient goes straight into `grad` at its rows.
+    const std::vector<Piece>& own = rounds_[0].recv;
+    const auto own_piece = [&](size_t j, PendingExchange* progress) {
+      const Piece& p = own[j];
       const auto [q0, q1] = query_rows_seeing_tokens(p.tokens);
       if (p.empty() || q0 >= q1) return;
       Tensor dkv, dvv;
       {
         KVBlock blk;
-        codec.decode(B, src, src_n, a, p.tokens, blk);
+        codec.decode(B, payload, n, p.rows.front(), p.tokens, blk);
         attend_backward(B, qv, blk, q0, q1, dov, lse, drow, dqv, dkv, dvv, progress);
       }
-      codec.decode_backward(B, src, src_n, a, p.tokens, dkv, dvv, dst);
-    };
-    const std::vector<Piece>& own = rounds_[0].recv;
-    const auto own_piece = [&](size_t j, PendingExchange* progress) {
-      const Piece& p = own[j];
-      backward_piece(payload, n, p.empty() ? 0 : p.rows.front(), p, grad, progress);
+      codec.decode_backward(B, payload, n, p.rows.front(), p.tokens, dkv, dvv, grad);
     };
     // The own block is split around the visiting pieces: all but its last piece hide the first
     // K/V transfer, the last one hides the last gradient's trip home.
@@ -142,7 +138,9 @@ class RingEngine final : public SeqEngine {
         if (q0 < q1) {
           KVBlock blk;
           codec.decode(B, cur.recv, p.size(), 0, p.tokens, blk);
-          attend_backward(B, qv, blk, q0, q1, dov, lse, drow, dqv, dkv, dvv, next.pending.get());
+          // Testing either pending exchange drives both (the last slot has no next K/V piece).
+          attend_backward(B, qv, blk, q0, q1, dov, lse, drow, dqv, dkv, dvv,
+                          next.pending ? next.pending.get() : grads.pending.get());
         }
         contrib = be.zeros({2 * B * p.size() * w}, be.acc_dtype());
         if (q0 < q1) codec.decode_backward(B, cur.recv, p.size(), 0, p.tokens, dkv, dvv, contrib);
