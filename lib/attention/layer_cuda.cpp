@@ -15,6 +15,9 @@ namespace iha {
 template <class A>
 DeviceAttentionCore<A>::DeviceAttentionCore(LayerConfig cfg) : cfg_(std::move(cfg)) {
   cfg_.validate();
+  // The CUDA kernels and exchanges pair query head h with key/value head h (MHA).
+  IHA_CONFIG_CHECK(cfg_.kv_heads() == cfg_.H, "grouped-query attention (kv_heads = ", cfg_.kv_heads(), " < H = ",
+                   cfg_.H, ") runs on the CPU only (train.device: cpu)");
   if (!cfg_.mixing) {
     Tensor a({cfg_.H, cfg_.H, 1}, DType::f32), c({cfg_.H, 1}, DType::f32);
     for (int64_t h = 0; h < cfg_.H; ++h) {
