@@ -1,9 +1,8 @@
 // Llama-family models from transformers (fixtures written by make_fixtures.py, compared without
 // torch): transformers' RoPE frequencies equal ours for every scaling method; an imported model's
 // logits and loss equal the reference in float32 (1e-5 normwise) and in float64 compute (1e-12 of
-// the float64 reference), on 1 rank and under sp = 2 and hp = 2; a GQA checkpoint is refused
-// naming num_key_value_heads; transformers' older config layout (rope_theta + rope_scaling)
-// reads as the newer one.
+// the float64 reference), on 1 rank and under sp = 2 and hp = 2, MHA and GQA (H = 8, Hkv = 2);
+// transformers' older config layout (rope_theta + rope_scaling) reads as the newer one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +17,7 @@
 #include "hf_model.h"
 #include "model/train_checkpoint.h"
 #include "model_fixtures.h"
+#include "reference/compare.h"
 #include "mpi_env.h"
 #include "safetensors.h"
 
@@ -29,8 +29,8 @@ using nlohmann::json;
 using test::world;
 
 const std::string kFixtures = std::string(IHA_SOURCE_DIR) + "/tests/interop/fixtures/";
-const std::vector<std::string> kModels = {"mha_untied", "mha_tied_bf16", "mha_sharded_fp16", "linear",
-                                          "ntk",        "yarn",          "llama3"};
+const std::vector<std::string> kModels = {"mha_untied", "mha_tied_bf16", "mha_sharded_fp16", "gqa_h8_kv2",
+                                          "linear",     "ntk",           "yarn",             "llama3"};
 
 json reference(const std::string& name) {
   std::ifstream in(kFixtures + name + "/reference.json");
@@ -97,13 +97,11 @@ TEST(Interop, YarnIndexRampMatchesThePublishedNumbers) {
   EXPECT_TRUE(middle_differs);
 }
 
-TEST(Interop, GqaCheckpointIsRefusedNamingTheField) {
-  try {
-    convert::read_hf_config(kFixtures + "gqa_h8_kv2");
-    ADD_FAILURE() << "no error";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("num_key_value_heads"), std::string::npos) << e.what();
-  }
+TEST(Interop, GqaCheckpointReadsItsKeyValueHeads) {
+  const convert::HfModel hf = convert::read_hf_config(kFixtures + "gqa_h8_kv2");
+  EXPECT_EQ(hf.model.H, 8);
+  EXPECT_EQ(hf.model.kv_heads, 2);
+  EXPECT_EQ(hf.kv_heads, 2);
 }
 
 TEST(Interop, OlderConfigLayoutReadsTheSame) {
@@ -210,6 +208,56 @@ TEST(Interop, ImportedModelsGiveTransformersLogitsOnEveryMesh) {
       check_logits<double>(name, ckpt, run, ref, logits);
     }
   }
+}
+
+// Export folds trained (non-identity) P = 1 mixing and collapse into the projections: an IHA
+// model imported from the GQA fixture and trained a few steps, exported and imported again as
+// plain attention blocks, gives the same logits (within the float32 rounding of the export).
+TEST(Interop, ExportFoldsTrainedMixingIntoTheProjections) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  test::SharedDir dir("interop_fold");
+  const auto self = test::self_comm();
+  convert::ImportOptions o;
+  o.hf_dir = kFixtures + "gqa_h8_kv2";
+  o.out_root = dir.str() + "/iha";
+  o.kind = "iha";
+  o.dtype = "float64";
+  convert::import_hf_model(o, self);
+  auto config = [&](const std::string& ckpt, const std::string& extra) {
+    std::ifstream in(ckpt + "/model.yaml");
+    std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return test::run_config_from(yaml + "sequence: {length: 24}\ntrain: {dtype: float64, steps: 4, batch_size: 2}\n"
+                                 "optim: {lr: 0.03, warmup_steps: 0, weight_decay: 0}\n"
+                                 "data: {kind: multikey, pairs: 2, queries: 1, key_tokens: 2, value_tokens: 2}\n"
+                                 "eval: {sequences: 0}\n" + extra);
+  };
+  Trainer<double> trained(config(o.out_root, ""), self);
+  trained.init();
+  TrainCheckpoints<double> io(trained, 2);
+  io.load(o.out_root, StateParts::weights);
+  for (int i = 0; i < 4; ++i) trained.train_step();
+  const Tensor aq = trained.model().params().view("blocks.0.attn.aq");
+  double off_identity = 0;
+  for (int64_t m = 0; m < 8; ++m)
+    for (int64_t h = 0; h < 8; ++h) off_identity = std::max(off_identity, std::fabs(aq.data<double>()[m * 8 + h] - (m == h)));
+  EXPECT_GT(off_identity, 1e-3) << "training left the mixing at the identity: the test would not see a wrong fold";
+  io.save(dir.str() + "/trained");
+  convert::export_hf_model(dir.str() + "/trained", dir.str() + "/hf", self);
+  o.hf_dir = dir.str() + "/hf";
+  o.out_root = dir.str() + "/plain";
+  o.kind = "mha";
+  convert::import_hf_model(o, self);
+  Trainer<double> plain(config(o.out_root, ""), self);
+  plain.init();
+  TrainCheckpoints<double>(plain, 2).load(o.out_root, StateParts::weights);
+  const std::vector<int32_t> ids = reference("gqa_h8_kv2").at("input_ids").get<std::vector<int32_t>>();
+  TokenBatch batch;
+  batch.B = 1;
+  batch.n = static_cast<int64_t>(ids.size());
+  batch.tokens = ids;
+  batch.targets.assign(ids.size(), -1);
+  batch.answer.assign(ids.size(), 0);
+  EXPECT_TRUE(test::close_normwise(trained.model().logits(batch), plain.model().logits(batch), 1e-5, "logits"));
 }
 
 }  // namespace
