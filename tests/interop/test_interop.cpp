@@ -260,5 +260,66 @@ TEST(Interop, ExportFoldsTrainedMixingIntoTheProjections) {
   EXPECT_TRUE(test::close_normwise(trained.model().logits(batch), plain.model().logits(batch), 1e-5, "logits"));
 }
 
+// Upcycling (import at P > 1): every weight of the HF model is kept exactly and the mixing and
+// collapse maps are DESIGN.md section 1's identity initialisation, but the function is not the
+// HF model's: RoPE runs at virtual positions n*P + j, each key appears P times, and the current
+// token's own pseudo-keys are only partly visible. Measured here (printed) and required to be a
+// real change, so that nobody reads an upcycled model as an exact import.
+TEST(Interop, UpcyclingKeepsEveryWeightButNotTheFunction) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  test::SharedDir dir("interop_upcycle");
+  const auto self = test::self_comm();
+  const std::vector<int32_t> ids = reference("mha_untied").at("input_ids").get<std::vector<int32_t>>();
+  const std::vector<double> want =
+      convert::SafetensorsFile(kFixtures + "mha_untied/reference.safetensors").read("logits_f64");
+  std::vector<double> p1_weights;
+  for (int64_t P : {1, 2, 3}) {
+    convert::ImportOptions o;
+    o.hf_dir = kFixtures + "mha_untied";
+    o.out_root = dir.str() + "/P" + std::to_string(P);
+    o.P = P;
+    o.kind = "iha";
+    o.dtype = "float64";
+    convert::import_hf_model(o, self);
+    std::ifstream in(o.out_root + "/model.yaml");
+    std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string run = yaml + "sequence: {length: 24}\ntrain: {dtype: float64, steps: 1, batch_size: 1}\n"
+                            "data: {kind: multikey, pairs: 1, queries: 1, key_tokens: 1, value_tokens: 1}\n"
+                            "eval: {sequences: 0}\n";
+    for (bool compensate : {false, true}) {
+      if (compensate && P == 1) continue;
+      // compensate: linear RoPE scaling by P puts token n's pseudo-tokens at positions n + j/P.
+      const RunConfig cfg = test::run_config_from(
+          run, compensate ? std::vector<std::string>{"model.rope_scaling={type: linear, factor: " + std::to_string(P) + "}"}
+                          : std::vector<std::string>{});
+      Trainer<double> t(cfg, self);
+      t.init();
+      TrainCheckpoints<double>(t, 2).load(o.out_root, StateParts::weights);
+      std::vector<double> weights;  // every parameter but the mixing and collapse maps
+      const ParamLayout& L = t.model().params().layout();
+      for (size_t i = 0; i < L.specs().size(); ++i) {
+        const std::string& n = L.specs()[i].name;
+        if (n.find(".attn.a") != std::string::npos || n.find(".attn.collapse") != std::string::npos) continue;
+        const std::vector<double> v = test::as_f64(t.model().params().view(i));
+        weights.insert(weights.end(), v.begin(), v.end());
+      }
+      if (P == 1) p1_weights = weights;
+      EXPECT_EQ(weights, p1_weights) << "P = " << P;
+      TokenBatch batch;
+      batch.B = 1;
+      batch.n = static_cast<int64_t>(ids.size());
+      batch.tokens = ids;
+      batch.targets.assign(ids.size(), -1);
+      batch.answer.assign(ids.size(), 0);
+      const std::vector<double> got = test::as_f64(t.model().logits(batch));
+      const test::NormwiseResult e = test::normwise_error(got.data(), want.data(), static_cast<int64_t>(want.size()));
+      std::printf("upcycled to P = %lld (identity mixing%s): logits vs the HF model, max error / max |logit| = %.3g\n",
+                  static_cast<long long>(P), compensate ? ", linear RoPE factor P" : "", e.ratio());
+      if (P == 1) EXPECT_LE(e.ratio(), 1e-12);
+      else EXPECT_GT(e.ratio(), 1e-3);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace iha
