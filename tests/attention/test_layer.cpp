@@ -9,6 +9,7 @@
 #include "core/blas.h"
 #include "reference/compare.h"
 #include "reference/fixtures.h"
+#include "reference/layer_checks.h"
 #include "reference/naive_iha.h"
 
 namespace iha {
@@ -291,33 +292,10 @@ TEST_P(GqaLayer, ForwardMatchesReferenceAndGradientsMatchFiniteDifferences) {
   cfg.collapse = c.collapse;
   cfg.rope_base = 100.0;
   cfg.window_virtual = c.window ? 2 * c.P + 1 : 0;
-  const int64_t B = 2, N = 7;
-  auto w = test::random_weights<double>(cfg, 41);
+  const IhaWeights<double> w = IhaWeights<double>::zeros(cfg);
   EXPECT_EQ(w.wk.shape(), (Shape{cfg.D, c.Hkv * cfg.d}));
   EXPECT_EQ(w.ak.shape(), (Shape{c.Hkv, c.Hkv, c.P}));
-  Tensor x = test::random_tensor<double>({B, N, cfg.D}, 42, "x");
-  const Tensor g = test::random_tensor<double>({B, N, cfg.D}, 43, "dz");
-  IhaLayer<double> layer(cfg, make_local_core<double>(cfg, N, FlashTiles{4, 3}));
-  IhaLayer<double>::Cache cache;
-  Tensor z, dx;
-  layer.forward(w, x, z, cache);
-  EXPECT_TRUE(test::close_normwise(test::flat(z), test::naive_iha_forward(cfg, test::to_naive(w), test::flat(x), B, N),
-                                   1e-12, "z"));
-  auto loss = [&]() {
-    IhaLayer<double>::Cache cc;
-    Tensor zz;
-    layer.forward(w, x, zz, cc);
-    double s = 0;
-    for (int64_t i = 0; i < zz.numel(); ++i) s += zz.data<double>()[i] * g.data<double>()[i];
-    return s;
-  };
-  auto grads = IhaWeights<double>::zeros(cfg);
-  layer.backward(w, g, cache, dx, grads);
-  test::fd_check(x, dx, loss, "dX");
-  auto gn = grads.named();
-  auto wn = w.named();
-  ASSERT_EQ(gn.size(), 8u);
-  for (size_t i = 0; i < wn.size(); ++i) test::fd_check(*wn[i].second, *gn[i].second, loss, "d" + wn[i].first);
+  test::check_layer_against_reference(cfg, 2, 7, 41, FlashTiles{4, 3});
 }
 
 std::vector<GqaCase> gqa_cases() {

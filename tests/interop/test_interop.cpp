@@ -50,6 +50,18 @@ std::vector<std::string> iha_overrides(const json& ref) {
   return out;
 }
 
+// A run config for an imported checkpoint: its model.yaml, then `sections` (mesh, sequence,
+// train, ...), then data and eval sections no test here uses.
+RunConfig imported_run(const std::string& ckpt, const std::string& sections,
+                       const std::vector<std::string>& overrides = {}) {
+  std::ifstream in(ckpt + "/model.yaml");
+  const std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return test::run_config_from(yaml + sections +
+                                   "data: {kind: multikey, pairs: 2, queries: 1, key_tokens: 2, value_tokens: 2}\n"
+                                   "eval: {sequences: 0}\n",
+                               overrides);
+}
+
 TEST(Interop, TransformersFrequenciesEqualOurs) {
   for (const std::string& name : kModels) {
     SCOPED_TRACE(name);
@@ -107,7 +119,7 @@ TEST(Interop, GqaCheckpointReadsItsKeyValueHeads) {
 TEST(Interop, OlderConfigLayoutReadsTheSame) {
   test::SharedDir dir("interop_legacy");
   if (world().rank() == 0) {
-    for (const std::string& name : {"yarn", "llama3", "linear"}) {
+    for (const char* name : {"yarn", "llama3", "linear"}) {
       const fs::path out = fs::path(dir.str()) / name;
       fs::create_directories(out);
       json j = json::parse(std::ifstream(kFixtures + name + "/config.json"));
@@ -137,14 +149,13 @@ void check_logits(const std::string& name, const std::string& ckpt, const MeshRu
   const bool f64 = std::is_same_v<T, double>;
   const std::vector<int32_t> ids = ref.at("input_ids").get<std::vector<int32_t>>();
   const int64_t N = static_cast<int64_t>(ids.size());
-  std::ifstream in(ckpt + "/model.yaml");
-  std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  yaml += "sequence: {length: " + std::to_string(N) + "}\nmesh: {dp: " + std::to_string(run.mesh.dp) +
+  const RunConfig cfg = imported_run(
+      ckpt,
+      "sequence: {length: " + std::to_string(N) + "}\nmesh: {dp: " + std::to_string(run.mesh.dp) +
           ", hp: " + std::to_string(run.mesh.hp) + ", sp: " + std::to_string(run.mesh.sp) +
           ", schemes: {global: " + run.scheme + "}}\ntrain: {dtype: " + (f64 ? "float64" : "float32") +
-          ", steps: 1, batch_size: 1}\ndata: {kind: multikey, pairs: 1, queries: 1, key_tokens: 1, value_tokens: 1}\n"
-          "eval: {sequences: 0}\n";
-  const RunConfig cfg = test::run_config_from(yaml, iha_overrides(ref));
+          ", steps: 1, batch_size: 1}\n",
+      iha_overrides(ref));
   const CheckpointModel ck = inspect_train_checkpoint(world(), ckpt, "finetune.from");
   check_same_architecture(cfg.model, ck);
   Trainer<T> trainer(cfg, test::world_ptr(), ck.model.window_virtual);
@@ -223,15 +234,9 @@ TEST(Interop, ExportFoldsTrainedMixingIntoTheProjections) {
   o.kind = "iha";
   o.dtype = "float64";
   convert::import_hf_model(o, self);
-  auto config = [&](const std::string& ckpt, const std::string& extra) {
-    std::ifstream in(ckpt + "/model.yaml");
-    std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    return test::run_config_from(yaml + "sequence: {length: 24}\ntrain: {dtype: float64, steps: 4, batch_size: 2}\n"
-                                 "optim: {lr: 0.03, warmup_steps: 0, weight_decay: 0}\n"
-                                 "data: {kind: multikey, pairs: 2, queries: 1, key_tokens: 2, value_tokens: 2}\n"
-                                 "eval: {sequences: 0}\n" + extra);
-  };
-  Trainer<double> trained(config(o.out_root, ""), self);
+  const std::string sections = "sequence: {length: 24}\ntrain: {dtype: float64, steps: 4, batch_size: 2}\n"
+                               "optim: {lr: 0.03, warmup_steps: 0, weight_decay: 0}\n";
+  Trainer<double> trained(imported_run(o.out_root, sections), self);
   trained.init();
   TrainCheckpoints<double> io(trained, 2);
   io.load(o.out_root, StateParts::weights);
@@ -247,7 +252,7 @@ TEST(Interop, ExportFoldsTrainedMixingIntoTheProjections) {
   o.out_root = dir.str() + "/plain";
   o.kind = "mha";
   convert::import_hf_model(o, self);
-  Trainer<double> plain(config(o.out_root, ""), self);
+  Trainer<double> plain(imported_run(o.out_root, sections), self);
   plain.init();
   TrainCheckpoints<double>(plain, 2).load(o.out_root, StateParts::weights);
   const std::vector<int32_t> ids = reference("gqa_h8_kv2").at("input_ids").get<std::vector<int32_t>>();
@@ -281,17 +286,13 @@ TEST(Interop, UpcyclingKeepsEveryWeightButNotTheFunction) {
     o.kind = "iha";
     o.dtype = "float64";
     convert::import_hf_model(o, self);
-    std::ifstream in(o.out_root + "/model.yaml");
-    std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const std::string run = yaml + "sequence: {length: 24}\ntrain: {dtype: float64, steps: 1, batch_size: 1}\n"
-                            "data: {kind: multikey, pairs: 1, queries: 1, key_tokens: 1, value_tokens: 1}\n"
-                            "eval: {sequences: 0}\n";
     for (bool compensate : {false, true}) {
       if (compensate && P == 1) continue;
       // compensate: linear RoPE scaling by P puts token n's pseudo-tokens at positions n + j/P.
-      const RunConfig cfg = test::run_config_from(
-          run, compensate ? std::vector<std::string>{"model.rope_scaling={type: linear, factor: " + std::to_string(P) + "}"}
-                          : std::vector<std::string>{});
+      const RunConfig cfg = imported_run(
+          o.out_root, "sequence: {length: 24}\ntrain: {dtype: float64, steps: 1, batch_size: 1}\n",
+          compensate ? std::vector<std::string>{"model.rope_scaling={type: linear, factor: " + std::to_string(P) + "}"}
+                     : std::vector<std::string>{});
       Trainer<double> t(cfg, self);
       t.init();
       TrainCheckpoints<double>(t, 2).load(o.out_root, StateParts::weights);
