@@ -17,8 +17,8 @@
 
 namespace iha {
 
-// Parameters of one layer (dtype T). Shapes: wq, wk, wv [D, H*d]; wo [H*d, D];
-// aq, ak, av [H, H, P]; collapse [H, H*P] (global) or [H, P] (per_head). An mha layer
+// Parameters of one layer (dtype T). Shapes: wq [D, H*d]; wk, wv [D, Hkv*d]; wo [H*d, D];
+// aq [H, H, P]; ak, av [Hkv, Hkv, P]; collapse [H, H*P] (global) or [H, P] (per_head). An mha layer
 // (cfg.mixing == false) has no aq, ak, av, collapse: those stay undefined.
 template <class T>
 struct IhaWeights {
@@ -58,12 +58,13 @@ class AttentionCore {
   // Rows of the layer input this rank holds, per sequence.
   virtual int64_t local_tokens() const = 0;
   virtual std::unique_ptr<CoreCache> make_cache() const = 0;
-  // q, k, v: pre-mix projections [B, n_loc, H*d]; out: collapsed heads [B, n_loc, H*d].
+  // q: pre-mix projections [B, n_loc, H*d]; k, v: [B, n_loc, Hkv*d]; out: collapsed heads
+  // [B, n_loc, H*d].
   virtual void forward(const IhaWeights<T>& w, int64_t B, const T* q, const T* k, const T* v,
                        T* out, CoreCache& cache) = 0;
   // dout [B, n_loc, H*d] -> dq, dk, dv (written); grads.aq/ak/av/collapse accumulate (+=).
   // May release parts of the cache it no longer needs: one backward per forward. IhaLayer
-  // passes k, v (and dk, dv) adjacent, v == k + B*n_loc*H*d; cores may rely on it only as an
+  // passes k, v (and dk, dv) adjacent, v == k + B*n_loc*Hkv*d; cores may rely on it only as an
   // optimisation.
   virtual void backward(const IhaWeights<T>& w, int64_t B, const T* q, const T* k, const T* v,
                         const T* dout, T* dq, T* dk, T* dv, IhaWeights<T>& grads,
@@ -75,7 +76,7 @@ class AttentionCore {
   MixView<T> mix_view(const IhaWeights<T>& w) const;
   MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual, cfg_.logit_scale()}; }
   LayerConfig cfg_;
-  Tensor identity_alpha_, identity_collapse_;  // used when !cfg_.mixing
+  Tensor identity_alpha_, identity_kv_alpha_, identity_collapse_;  // used when !cfg_.mixing
 };
 
 // All N tokens local, positions 0..N-1: the single-device layer and the test oracle.

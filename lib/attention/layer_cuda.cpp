@@ -15,6 +15,9 @@ namespace iha {
 template <class A>
 DeviceAttentionCore<A>::DeviceAttentionCore(LayerConfig cfg) : cfg_(std::move(cfg)) {
   cfg_.validate();
+  // The CUDA kernels and exchanges pair query head h with key/value head h (MHA).
+  IHA_CONFIG_CHECK(cfg_.kv_heads() == cfg_.H, "grouped-query attention (kv_heads = ", cfg_.kv_heads(), " < H = ",
+                   cfg_.H, ") runs on the CPU only (train.device: cpu)");
   if (!cfg_.mixing) {
     Tensor a({cfg_.H, cfg_.H, 1}, DType::f32), c({cfg_.H, 1}, DType::f32);
     for (int64_t h = 0; h < cfg_.H; ++h) {
@@ -72,7 +75,7 @@ class LocalCoreCuda final : public DeviceAttentionCore<A> {
     cache.vv = Tensor({B, H, NP, d}, at, Device::cuda);
     cache.ov = Tensor({B, H, NP, d}, DType::f32, Device::cuda);
     cache.lse = Tensor({B, H, NP}, DType::f32, Device::cuda);
-    const RopeSpec rope = RopeSpec::from(c), no_rope{false, c.rope_base, c.rope_scale};
+    const RopeSpec rope = RopeSpec::from(c), no_rope = RopeSpec::off();
     const int64_t* vpos = vpos_.template data<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
       const int64_t in = b * N_ * Hd, o = b * H * hs;
@@ -112,7 +115,7 @@ class LocalCoreCuda final : public DeviceAttentionCore<A> {
     IHA_CUDA_CHECK(cudaMemsetAsync(dq, 0, bytes, 0));
     IHA_CUDA_CHECK(cudaMemsetAsync(dk, 0, bytes, 0));
     IHA_CUDA_CHECK(cudaMemsetAsync(dv, 0, bytes, 0));
-    const RopeSpec rope = RopeSpec::from(c), no_rope{false, c.rope_base, c.rope_scale};
+    const RopeSpec rope = RopeSpec::from(c), no_rope = RopeSpec::off();
     for (int64_t b = 0; b < B; ++b) {
       const int64_t in = b * N_ * Hd, o = b * H * hs;
       mix_rope_backward_cuda<A>(dqv.template data<float>() + o, hs, q + in, Hd, N_, H, d, P, mix.aq, 0, H, vpos, rope,

@@ -95,6 +95,8 @@ void LayerConfig::validate(const std::string& prefix) const {
   IHA_CONFIG_CHECK(D >= 1, "config key '", k("D"), "': model width must be >= 1, got ", D);
   IHA_CONFIG_CHECK(H >= 1, "config key '", k("H"), "': head count must be >= 1, got ", H);
   IHA_CONFIG_CHECK(d >= 1, "config key '", k("d"), "': head dim must be >= 1, got ", d);
+  IHA_CONFIG_CHECK(Hkv >= 0 && kv_heads() <= H && H % kv_heads() == 0, "config key '", k("kv_heads"),
+                   "': the key/value head count must divide H = ", H, ", got ", Hkv);
   IHA_CONFIG_CHECK(P >= 1, "config key '", k("P"), "': pseudo-heads per head must be >= 1, got ", P);
   IHA_CONFIG_CHECK(mixing || P == 1, "config key '", k("P"), "': an mha layer has P = 1, got ", P);
   IHA_CONFIG_CHECK(!rope || d % 2 == 0, "config key '", k("d"),
@@ -381,6 +383,7 @@ LayerConfig parse_layer_config(const ConfigNode& n) {
   LayerConfig c;
   c.D = n.require<int64_t>("D");
   c.H = n.require<int64_t>("H");
+  c.Hkv = n.get<int64_t>("kv_heads", c.H);
   c.d = n.get<int64_t>("d", c.H > 0 && c.D % c.H == 0 ? c.D / c.H : 0);
   c.P = n.get<int64_t>("P", 2);
   c.collapse = parse_collapse(n.get<std::string>("collapse", "global"), n.key_path("collapse"));

@@ -15,19 +15,20 @@ void PremixCodec<T>::decode(int64_t B, const Tensor& payload_t, int64_t n, int64
                             const std::vector<int64_t>& tokens, KVBlock& out) const {
   const LayerConfig& c = cfg_;
   const T* payload = payload_t.data<T>();
+  const int64_t Hkv = c.kv_heads();
   const int64_t w = row_width(), m = static_cast<int64_t>(tokens.size()), mP = m * c.P, hs = mP * c.d;
   const std::vector<int64_t> vpos = virtual_positions(tokens, c.P);
   out.pos = host_positions(vpos);
-  out.kv = Tensor({B, c.H, mP, c.d}, dtype_of<T>());
-  out.vv = Tensor({B, c.H, mP, c.d}, dtype_of<T>());
+  out.kv = Tensor({B, Hkv, mP, c.d}, dtype_of<T>());
+  out.vv = Tensor({B, Hkv, mP, c.d}, dtype_of<T>());
   if (m == 0) return;
   const RopeTable<T> rope(RopeSpec::from(c), c.d, vpos.data(), mP);
   for (int64_t b = 0; b < B; ++b) {
-    T* kv = out.kv.template data<T>() + b * c.H * hs;
-    T* vv = out.vv.template data<T>() + b * c.H * hs;
-    mix_forward(payload + (b * n + a) * w, w, m, c.H, c.d, c.P, mv_.ak, 0, c.H, kv, hs);
-    mix_forward(payload + ((B + b) * n + a) * w, w, m, c.H, c.d, c.P, mv_.av, 0, c.H, vv, hs);
-    for (int64_t h = 0; h < c.H; ++h) rope.apply(kv + h * hs, mP, false);
+    T* kv = out.kv.template data<T>() + b * Hkv * hs;
+    T* vv = out.vv.template data<T>() + b * Hkv * hs;
+    mix_forward(payload + (b * n + a) * w, w, m, Hkv, c.d, c.P, mv_.ak, 0, Hkv, kv, hs);
+    mix_forward(payload + ((B + b) * n + a) * w, w, m, Hkv, c.d, c.P, mv_.av, 0, Hkv, vv, hs);
+    for (int64_t g = 0; g < Hkv; ++g) rope.apply(kv + g * hs, mP, false);
   }
 }
 
@@ -38,6 +39,7 @@ void PremixCodec<T>::decode_backward(int64_t B, const Tensor& payload_t, int64_t
   const LayerConfig& c = cfg_;
   const T* payload = payload_t.data<T>();
   T* dpayload = dpayload_t.data<T>();
+  const int64_t Hkv = c.kv_heads();
   const int64_t w = row_width(), m = static_cast<int64_t>(tokens.size()), mP = m * c.P, hs = mP * c.d;
   if (m == 0) return;
   const std::vector<int64_t> vpos = virtual_positions(tokens, c.P);
@@ -45,12 +47,12 @@ void PremixCodec<T>::decode_backward(int64_t B, const Tensor& payload_t, int64_t
   T* dak = c.mixing && grads_ ? grads_->ak.template data<T>() : nullptr;
   T* dav = c.mixing && grads_ ? grads_->av.template data<T>() : nullptr;
   for (int64_t b = 0; b < B; ++b) {
-    T* dkb = dkv.template data<T>() + b * c.H * hs;
-    T* dvb = dvv.template data<T>() + b * c.H * hs;
-    for (int64_t h = 0; h < c.H; ++h) rope.apply(dkb + h * hs, mP, true);
+    T* dkb = dkv.template data<T>() + b * Hkv * hs;
+    T* dvb = dvv.template data<T>() + b * Hkv * hs;
+    for (int64_t g = 0; g < Hkv; ++g) rope.apply(dkb + g * hs, mP, true);
     const int64_t ko = (b * n + a) * w, vo = ((B + b) * n + a) * w;
-    mix_backward(dkb, hs, payload + ko, w, m, c.H, c.d, c.P, mv_.ak, 0, c.H, dpayload + ko, w, dak);
-    mix_backward(dvb, hs, payload + vo, w, m, c.H, c.d, c.P, mv_.av, 0, c.H, dpayload + vo, w, dav);
+    mix_backward(dkb, hs, payload + ko, w, m, Hkv, c.d, c.P, mv_.ak, 0, Hkv, dpayload + ko, w, dak);
+    mix_backward(dvb, hs, payload + vo, w, m, Hkv, c.d, c.P, mv_.av, 0, Hkv, dpayload + vo, w, dav);
   }
 }
 

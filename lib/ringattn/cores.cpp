@@ -148,7 +148,7 @@ class PremixCore final : public AttentionCore<T> {
     cache.ov = Tensor();
     const Tensor payload = payload_of(B, n, k, v);
     // dK | dV adjacent (as IhaLayer allocates them): the engine writes the gradient there.
-    const int64_t m = B * n * Hd;
+    const int64_t m = B * n * c.kv_heads() * c.d;
     Tensor dpayload = dv == dk + m ? Tensor::view(dk, {2 * m}, dtype_of<T>()) : Tensor();
     engine_->backward(B, cache.qv, payload, PremixCodec<T>(c, mv, &grads), dov, cache.lse, drow, dqv, dpayload,
                       cache.engine);
@@ -181,10 +181,10 @@ class PremixCore final : public AttentionCore<T> {
       for (int64_t h = 0; h < c.H; ++h) rope_.apply(qb + h * hs, nP, false);
     }
   }
-  // The [2][B][n][H*d] payload of this rank's K and V: a view when V follows K in memory (as
+  // The [2][B][n][Hkv*d] payload of this rank's K and V: a view when V follows K in memory (as
   // IhaLayer allocates them; the engine only reads and sends it), else a packed copy.
   Tensor payload_of(int64_t B, int64_t n, const T* k, const T* v) const {
-    const int64_t m = B * n * this->cfg_.H * this->cfg_.d;
+    const int64_t m = B * n * this->cfg_.kv_heads() * this->cfg_.d;
     if (v == k + m) return Tensor::view(const_cast<T*>(k), {2 * m}, dtype_of<T>());
     Tensor buf({2 * m}, dtype_of<T>());
     std::copy(k, k + m, buf.template data<T>());
@@ -235,7 +235,10 @@ class UlyssesCore final : public AttentionCore<T> {
     check_agreement(*seq_, this->cfg_, N, opt.layout);
     IHA_CONFIG_CHECK(this->cfg_.H % T_ == 0, "head-parallel degree hp = ", T_,
                      " must divide the head count H = ", this->cfg_.H);
+    IHA_CONFIG_CHECK(this->cfg_.kv_heads() % T_ == 0, "head-parallel degree hp = ", T_,
+                     " must divide the key/value head count kv_heads = ", this->cfg_.kv_heads());
     Hl_ = this->cfg_.H / T_;
+    Hkvl_ = this->cfg_.kv_heads() / T_;  // rank t holds query heads [t Hl, (t+1) Hl) and their groups' kv heads
     const ReplicaLayout layout(opt.layout, N, g.S, g.T);
     mine_ = layout.tokens_of(g.sp_index, t_);
     std::vector<std::vector<int64_t>> groups;
@@ -260,33 +263,36 @@ class UlyssesCore final : public AttentionCore<T> {
     auto& cache = static_cast<UlyssesCache<T>&>(cache_base);
     const LayerConfig& c = this->cfg_;
     const MixView<T> mv = this->mix_view(w);
-    const int64_t n = local_tokens(), nP = n * c.P, H = c.H, d = c.d, P = c.P, Hd = H * d;
-    const int64_t ng = group_n(), hs = nP * d;
-    // Mix every head in the sequence-sharded layout, rope at the tokens' virtual positions.
-    Tensor qkv({3, B, H, nP, d}, dtype_of<T>());
-    const T* pre[3] = {q, k, v};
-    const T* alpha[3] = {mv.aq, mv.ak, mv.av};
-    for (int64_t x = 0; x < 3; ++x)
-      for (int64_t b = 0; b < B; ++b) {
-        T* dst = qkv.template data<T>() + (x * B + b) * H * hs;
-        mix_forward(pre[x] + b * n * Hd, Hd, n, H, d, P, alpha[x], 0, H, dst, hs);
-        if (x < 2)
-          for (int64_t h = 0; h < H; ++h) rope_.apply(dst + h * hs, nP, false);
-      }
-    // All-to-all: rank u receives its heads of my tokens, for Q, K and V.
-    std::vector<Tensor> recv;
-    all_to_all_heads(B, [&](int64_t u) { return heads_of_local(qkv, 3, B, n, u); },
-                     [&](int64_t u) { return 3 * B * Hl_ * part_n(u) * P * d; }, recv, "a2a.fwd");
-    cache.qv_g = Tensor({B, Hl_, ng * P, d}, dtype_of<T>());
-    Tensor kv_g({B, Hl_, ng * P, d}, dtype_of<T>()), vv_g({B, Hl_, ng * P, d}, dtype_of<T>());
-    Tensor* dst[3] = {&cache.qv_g, &kv_g, &vv_g};
-    for (int64_t u = 0; u < T_; ++u) {
-      const int64_t m = part_n(u), blk = B * Hl_ * m * P * d;
-      for (int64_t x = 0; x < 3; ++x)
-        scatter_token_rows(recv[u].template data<T>() + x * blk, B, Hl_, ng, P, d, part_idx_[u],
-                           dst[x]->template data<T>());
+    const int64_t n = local_tokens(), nP = n * c.P, H = c.H, Hkv = c.kv_heads(), d = c.d, P = c.P, Hd = H * d;
+    const int64_t Kd = Hkv * d, ng = group_n(), hs = nP * d;
+    // Mix every head in the sequence-sharded layout, rope at the tokens' virtual positions:
+    // Q [B][H][nP][d], K | V [2][B][Hkv][nP][d].
+    Tensor ql({B, H, nP, d}, dtype_of<T>()), kvl({2, B, Hkv, nP, d}, dtype_of<T>());
+    for (int64_t b = 0; b < B; ++b) {
+      T* qd = ql.template data<T>() + b * H * hs;
+      mix_forward(q + b * n * Hd, Hd, n, H, d, P, mv.aq, 0, H, qd, hs);
+      for (int64_t h = 0; h < H; ++h) rope_.apply(qd + h * hs, nP, false);
+      T* kd = kvl.template data<T>() + b * Hkv * hs;
+      T* vd = kvl.template data<T>() + (B + b) * Hkv * hs;
+      mix_forward(k + b * n * Kd, Kd, n, Hkv, d, P, mv.ak, 0, Hkv, kd, hs);
+      mix_forward(v + b * n * Kd, Kd, n, Hkv, d, P, mv.av, 0, Hkv, vd, hs);
+      for (int64_t g = 0; g < Hkv; ++g) rope_.apply(kd + g * hs, nP, false);
     }
-    const PseudoCodec<T> codec(Hl_, P, d);
+    // All-to-all: rank u receives its query heads and their key/value heads of my tokens.
+    std::vector<Tensor> recv;
+    all_to_all_heads(B, [&](int64_t u) { return concat(heads_of_local(ql, 1, B, n, u, H, Hl_),
+                                                       heads_of_local(kvl, 2, B, n, u, Hkv, Hkvl_)); },
+                     [&](int64_t u) { return B * (Hl_ + 2 * Hkvl_) * part_n(u) * P * d; }, recv, "a2a.fwd");
+    cache.qv_g = Tensor({B, Hl_, ng * P, d}, dtype_of<T>());
+    Tensor kv_g({B, Hkvl_, ng * P, d}, dtype_of<T>()), vv_g({B, Hkvl_, ng * P, d}, dtype_of<T>());
+    for (int64_t u = 0; u < T_; ++u) {
+      const int64_t m = part_n(u), qblk = B * Hl_ * m * P * d, kblk = B * Hkvl_ * m * P * d;
+      const T* r = recv[u].template data<T>();
+      scatter_token_rows(r, B, Hl_, ng, P, d, part_idx_[u], cache.qv_g.template data<T>());
+      scatter_token_rows(r + qblk, B, Hkvl_, ng, P, d, part_idx_[u], kv_g.template data<T>());
+      scatter_token_rows(r + qblk + kblk, B, Hkvl_, ng, P, d, part_idx_[u], vv_g.template data<T>());
+    }
+    const PseudoCodec<T> codec(Hkvl_, P, d);
     cache.payload_g = Tensor({2 * B * ng * codec.row_width()}, dtype_of<T>());
     T* pg = cache.payload_g.template data<T>();
     codec.from_rows(B, ng, kv_g.template data<T>(), pg, false);
@@ -325,8 +331,8 @@ class UlyssesCore final : public AttentionCore<T> {
     auto& cache = static_cast<UlyssesCache<T>&>(cache_base);
     const LayerConfig& c = this->cfg_;
     const MixView<T> mv = this->mix_view(w);
-    const int64_t n = local_tokens(), nP = n * c.P, H = c.H, d = c.d, P = c.P, Hd = H * d;
-    const int64_t ng = group_n(), hsg = ng * P * d, hs = nP * d;
+    const int64_t n = local_tokens(), nP = n * c.P, H = c.H, Hkv = c.kv_heads(), d = c.d, P = c.P, Hd = H * d;
+    const int64_t Kd = Hkv * d, ng = group_n(), hsg = ng * P * d, hs = nP * d;
     T* dC = c.mixing ? grads.collapse.template data<T>() : nullptr;
     Tensor dov_g({B, Hl_, ng * P, d}, dtype_of<T>());
     if (mv.form == Collapse::per_head) {
@@ -348,52 +354,60 @@ class UlyssesCore final : public AttentionCore<T> {
         collapse_backward(dout + b * n * Hd, Hd, cache.ov_l.template data<T>() + b * H * hs, hs, n, H, d, P,
                           mv.form, mv.c, dov_l.template data<T>() + b * H * hs, dC);
       std::vector<Tensor> recv;
-      all_to_all_heads(B, [&](int64_t u) { return heads_of_local(dov_l, 1, B, n, u); },
+      all_to_all_heads(B, [&](int64_t u) { return heads_of_local(dov_l, 1, B, n, u, H, Hl_); },
                        [&](int64_t u) { return B * Hl_ * part_n(u) * P * d; }, recv, "a2a.bwd");
       for (int64_t u = 0; u < T_; ++u)
         scatter_token_rows(recv[u].template data<T>(), B, Hl_, ng, P, d, part_idx_[u], dov_g.template data<T>());
     }
     Tensor drow({B, Hl_, ng * P}, dtype_of<T>()), dqv_g;
     drow_all<T>(B * Hl_, ng * P, d, cache.ov_g, dov_g, drow);
-    const PseudoCodec<T> codec(Hl_, P, d);
+    const PseudoCodec<T> codec(Hkvl_, P, d);
     Tensor dpayload_t;
     engine_->backward(B, cache.qv_g, cache.payload_g, codec, dov_g, cache.lse_g, drow, dqv_g, dpayload_t,
                       cache.engine);
     const T* dpayload = dpayload_t.template data<T>();
-    // Back to the sequence-sharded layout: dQ, dK, dV of my heads for each owner's tokens.
-    Tensor dqkv_g({3, B, Hl_, ng * P, d}, dtype_of<T>());
-    std::copy(dqv_g.template data<T>(), dqv_g.template data<T>() + dqv_g.numel(), dqkv_g.template data<T>());
-    codec.to_rows(B, ng, dpayload, dqkv_g.template data<T>() + dqv_g.numel());
-    codec.to_rows(B, ng, dpayload + B * ng * codec.row_width(), dqkv_g.template data<T>() + 2 * dqv_g.numel());
+    // Back to the sequence-sharded layout: dQ of my query heads, dK, dV of my key/value heads,
+    // for each owner's tokens.
+    const int64_t kvg = B * Hkvl_ * ng * P * d;
+    Tensor dkv_g({2 * kvg}, dtype_of<T>());
+    codec.to_rows(B, ng, dpayload, dkv_g.template data<T>());
+    codec.to_rows(B, ng, dpayload + B * ng * codec.row_width(), dkv_g.template data<T>() + kvg);
     std::vector<Tensor> recv;
     all_to_all_heads(B, [&](int64_t u) {
-      Tensor buf({3, B, Hl_, part_n(u) * P, d}, dtype_of<T>());
-      for (int64_t x = 0; x < 3; ++x)
-        gather_token_rows(dqkv_g.template data<T>() + x * dqv_g.numel(), B, Hl_, ng, P, d, part_idx_[u],
-                          buf.template data<T>() + x * B * Hl_ * part_n(u) * P * d);
+      const int64_t mP = part_n(u) * P;
+      Tensor buf({B * (Hl_ + 2 * Hkvl_) * mP * d}, dtype_of<T>());
+      T* o = buf.template data<T>();
+      gather_token_rows(dqv_g.template data<T>(), B, Hl_, ng, P, d, part_idx_[u], o);
+      for (int64_t x = 0; x < 2; ++x)
+        gather_token_rows(dkv_g.template data<T>() + x * kvg, B, Hkvl_, ng, P, d, part_idx_[u],
+                          o + B * (Hl_ + x * Hkvl_) * mP * d);
       return buf;
-    }, [&](int64_t) { return 3 * B * Hl_ * nP * d; }, recv, "a2a.bwd");
-    Tensor dqkv_l({3, B, H, nP, d}, dtype_of<T>());
-    for (int64_t u = 0; u < T_; ++u)
-      for (int64_t x = 0; x < 3; ++x)
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t hl = 0; hl < Hl_; ++hl) {
-            const T* src = recv[u].template data<T>() + ((x * B + b) * Hl_ + hl) * hs;
-            std::copy(src, src + hs, dqkv_l.template data<T>() + ((x * B + b) * H + u * Hl_ + hl) * hs);
-          }
-    const T* pre[3] = {q, k, v};
-    T* dpre[3] = {dq, dk, dv};
-    const T* alpha[3] = {mv.aq, mv.ak, mv.av};
-    T* dalpha[3] = {c.mixing ? grads.aq.template data<T>() : nullptr, c.mixing ? grads.ak.template data<T>() : nullptr,
-                    c.mixing ? grads.av.template data<T>() : nullptr};
-    for (int64_t x = 0; x < 3; ++x) {
-      std::fill(dpre[x], dpre[x] + B * n * Hd, T(0));
-      for (int64_t b = 0; b < B; ++b) {
-        T* g = dqkv_l.template data<T>() + (x * B + b) * H * hs;
-        if (x < 2)
-          for (int64_t h = 0; h < H; ++h) rope_.apply(g + h * hs, nP, true);
-        mix_backward(g, hs, pre[x] + b * n * Hd, Hd, n, H, d, P, alpha[x], 0, H, dpre[x] + b * n * Hd, Hd, dalpha[x]);
+    }, [&](int64_t) { return B * (Hl_ + 2 * Hkvl_) * nP * d; }, recv, "a2a.bwd");
+    Tensor dq_l({B, H, nP, d}, dtype_of<T>()), dkv_l({2, B, Hkv, nP, d}, dtype_of<T>());
+    for (int64_t u = 0; u < T_; ++u) {
+      const T* r = recv[u].template data<T>();
+      for (int64_t b = 0; b < B; ++b)
+        std::copy(r + b * Hl_ * hs, r + (b + 1) * Hl_ * hs, dq_l.template data<T>() + (b * H + u * Hl_) * hs);
+      for (int64_t xb = 0; xb < 2 * B; ++xb) {
+        const T* src = r + B * Hl_ * hs + xb * Hkvl_ * hs;
+        std::copy(src, src + Hkvl_ * hs, dkv_l.template data<T>() + (xb * Hkv + u * Hkvl_) * hs);
       }
+    }
+    T* daq = c.mixing ? grads.aq.template data<T>() : nullptr;
+    T* dak = c.mixing ? grads.ak.template data<T>() : nullptr;
+    T* dav = c.mixing ? grads.av.template data<T>() : nullptr;
+    std::fill(dq, dq + B * n * Hd, T(0));
+    std::fill(dk, dk + B * n * Kd, T(0));
+    std::fill(dv, dv + B * n * Kd, T(0));
+    for (int64_t b = 0; b < B; ++b) {
+      T* gq = dq_l.template data<T>() + b * H * hs;
+      for (int64_t h = 0; h < H; ++h) rope_.apply(gq + h * hs, nP, true);
+      mix_backward(gq, hs, q + b * n * Hd, Hd, n, H, d, P, mv.aq, 0, H, dq + b * n * Hd, Hd, daq);
+      T* gk = dkv_l.template data<T>() + b * Hkv * hs;
+      T* gv = dkv_l.template data<T>() + (B + b) * Hkv * hs;
+      for (int64_t g = 0; g < Hkv; ++g) rope_.apply(gk + g * hs, nP, true);
+      mix_backward(gk, hs, k + b * n * Kd, Kd, n, Hkv, d, P, mv.ak, 0, Hkv, dk + b * n * Kd, Kd, dak);
+      mix_backward(gv, hs, v + b * n * Kd, Kd, n, Hkv, d, P, mv.av, 0, Hkv, dv + b * n * Kd, Kd, dav);
     }
   }
 
@@ -431,13 +445,22 @@ class UlyssesCore final : public AttentionCore<T> {
     head_->exchange(sends, recvs, site);
   }
 
-  // Heads of rank u from a token-sharded [X][B][H][nP][d] tensor -> [X][B][Hl][nP][d].
-  Tensor heads_of_local(const Tensor& src, int64_t X, int64_t B, int64_t n, int64_t u) const {
-    const int64_t hs = n * this->cfg_.P * this->cfg_.d, H = this->cfg_.H;
-    Tensor out({X, B, Hl_, n * this->cfg_.P, this->cfg_.d}, dtype_of<T>());
+  // Heads of rank u from a token-sharded [X][B][heads][nP][d] tensor -> [X][B][local][nP][d]
+  // (rank u holds heads [u local, (u+1) local)).
+  Tensor heads_of_local(const Tensor& src, int64_t X, int64_t B, int64_t n, int64_t u, int64_t heads,
+                        int64_t local) const {
+    const int64_t hs = n * this->cfg_.P * this->cfg_.d;
+    Tensor out({X, B, local, n * this->cfg_.P, this->cfg_.d}, dtype_of<T>());
     for (int64_t xb = 0; xb < X * B; ++xb)
-      std::copy(src.template data<T>() + (xb * H + u * Hl_) * hs, src.template data<T>() + (xb * H + (u + 1) * Hl_) * hs,
-                out.template data<T>() + xb * Hl_ * hs);
+      std::copy(src.template data<T>() + (xb * heads + u * local) * hs,
+                src.template data<T>() + (xb * heads + (u + 1) * local) * hs, out.template data<T>() + xb * local * hs);
+    return out;
+  }
+  // a then b, flat.
+  static Tensor concat(const Tensor& a, const Tensor& b) {
+    Tensor out({a.numel() + b.numel()}, dtype_of<T>());
+    std::copy(a.template data<T>(), a.template data<T>() + a.numel(), out.template data<T>());
+    std::copy(b.template data<T>(), b.template data<T>() + b.numel(), out.template data<T>() + a.numel());
     return out;
   }
   // Rows of part u from head-sharded [B][Hl][ng*P][d] -> [B][Hl][m*P][d].
@@ -477,7 +500,7 @@ class UlyssesCore final : public AttentionCore<T> {
   }
 
   std::shared_ptr<Communicator> head_, seq_;
-  int64_t T_, t_, Hl_ = 0;
+  int64_t T_, t_, Hl_ = 0, Hkvl_ = 0;
   std::vector<int64_t> mine_;
   std::vector<std::vector<int64_t>> part_idx_;  // per head rank u: indices of its tokens among the group's
   std::unique_ptr<SeqEngine> engine_;

@@ -58,12 +58,13 @@ void CpuEngineBackend<T>::attend(const MaskSpec& m, int64_t B, int64_t heads, in
   const int64_t* qp = qpos.data<int64_t>() + q0;
   const int64_t* kp = blk.pos.data<int64_t>();
   std::vector<T> o_part(first ? 0 : nq * d), l_part(first ? 0 : nq);
+  const int64_t G = heads / blk.kv.dim(1);  // query heads per key/value head of the block
   for (int64_t bh = 0; bh < B * heads; ++bh) {
     const T* qh = qv.data<T>() + (bh * nP + q0) * d;
     T* oh = ov.data<T>() + (bh * nP + q0) * d;
     T* lh = lse.data<T>() + bh * nP + q0;
-    const T* kh = blk.kv.data<T>() + bh * nk * d;
-    const T* vh = blk.vv.data<T>() + bh * nk * d;
+    const T* kh = blk.kv.data<T>() + (bh / G) * nk * d;
+    const T* vh = blk.vv.data<T>() + (bh / G) * nk * d;
     if (first) {
       flash_forward(m, d, qh, qp, nq, kh, vh, kp, nk, oh, lh, tiles_);
     } else {
@@ -79,18 +80,19 @@ void CpuEngineBackend<T>::attend_backward(const MaskSpec& m, int64_t B, int64_t 
                                           const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk,
                                           const Tensor& dov, const Tensor& lse, const Tensor& drow, Tensor& dqv,
                                           Tensor& dkv, Tensor& dvv, PendingExchange* progress) const {
-  const int64_t nq = q1 - q0, nP = qpos.numel(), nk = blk.rows();
-  dkv = Tensor({B, heads, nk, d}, dtype_of<T>());
-  dvv = Tensor({B, heads, nk, d}, dtype_of<T>());
+  const int64_t nq = q1 - q0, nP = qpos.numel(), nk = blk.rows(), kvh = blk.kv.dim(1), G = heads / kvh;
+  dkv = Tensor({B, kvh, nk, d}, dtype_of<T>());
+  dvv = Tensor({B, kvh, nk, d}, dtype_of<T>());
   if (nq <= 0 || nk == 0) return;
   const int64_t* qp = qpos.data<int64_t>() + q0;
   const int64_t* kp = blk.pos.data<int64_t>();
+  // The G query heads of a key/value head accumulate into its dK, dV, in head order.
   for (int64_t bh = 0; bh < B * heads; ++bh) {
-    const int64_t qoff = (bh * nP + q0) * d;
-    flash_backward(m, d, qv.data<T>() + qoff, qp, nq, blk.kv.data<T>() + bh * nk * d,
-                   blk.vv.data<T>() + bh * nk * d, kp, nk, dov.data<T>() + qoff,
+    const int64_t qoff = (bh * nP + q0) * d, koff = (bh / G) * nk * d;
+    flash_backward(m, d, qv.data<T>() + qoff, qp, nq, blk.kv.data<T>() + koff,
+                   blk.vv.data<T>() + koff, kp, nk, dov.data<T>() + qoff,
                    lse.data<T>() + bh * nP + q0, drow.data<T>() + bh * nP + q0, dqv.data<T>() + qoff,
-                   dkv.data<T>() + bh * nk * d, dvv.data<T>() + bh * nk * d, tiles_);
+                   dkv.data<T>() + koff, dvv.data<T>() + koff, tiles_);
     if (progress) progress->test();
   }
 }

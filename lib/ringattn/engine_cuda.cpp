@@ -144,7 +144,7 @@ void PremixCodecCuda<A>::decode(int64_t B, const Tensor& payload, int64_t n, int
   out.vv = Tensor({B, c.H, mP, c.d}, dtype_of<A>(), Device::cuda);
   if (m == 0) return;
   check_on_device(payload, "the K/V payload");
-  const RopeSpec rope = RopeSpec::from(c), no_rope{false, c.rope_base, c.rope_scale};
+  const RopeSpec rope = RopeSpec::from(c), no_rope = RopeSpec::off();
   const A* p = payload.data<A>();
   const int64_t* pos = out.pos.data<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
@@ -163,7 +163,7 @@ void PremixCodecCuda<A>::decode_backward(int64_t B, const Tensor& payload, int64
   const int64_t w = row_width(), m = static_cast<int64_t>(tokens.size()), mP = m * c.P, hs = mP * c.d;
   if (m == 0) return;
   const Tensor pos = host_positions(virtual_positions(tokens, c.P)).to(Device::cuda);
-  const RopeSpec rope = RopeSpec::from(c), no_rope{false, c.rope_base, c.rope_scale};
+  const RopeSpec rope = RopeSpec::from(c), no_rope = RopeSpec::off();
   float* dak = c.mixing && grads_ ? grads_->ak : nullptr;
   float* dav = c.mixing && grads_ ? grads_->av : nullptr;
   const A* p = payload.data<A>();

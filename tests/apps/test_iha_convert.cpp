@@ -114,7 +114,7 @@ TEST(IhaConvert, ConfigFieldsWeCannotHonourAreNamed) {
                                              {"high_freq_factor", 4.0}, {"rope_theta", 1e4}}; },
        {"'rope_parameters.high_freq_factor'"}},
       {[](json& j) { j["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", 1e4}}; }, {"'factor'", "missing"}},
-      {[](json& j) { j["num_key_value_heads"] = 2; }, {"'num_key_value_heads'"}},
+      {[](json& j) { j["num_key_value_heads"] = 3; }, {"'num_key_value_heads'", "must divide"}},
       {[](json& j) { j["hidden_size"] = 30; j.erase("head_dim"); }, {"'num_attention_heads'", "does not divide"}},
       {[](json& j) { j["vocab_size"] = "many"; }, {"'vocab_size'", "expected an integer"}},
       {[](json& j) { j.erase("num_hidden_layers"); }, {"'num_hidden_layers'", "missing"}},

@@ -116,6 +116,8 @@ TEST(IhaTrain, BadConfigsNameTheKey) {
   expect_config_error(demo("--set mesh.schemes.global=ring"), "'mesh.schemes.global'");
   // H = 4 heads over 3 head-parallel ranks: the head scheme (default for global layers) cannot.
   expect_config_error(demo("--set mesh.hp=3 --set mesh.sp=1"), "must divide model.H = 4", 3);
+  // Grouped-query attention: the head scheme also splits the key/value heads.
+  expect_config_error(demo("--set mesh.hp=2 --set mesh.sp=1 --set model.kv_heads=1"), "and model.kv_heads = 1");
   expect_config_error(demo("--set sequence.layout=spiral"), "'sequence.layout'");
   expect_config_error(demo("--set mesh.sp=1"), "world size");  // 1 rank of mesh, 2 launched
   expect_config_error(demo("--set badoverride"), "expected key=value");

@@ -422,6 +422,8 @@ TEST(RunConfig, BadKeysTypesAndValuesNameTheKey) {
       {"model.d=5", "model.d"},                          // RoPE needs an even head dim
       {"model.vocab_size=1", "model.vocab_size"},
       {"model.rope_scale=0", "model.rope_scale"},
+      {"model.kv_heads=3", "model.kv_heads"},               // must divide H = 2
+      {"model.kv_heads=0", "model.kv_heads"},
       {"model.rope_scaling={type: stretch, factor: 2}", "model.rope_scaling.type"},
       {"model.rope_scaling={factor: 2}", "model.rope_scaling.type"},  // required
       {"model.rope_scaling={type: ntk, factor: 0.5}", "model.rope_scaling.factor"},

@@ -186,12 +186,15 @@ bool owns(const std::vector<std::pair<int64_t, int64_t>>& ch, int64_t t) {
 TEST(SeqParallelBytes, RingAndHaloMoveExactlyThePreMixTokensTheyNeed) {
   Communicator& comm = world();
   const int64_t R = comm.size(), r = comm.rank(), B = 2;
+  // With grouped-query attention the pre-mix K/V of Hkv heads travel: H / Hkv times fewer bytes.
+  std::map<int64_t, uint64_t> ring_bytes_by_kv, halo_bytes_by_kv;
   for (LayoutKind L : {LayoutKind::contiguous, LayoutKind::zigzag}) {
-    for (int64_t P : {2, 3}) {
+    for (int64_t P : {2, 3})
+    for (int64_t Hkv : {4, 2, 1}) {
       const int64_t N = 29, W = 4 * P + 1;
       LayerConfig cfg;
-      cfg.D = 8; cfg.H = 2; cfg.d = 4; cfg.P = P;
-      const int64_t token_bytes = 2 * cfg.H * cfg.d * sizeof(double) * B;  // pre-mix K and V, all batches
+      cfg.D = 8; cfg.H = 4; cfg.Hkv = Hkv; cfg.d = 4; cfg.P = P;
+      const int64_t token_bytes = 2 * Hkv * cfg.d * sizeof(double) * B;  // pre-mix K and V, all batches
       auto w = test::random_weights<double>(cfg, 1);
       auto run = [&](const LayerConfig& lc, const std::shared_ptr<AttentionCore<double>>& core, int64_t n) {
         IhaLayer<double> layer(lc, core);
@@ -248,6 +251,8 @@ TEST(SeqParallelBytes, RingAndHaloMoveExactlyThePreMixTokensTheyNeed) {
                                      " pieces=" + std::to_string(pieces);
             EXPECT_EQ(comm.counters().bytes("ring.fwd"), static_cast<uint64_t>(fwd * token_bytes)) << what;
             EXPECT_EQ(comm.counters().bytes("ring.bwd"), static_cast<uint64_t>((fwd + back) * token_bytes)) << what;
+            if (mk == MaskKind::flat_causal && Wv == 0 && pieces == 1)
+              ring_bytes_by_kv[Hkv] += comm.counters().bytes("ring.fwd") + comm.counters().bytes("ring.bwd");
           }
 
       // Halo forward: each token of mine in another rank's halo, once per such rank. Halo
@@ -276,7 +281,14 @@ TEST(SeqParallelBytes, RingAndHaloMoveExactlyThePreMixTokensTheyNeed) {
       const int64_t returned_tokens = static_cast<int64_t>(halo_of(r).size());
       EXPECT_EQ(comm.counters().bytes("halo.fwd"), static_cast<uint64_t>(sent_tokens * token_bytes));
       EXPECT_EQ(comm.counters().bytes("halo.bwd"), static_cast<uint64_t>(returned_tokens * token_bytes));
+      halo_bytes_by_kv[Hkv] += comm.counters().bytes("halo.fwd") + comm.counters().bytes("halo.bwd");
     }
+  }
+  if (R > 1) {
+    EXPECT_GT(ring_bytes_by_kv[4], 0u);
+    EXPECT_EQ(ring_bytes_by_kv[4], 2 * ring_bytes_by_kv[2]);
+    EXPECT_EQ(ring_bytes_by_kv[4], 4 * ring_bytes_by_kv[1]);
+    EXPECT_EQ(halo_bytes_by_kv[4], 4 * halo_bytes_by_kv[1]);
   }
 }
 
