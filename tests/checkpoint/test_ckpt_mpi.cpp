@@ -110,10 +110,13 @@ CheckpointInfo load_and_check(const std::string& path, int64_t step, const Layou
 }
 
 // A root's entries, without the lock file every writer of the root creates (root.h).
+// Collective: every rank lists root, then all wait, so that no rank's next step (a save or a
+// CheckpointRoot, which writes a probe file) can appear in a slower rank's listing.
 std::set<std::string> entries(const std::string& root) {
   std::set<std::string> s;
   for (const auto& e : fs::directory_iterator(root))
     if (e.path().filename() != "lock") s.insert(e.path().filename().string());
+  world().barrier();
   return s;
 }
 
