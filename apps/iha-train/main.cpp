@@ -4,7 +4,9 @@
 //
 // Exit codes: 0 success; 2 bad command line, config or data (the message names the key or
 // file; every rank exits 2); 3 the loss became NaN or Inf (the last good checkpoint is kept);
-// 1 any other error.
+// 1 any other error; 4 stopped by SIGUSR1, SIGUSR2, SIGTERM or SIGINT after saving a checkpoint at
+// the next step boundary (the same command with --resume continues); 128 + N a second such
+// signal N ended the process at once, saving nothing (stop_signals.h).
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -21,6 +23,7 @@
 #include "model/trainer.h"
 #include "parallel/comm.h"
 #include "progress.h"
+#include "stop_signals.h"
 
 namespace iha::app {
 namespace {
@@ -264,9 +267,11 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
   }
 
   std::string last_checkpoint = origin.kind == Origin::resume ? origin.ck->dir : "";
+  int64_t saved_step = origin.kind == Origin::resume ? trainer.step() : -1;
   auto save = [&]() {
     if (cfg.checkpoint.dir.empty()) return;
     last_checkpoint = ckpt->save(cfg.checkpoint.dir);
+    saved_step = trainer.step();
     rep->console("checkpoint " + last_checkpoint);
     rep->json(JsonLine()
                   .add("event", std::string("checkpoint"))
@@ -281,6 +286,18 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
   const int64_t first_step = trainer.step();
   const int64_t last_step = cfg.stop_after > 0 ? std::min(cfg.steps, first_step + cfg.stop_after) : cfg.steps;
   while (trainer.step() < last_step) {
+    if (const int sig = agree_on_stop(w)) {
+      if (saved_step != trainer.step()) save();
+      rep->console(std::string("stopping: ") + signal_name(sig) + " received; " +
+                   (cfg.checkpoint.dir.empty() ? std::string("no checkpoint.dir, nothing saved")
+                                               : "step " + std::to_string(trainer.step()) + " is in " +
+                                                     last_checkpoint + "; --resume continues"));
+      rep->json(JsonLine()
+                    .add("event", std::string("stopped"))
+                    .add("signal", std::string(signal_name(sig)))
+                    .add("step", trainer.step()));
+      return kExitStopped;
+    }
     StepStats s;
     try {
       s = trainer.train_step();
@@ -358,6 +375,7 @@ int main(int argc, char** argv) {
   // report (naming the file), instead of SIGXFSZ killing the rank without a word.
   std::signal(SIGXFSZ, SIG_IGN);
   MpiRuntime runtime(&argc, &argv);
+  install_stop_handlers();
   auto world = runtime.world();
   const bool root = world->rank() == 0;
   Args args;

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <cmath>
@@ -25,13 +26,27 @@ std::string tmp(const std::string& name) {
   return "/tmp/iha_app_test_" + std::to_string(::getpid()) + "_" + name;
 }
 
-// Runs iha-train under mpiexec with `ranks` processes.
-Result run(const std::string& args, int ranks = 2) {
+// The command line that starts iha-train under mpiexec with `ranks` processes.
+std::string launch(int ranks) {
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-  return iha::test::run_command(std::string(IHA_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe " +
-                           IHA_TRAIN_BIN + " " + args);
+  return std::string(IHA_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe " + IHA_TRAIN_BIN;
+}
+
+// Runs iha-train under mpiexec with `ranks` processes.
+Result run(const std::string& args, int ranks = 2) { return iha::test::run_command(launch(ranks) + " " + args); }
+
+// Runs iha-train under mpiexec (2 ranks) in the background; once the text `ready` appears in
+// the file `log`, runs the shell command `signal`, in which $ranks holds the ranks' pids
+// (mpiexec's children) and $pid mpiexec's; returns the run's exit code and output.
+Result run_and_signal(const std::string& args, const std::string& log, const std::string& ready,
+                      const std::string& signal) {
+  const std::string out = log + ".out";
+  return iha::test::run_command(
+      launch(2) + " " + args + " > " + out + " 2>&1 & pid=$!; "
+      "for i in $(seq 1 6000); do grep -qF '" + ready + "' " + log + " 2>/dev/null && break; sleep 0.02; done; "
+      "ranks=$(pgrep -P $pid); " + signal + "; wait $pid; rc=$?; cat " + out + "; rm -f " + out + "; exit $rc");
 }
 
 // Runs a command (no mpiexec), returning its exit code and output.
@@ -104,6 +119,9 @@ TEST(IhaTrain, BadConfigsNameTheKey) {
   expect_config_error(demo("--set sequence.layout=spiral"), "'sequence.layout'");
   expect_config_error(demo("--set mesh.sp=1"), "world size");  // 1 rank of mesh, 2 launched
   expect_config_error(demo("--set badoverride"), "expected key=value");
+  expect_config_error(demo("--set 'model.rope_scaling={type: yarn, factor: 4, original_length: 16, beta_fast: 0.5}'"),
+                      "'model.rope_scaling.beta_fast'");
+  expect_config_error(demo("--set 'model.rope_scaling={type: warp, factor: 4}'"), "'model.rope_scaling.type'");
   const std::string bad_yaml = tmp("bad.yaml");
   std::ofstream(bad_yaml) << "mesh: {sp: 2\nmodel: [\n";
   expect_config_error("train --config " + bad_yaml, "YAML syntax error");
@@ -236,6 +254,65 @@ TEST(IhaTrain, ResumeContinuesTheLossTrajectoryBitForBit) {
   ASSERT_EQ(a.size(), 6u);
   EXPECT_EQ(a, b);  // %.17g text: equal strings are equal doubles
   for (const auto& p : {full_dir, dir, full_log, part_log}) std::filesystem::remove_all(p);
+}
+
+// SIGUSR1 to one rank only: every rank stops after the same step (one all-reduce agrees),
+// that step is saved, the exit code is 4, and --resume continues the uninterrupted run's loss
+// trajectory bit for bit with no step lost or repeated.
+TEST(IhaTrain, StopSignalSavesTheStepAndResumeContinuesBitForBit) {
+  const std::string full_log = tmp("sig_full.jsonl"), part_log = tmp("sig_part.jsonl"), dir = tmp("sig_ckpt");
+  const std::string base = "train --config " + config_file() +
+                           " --set sequence.length=32 --set train.steps=24 --set logging.every=1"
+                           " --set eval.sequences=0 --set checkpoint.every=0";
+  ASSERT_EQ(run(base + " --set checkpoint.dir= --set logging.jsonl=" + full_log).code, 0);
+  const Result first = run_and_signal(base + " --set checkpoint.dir=" + dir + " --set logging.jsonl=" + part_log,
+                                      part_log, "\"event\":\"step\",\"step\":3,", "kill -USR1 ${ranks%%[!0-9]*}");
+  ASSERT_EQ(first.code, 4) << first.output;
+  const auto part = step_losses(part_log);
+  ASSERT_FALSE(part.empty());
+  const int stopped_at = part.rbegin()->first;
+  EXPECT_GE(stopped_at, 3);
+  EXPECT_LT(stopped_at, 24) << "the signal came after the last step";
+  EXPECT_NE(first.output.find("stopping: SIGUSR1 received; step " + std::to_string(stopped_at) + " is in " + dir +
+                              "/step_" + std::to_string(stopped_at)), std::string::npos) << first.output;
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_" + std::to_string(stopped_at));
+  const Result second = run(base + " --resume auto --set checkpoint.dir=" + dir + " --set logging.jsonl=" + part_log);
+  ASSERT_EQ(second.code, 0) << second.output;
+  EXPECT_NE(second.output.find("at step " + std::to_string(stopped_at)), std::string::npos) << second.output;
+  const auto full = step_losses(full_log), resumed = step_losses(part_log);
+  ASSERT_EQ(full.size(), 24u);
+  EXPECT_EQ(full, resumed);  // %.17g text: equal strings are equal doubles
+  int logged = 0;  // every step exactly once across the two invocations
+  std::ifstream in(part_log);
+  for (std::string line; std::getline(in, line);) logged += line.find("\"event\":\"step\"") != std::string::npos;
+  EXPECT_EQ(logged, 24);
+  for (const auto& p : {full_log, part_log, dir}) std::filesystem::remove_all(p);
+}
+
+// A second stop signal ends the process at once with 128 + signal: no checkpoint is started
+// and `latest` still names the last committed one. SIGUSR1 then SIGUSR2 to each rank, so the
+// two cannot merge into one pending signal.
+TEST(IhaTrain, SecondSignalExitsAtOnceLeavingLatest) {
+  const std::string dir = tmp("sig2_ckpt"), log = tmp("sig2.jsonl");
+  const std::string base = "train --config " + config_file() +
+                           " --set sequence.length=32 --set train.steps=100000 --set logging.every=1"
+                           " --set eval.sequences=0 --set checkpoint.every=0 --set checkpoint.dir=" + dir +
+                           " --set logging.jsonl=" + log;
+  ASSERT_EQ(run(base + " --set train.stop_after=2").code, 0);
+  const Result r = run_and_signal(base + " --resume", log, "\"event\":\"step\",\"step\":4,",
+                                  "for p in $ranks; do kill -USR1 $p; kill -USR2 $p; done");
+  EXPECT_TRUE(r.code == 128 + SIGUSR1 || r.code == 128 + SIGUSR2) << r.code << "\n" << r.output;
+  EXPECT_EQ(r.output.find("stopping:"), std::string::npos) << r.output;
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_2");
+  const Result verify = shell(std::string(IHA_CKPT_BIN) + " verify " + dir);
+  EXPECT_EQ(verify.code, 0) << verify.output;
+  for (const auto& p : {log, dir}) std::filesystem::remove_all(p);
 }
 
 // The checkpoint-directory protocol as a requeued job meets it (lib/checkpoint/root.h):
