@@ -55,6 +55,14 @@ void check_agreement(Communicator& c, const LayerConfig& k, int64_t N, LayoutKin
   check_same_on_all_ranks(c, k.rope, "RoPE on/off");
   check_same_on_all_ranks(c, bits_of(k.rope_base), "rope_base");
   check_same_on_all_ranks(c, bits_of(k.rope_scale), "rope_scale");
+  const RopeScaling& r = k.rope_scaling;
+  check_same_on_all_ranks(c, static_cast<int64_t>(r.type), "rope_scaling.type");
+  check_same_on_all_ranks(c, static_cast<int64_t>(r.ramp), "rope_scaling.ramp");
+  check_same_on_all_ranks(c, r.original_length, "rope_scaling.original_length");
+  for (const auto& [v, what] : {std::pair{r.factor, "rope_scaling.factor"}, {r.beta_fast, "rope_scaling.beta_fast"},
+                                {r.beta_slow, "rope_scaling.beta_slow"}, {r.low_freq_factor, "rope_scaling.low_freq_factor"},
+                                {r.high_freq_factor, "rope_scaling.high_freq_factor"}})
+    check_same_on_all_ranks(c, bits_of(v), what);
   check_same_on_all_ranks(c, static_cast<int64_t>(layout), "the sequence layout");
 }
 

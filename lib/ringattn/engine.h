@@ -134,7 +134,7 @@ class SeqEngine {
                         Tensor& dpayload, EngineCache& cache) = 0;
 
  protected:
-  MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual}; }
+  MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual, cfg_.logit_scale()}; }
   int64_t local_rows() const { return static_cast<int64_t>(qpos_.size()); }
   // dpayload's memory for a gradient of `numel` elements, zero-filled: the caller's buffer
   // when it fits (see backward), else a new one.
