@@ -15,6 +15,7 @@ packages=(
   libsleef-dev                          # vectorised exp
   libgtest-dev libbenchmark-dev         # tests and benchmarks
   python3 python3-numpy python3-h5py    # schema and interop checks in the tests
+  munge slurmctld slurmd slurm-client   # the one-node Slurm test (tests/slurm)
 )
 if [ "${1:-}" = "--bench" ]; then
   packages+=(python3-matplotlib python3-pil)  # bench/report: PNG plots
