@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_level.h"
 #include "model/train_checkpoint.h"
 #include "model/trainer.h"
 #include "parallel/comm.h"
@@ -338,6 +339,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
+    // A bad IHA_CPU_LEVEL stops every rank here, before the first kernel call would.
+    collective_check(*world, [] { cpu_level(); });
     RunConfig cfg;
     collective_check(*world, [&] { cfg = load_run_config(args.config, args.overrides); });
     return cfg.dtype == DType::f64 ? run<double>(args, cfg, world) : run<float>(args, cfg, world);

@@ -24,12 +24,9 @@ std::string tmp(const std::string& name) {
   return "/tmp/iha_app_test_" + std::to_string(::getpid()) + "_" + name;
 }
 
-// Runs iha-train under mpiexec with `ranks` processes.
+// Runs iha-train under mpiexec (scripts/mpiexec.sh) with `ranks` processes.
 Result run(const std::string& args, int ranks = 2) {
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-  return iha::test::run_command(std::string(IHA_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe " +
+  return iha::test::run_command(std::string(IHA_MPI_LAUNCH) + " -n " + std::to_string(ranks) + " " +
                            IHA_TRAIN_BIN + " " + args);
 }
 
@@ -66,6 +63,18 @@ TEST(IhaTrain, HelpPrintsTheUsageOnce) {
     EXPECT_EQ(r.output.find("usage: iha-train", first + 1), std::string::npos) << "printed by every rank:\n" << r.output;
     EXPECT_EQ(r.output.find("error"), std::string::npos) << r.output;
   }
+}
+
+// The CPU level comes from the environment (core/cpu_level.h): a bad one stops every rank
+// with exit code 2 naming the variable; a good one trains.
+TEST(IhaTrain, CpuLevelFromTheEnvironment) {
+  const Result bad = iha::test::run_command("IHA_CPU_LEVEL=avx1024 " + std::string(IHA_MPI_LAUNCH) +
+                                            " -n 2 " + IHA_TRAIN_BIN + " " + demo());
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("IHA_CPU_LEVEL='avx1024'"), std::string::npos) << bad.output;
+  const Result good = iha::test::run_command("IHA_CPU_LEVEL=avx2 " + std::string(IHA_MPI_LAUNCH) +
+                                             " -n 2 " + IHA_TRAIN_BIN + " " + demo());
+  EXPECT_EQ(good.code, 0) << good.output;
 }
 
 TEST(IhaTrain, BadConfigsNameTheKey) {

@@ -1,7 +1,7 @@
 # Promise 1 and 4: a rank killed (SIGKILL) at any phase of a save leaves the previous
 # checkpoint loadable and `latest` naming a complete one; the next run's save succeeds despite
 # the leftovers and removes them.
-# Run as: cmake -DMPIEXEC=.. -DNP=2 -DHELPER=ckpt_helper -DROOT=dir -P crash_test.cmake
+# Run as: cmake -DMPIEXEC=scripts/mpiexec.sh -DNP=2 -DHELPER=ckpt_helper -DROOT=dir -P crash_test.cmake
 cmake_minimum_required(VERSION 3.24)
 
 function(helper expect)
@@ -14,7 +14,7 @@ function(helper expect)
   endif()
 endfunction()
 
-set(mpi ${MPIEXEC} -n ${NP} --oversubscribe)
+set(mpi ${MPIEXEC} -n ${NP})
 file(REMOVE_RECURSE ${ROOT})
 helper(ok ${mpi} ${HELPER} save ${ROOT} 1 1 2)
 helper(ok ${mpi} ${HELPER} save ${ROOT} 2 1 2)
