@@ -43,7 +43,7 @@ struct FlashCase {
   int64_t P;
   int64_t window;  // Wv; 0 = none
   FlashTiles tiles;
-  int64_t d = 6;   // head dim; multiples of 16 take the AVX-512 tile kernels (float) when built
+  int64_t d = 6;   // head dim; multiples of 16 take the AVX-512 tile kernels (float) at that level
   int64_t N = 13;  // tokens
 };
 
