@@ -73,7 +73,7 @@ class AttentionCore {
 
  protected:
   MixView<T> mix_view(const IhaWeights<T>& w) const;
-  MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual}; }
+  MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual, cfg_.logit_scale()}; }
   LayerConfig cfg_;
   Tensor identity_alpha_, identity_collapse_;  // used when !cfg_.mixing
 };

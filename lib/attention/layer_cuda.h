@@ -90,7 +90,7 @@ class DeviceAttentionCore {
   DeviceMix mix_view(const DeviceLayerWeights<A>& w) const;
 
  protected:
-  MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual}; }
+  MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual, cfg_.logit_scale()}; }
   LayerConfig cfg_;
   Tensor identity_alpha_, identity_collapse_;  // device, fp32; used when !cfg_.mixing
 };

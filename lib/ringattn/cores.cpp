@@ -55,6 +55,14 @@ void check_agreement(Communicator& c, const LayerConfig& k, int64_t N, LayoutKin
   check_same_on_all_ranks(c, k.rope, "RoPE on/off");
   check_same_on_all_ranks(c, bits_of(k.rope_base), "rope_base");
   check_same_on_all_ranks(c, bits_of(k.rope_scale), "rope_scale");
+  const RopeScaling& r = k.rope_scaling;
+  check_same_on_all_ranks(c, static_cast<int64_t>(r.type), "rope_scaling.type");
+  check_same_on_all_ranks(c, static_cast<int64_t>(r.ramp), "rope_scaling.ramp");
+  check_same_on_all_ranks(c, r.original_length, "rope_scaling.original_length");
+  for (const auto& [v, what] : {std::pair{r.factor, "rope_scaling.factor"}, {r.beta_fast, "rope_scaling.beta_fast"},
+                                {r.beta_slow, "rope_scaling.beta_slow"}, {r.low_freq_factor, "rope_scaling.low_freq_factor"},
+                                {r.high_freq_factor, "rope_scaling.high_freq_factor"}})
+    check_same_on_all_ranks(c, bits_of(v), what);
   check_same_on_all_ranks(c, static_cast<int64_t>(layout), "the sequence layout");
 }
 
@@ -63,11 +71,12 @@ namespace {
 template <class T>
 std::unique_ptr<SeqEngine> make_engine(const LayerConfig& cfg, int64_t heads,
                                        std::shared_ptr<Communicator> comm,
-                                       std::vector<std::vector<int64_t>> tokens, FlashTiles tiles,
+                                       std::vector<std::vector<int64_t>> tokens, const SeqParallelOptions& opt,
                                        bool halo, const std::string& prefix) {
-  auto backend = std::make_shared<const CpuEngineBackend<T>>(tiles);
+  auto backend = std::make_shared<const CpuEngineBackend<T>>(opt.tiles);
   if (halo) return make_halo_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(backend), prefix + "halo");
-  return make_ring_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(backend), prefix + "ring");
+  return make_ring_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(backend), prefix + "ring",
+                          opt.ring_pieces);
 }
 
 template <class T>
@@ -101,7 +110,7 @@ class PremixCore final : public AttentionCore<T> {
     IHA_CHECK(comm_ != nullptr && comm_->device() == Device::cpu,
               "sequence-parallel core (CPU) needs a host-memory communicator");
     check_agreement(*comm_, this->cfg_, N, opt.layout);
-    engine_ = make_engine<T>(this->cfg_, this->cfg_.H, comm_, std::move(tokens), opt.tiles, halo, "");
+    engine_ = make_engine<T>(this->cfg_, this->cfg_.H, comm_, std::move(tokens), opt, halo, "");
     const auto& qpos = engine_->qpos();
     rope_ = RopeTable<T>(RopeSpec::from(this->cfg_), this->cfg_.d, qpos.data(), static_cast<int64_t>(qpos.size()));
   }
@@ -238,7 +247,7 @@ class UlyssesCore final : public AttentionCore<T> {
         idx.push_back(std::lower_bound(gt.begin(), gt.end(), tok) - gt.begin());
       part_idx_.push_back(std::move(idx));
     }
-    engine_ = make_engine<T>(this->cfg_, Hl_, seq_, std::move(groups), opt.tiles, this->cfg_.windowed(), "p");
+    engine_ = make_engine<T>(this->cfg_, Hl_, seq_, std::move(groups), opt, this->cfg_.windowed(), "p");
     const std::vector<int64_t> pos = virtual_positions(mine_, this->cfg_.P);
     rope_ = RopeTable<T>(RopeSpec::from(this->cfg_), this->cfg_.d, pos.data(), static_cast<int64_t>(pos.size()));
   }

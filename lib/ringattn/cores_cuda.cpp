@@ -31,7 +31,8 @@ class PremixCoreCuda final : public DeviceAttentionCore<A> {
     if (halo)
       engine_ = make_halo_engine(this->cfg_, this->cfg_.H, comm_, std::move(tokens), std::move(backend), "halo");
     else
-      engine_ = make_ring_engine(this->cfg_, this->cfg_.H, comm_, std::move(tokens), std::move(backend), "ring");
+      engine_ = make_ring_engine(this->cfg_, this->cfg_.H, comm_, std::move(tokens), std::move(backend), "ring",
+                                 opt.ring_pieces);
   }
 
   int64_t local_tokens() const override { return static_cast<int64_t>(engine_->tokens().size()); }
