@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "checkpoint/root.h"
+#include "core/cpu_level.h"
 #include "model/train_checkpoint.h"
 #include "model/trainer.h"
 #include "parallel/comm.h"
@@ -394,6 +395,8 @@ int main(int argc, char** argv) {
   // keep the default (the signal ends them).
   if (args.mode == Mode::train || args.mode == Mode::finetune) install_stop_handlers();
   try {
+    // A bad IHA_CPU_LEVEL stops every rank here, before the first kernel call would.
+    collective_check(*world, [] { cpu_level(); });
     RunConfig cfg;
     RunEstimate est;
     collective_check(*world, [&] {

@@ -26,12 +26,10 @@ std::string tmp(const std::string& name) {
   return "/tmp/iha_app_test_" + std::to_string(::getpid()) + "_" + name;
 }
 
-// The command line that starts iha-train under mpiexec with `ranks` processes.
+// The command line that starts iha-train under mpiexec (scripts/mpiexec.sh, which execs the
+// launcher in its own process) with `ranks` processes.
 std::string launch(int ranks) {
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-  return std::string(IHA_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe " + IHA_TRAIN_BIN;
+  return std::string(IHA_MPI_LAUNCH) + " -n " + std::to_string(ranks) + " " + IHA_TRAIN_BIN;
 }
 
 // Runs iha-train under mpiexec with `ranks` processes.
@@ -106,6 +104,18 @@ TEST(IhaTrain, HelpPrintsTheUsageOnce) {
     EXPECT_EQ(r.output.find("usage: iha-train", first + 1), std::string::npos) << "printed by every rank:\n" << r.output;
     EXPECT_EQ(r.output.find("error"), std::string::npos) << r.output;
   }
+}
+
+// The CPU level comes from the environment (core/cpu_level.h): a bad one stops every rank
+// with exit code 2 naming the variable; a good one trains.
+TEST(IhaTrain, CpuLevelFromTheEnvironment) {
+  const Result bad = iha::test::run_command("IHA_CPU_LEVEL=avx1024 " + std::string(IHA_MPI_LAUNCH) +
+                                            " -n 2 " + IHA_TRAIN_BIN + " " + demo());
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("IHA_CPU_LEVEL='avx1024'"), std::string::npos) << bad.output;
+  const Result good = iha::test::run_command("IHA_CPU_LEVEL=avx2 " + std::string(IHA_MPI_LAUNCH) +
+                                             " -n 2 " + IHA_TRAIN_BIN + " " + demo());
+  EXPECT_EQ(good.code, 0) << good.output;
 }
 
 TEST(IhaTrain, BadConfigsNameTheKey) {
@@ -395,8 +405,7 @@ TEST(IhaTrain, UnwritableCheckpointDirFailsBeforeTraining) {
 TEST(IhaTrain, FileSizeLimitIsAnErrorNotASignal) {
   const std::string dir = tmp("fsize_ckpt");
   std::filesystem::remove_all(dir);
-  const Result r = shell("timeout 300 bash -c 'ulimit -f 16384; export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; " +
-                         std::string(IHA_MPIEXEC) + " -n 2 --oversubscribe " + IHA_TRAIN_BIN + " " +
+  const Result r = shell("timeout 300 bash -c 'ulimit -f 16384; " + launch(2) + " " +
                          demo("--set eval.sequences=0 --set train.steps=2 --set model.D=512 --set model.ffn=1024 --set checkpoint.dir=" + dir) + "'");
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.code, -1) << "killed by a signal:\n" << r.output;

@@ -2,7 +2,7 @@
 # checkpoint loadable and `latest` naming a complete one; the next run, opening the root as
 # every command does (root.h), recovers: a complete step left unnamed by `latest` (crash after
 # its rename) is verified and adopted; its save succeeds despite the leftovers and removes them.
-# Run as: cmake -DMPIEXEC=.. -DNP=2 -DHELPER=ckpt_helper -DROOT=dir -P crash_test.cmake
+# Run as: cmake -DMPIEXEC=scripts/mpiexec.sh -DNP=2 -DHELPER=ckpt_helper -DROOT=dir -P crash_test.cmake
 cmake_minimum_required(VERSION 3.24)
 
 function(helper expect)
@@ -15,7 +15,7 @@ function(helper expect)
   endif()
 endfunction()
 
-set(mpi ${MPIEXEC} -n ${NP} --oversubscribe)
+set(mpi ${MPIEXEC} -n ${NP})
 file(REMOVE_RECURSE ${ROOT})
 helper(ok ${mpi} ${HELPER} save ${ROOT} 1 1 2)
 helper(ok ${mpi} ${HELPER} save ${ROOT} 2 1 2)
