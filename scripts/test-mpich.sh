@@ -40,9 +40,9 @@ grep -Eq '^MPI_C_(LIB_NAMES|HEADER_DIR)[^=]*=.*mpich' build-mpich/CMakeCache.txt
 # What those tests run: the iha_mpi_test binaries, the checkpoint drivers, and the apps (the
 # iha-train tests; the installed package holds them all).
 targets=$(grep -ho 'iha_mpi_test([a-z_0-9]*' tests/*/CMakeLists.txt | sed 's/iha_mpi_test(//' | grep -Ev 'cuda|nccl' | sort -u)
+apps=$(sed -n 's/^foreach(app \(.*\))$/\1/p' apps/CMakeLists.txt)
 # shellcheck disable=SC2086
-cmake --build build-mpich -j "$jobs" --target $targets ckpt_helper iha-ckpt iha-train iha-data iha-example iha-layer \
-  test_iha_train
+cmake --build build-mpich -j "$jobs" --target $targets ckpt_helper $apps test_iha_train
 built=$(date +%s)
 
 source scripts/env.sh
