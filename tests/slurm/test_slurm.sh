@@ -118,6 +118,14 @@ interrupted_run() {
     sleep 0.2
   done
   [ "$state" = PENDING ] || { fail "$name: not requeued after $how (state $state)"; cat "$name.out"; diagnose; return; }
+  # Release the job only once slurmd has finished its previous run: a launch that reaches slurmd
+  # while the old run's slurmstepd still lives (seen on a loaded machine) is refused with
+  # "Job N already killed, do not launch batch job", and the requeued job never runs.
+  for i in $(seq 1 600); do
+    if ! pgrep -f "slurmstepd: \[$job[].]" >/dev/null && ! scontrol -o show node | grep -q COMPLETING; then break; fi
+    sleep 0.2
+  done
+  sleep 1
   scontrol update JobId="$job" StartTime=now
   wait_gone "$job" 120
   state=$(job_field "$job" JobState)
