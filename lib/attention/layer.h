@@ -20,7 +20,7 @@
 
 #include "attention/backend.h"
 #include "attention/flash.h"
-#include "core/config.h"
+#include "attention/layer_config.h"
 #include "core/tensor.h"
 
 namespace iha {

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/config.h"
+#include "attention/layer_config.h"
 
 namespace iha {
 

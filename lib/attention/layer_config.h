@@ -1,0 +1,67 @@
+// One attention layer's configuration, its validation and the window rules of DESIGN.md
+// section 1; and the readers of the layer keys from a config (core/config.h's ConfigNode). No
+// YAML here: kernels and the CUDA code include this header through mask.h.
+// defines: iha::Collapse, iha::MaskKind, iha::collapse_name, iha::mask_name, iha::parse_collapse,
+//          iha::parse_mask, iha::LayerConfig, iha::WindowSpec, iha::resolve_window_virtual,
+//          iha::parse_layer_config, iha::parse_window_spec
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/error.h"
+
+namespace iha {
+
+class ConfigNode;
+
+enum class Collapse : uint8_t { global, per_head };
+enum class MaskKind : uint8_t { flat_causal, token_causal };
+
+const char* collapse_name(Collapse c);
+const char* mask_name(MaskKind m);
+Collapse parse_collapse(const std::string& s, const std::string& key = "collapse");
+MaskKind parse_mask(const std::string& s, const std::string& key = "mask");
+
+// One attention layer. `mixing == false` is a plain MHA layer: P must be 1 and the layer has no
+// aQ/aK/aV/C parameters. window_virtual is Wv in virtual tokens; 0 means no window (global).
+struct LayerConfig {
+  int64_t D = 0;   // model width
+  int64_t H = 0;   // heads
+  int64_t d = 0;   // head dim
+  int64_t P = 1;   // pseudo-heads per head
+  bool mixing = true;
+  Collapse collapse = Collapse::global;
+  MaskKind mask = MaskKind::flat_causal;
+  int64_t window_virtual = 0;
+  bool rope = true;
+  double rope_base = 500000.0;
+  double rope_scale = 1.0;
+
+  // Throws ConfigError naming the first invalid field (prefix is prepended to field names).
+  void validate(const std::string& prefix = "") const;
+  bool windowed() const { return window_virtual > 0; }
+  int64_t collapse_cols() const { return collapse == Collapse::global ? H * P : P; }
+};
+
+// How a config states the window. At most one of window (original tokens, Wv = W*P) and
+// window_virtual (Wv) may be given.
+struct WindowSpec {
+  std::optional<int64_t> window;
+  std::optional<int64_t> window_virtual;
+  bool allow_window_change = false;
+};
+
+// DESIGN.md section 1: explicit value if given; else the checkpoint's Wv if loading; else
+// W = ceil(n_train / (2 P^2)), Wv = W * P. An explicit value that differs from the
+// checkpoint's is an error naming both unless allow_window_change. `key` prefixes messages.
+int64_t resolve_window_virtual(const WindowSpec& spec, int64_t P, int64_t n_train,
+                               std::optional<int64_t> checkpoint_wv, const std::string& key = "");
+
+// Reads the layer-level keys (D, H, d, P, mixing kind, collapse, mask, rope*) from a node.
+LayerConfig parse_layer_config(const ConfigNode& node);
+// Reads window, window_virtual and allow_window_change.
+WindowSpec parse_window_spec(const ConfigNode& node);
+
+}  // namespace iha
