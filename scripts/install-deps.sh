@@ -10,10 +10,12 @@ packages=(
   libopenmpi-dev openmpi-bin            # MPI
   libhdf5-openmpi-dev hdf5-tools        # parallel HDF5 (+ h5dump)
   libyaml-cpp-dev                       # configs
+  nlohmann-json3-dev                    # iha-convert: Hugging Face config.json and safetensors headers
   libopenblas-dev                       # BLAS
   libsleef-dev                          # vectorised exp
   libgtest-dev libbenchmark-dev         # tests and benchmarks
   python3 python3-numpy python3-h5py    # schema and interop checks in the tests
+  munge slurmctld slurmd slurm-client   # the one-node Slurm test (tests/slurm)
 )
 if [ "${1:-}" = "--bench" ]; then
   packages+=(python3-matplotlib python3-pil)  # bench/report: PNG plots

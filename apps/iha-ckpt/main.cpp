@@ -6,7 +6,8 @@
 //                                       (e.g. the config text a fine-tune starts from)
 //   iha-ckpt verify DIR                 re-hashes every tensor against its integrity hashes;
 //                                       under mpiexec the ranks share the work
-// Exit status: 0 ok, 1 damaged or unreadable checkpoint, 2 usage error or bad path.
+// Exit status: 0 ok, 2 usage error, bad path or damaged checkpoint (bad input, as for every
+// IHA command), 1 any other error.
 #include <mpi.h>
 
 #include <charconv>

@@ -4,7 +4,10 @@
 //   iha-data info FILE.h5 [--dataset NAME] [--seq-len N]  size, vocab, id range, sequences
 //
 // Exit codes: 0 success, 2 bad arguments or input (the message names the file), 1 other errors.
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -23,6 +26,13 @@ const char* kUsage =
 int text_to_tokens(const std::string& in_path, const std::string& out_path, const std::string& dataset) {
   std::ifstream in(in_path, std::ios::binary);
   IHA_CONFIG_CHECK(in.good(), "cannot open text file '", in_path, "'");
+  // The output is created by truncation: it must not be the input under another name (the
+  // same path, a symlink or a hard link to it).
+  struct stat si, so;
+  IHA_CONFIG_CHECK(!(::stat(in_path.c_str(), &si) == 0 && ::stat(out_path.c_str(), &so) == 0 &&
+                     si.st_dev == so.st_dev && si.st_ino == so.st_ino),
+                   "output '", out_path, "' is the input file '", in_path,
+                   "' (the same file): writing it would destroy the input");
   iha::TokenFileWriter out(out_path, dataset, 256, "bytes");
   std::vector<char> buf(1 << 20);
   std::vector<int64_t> ids;
@@ -62,6 +72,7 @@ int info(const std::string& path, const std::string& dataset, int64_t seq_len) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGXFSZ, SIG_IGN);  // a write past ulimit -f fails (EFBIG) and is reported
   try {
     std::vector<std::string> pos;
     std::string dataset = "tokens";

@@ -1,11 +1,14 @@
 // iha-train: train, fine-tune or evaluate an IHA language model from a YAML config.
 //
-//   mpiexec -n R iha-train train|finetune|eval --config FILE [--set key=value ...] [--resume]
+//   mpiexec -n R iha-train train|finetune|eval --config FILE [--set key=value ...] [--resume [auto]]
 //
 // Exit codes: 0 success; 2 bad command line, config or data (the message names the key or
 // file; every rank exits 2); 3 the loss became NaN or Inf (the last good checkpoint is kept);
-// 1 any other error.
+// 1 any other error; 4 stopped by SIGUSR1, SIGUSR2, SIGTERM or SIGINT after saving a checkpoint at
+// the next step boundary (the same command with --resume continues); 128 + N a second such
+// signal N ended the process at once, saving nothing (stop_signals.h).
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,30 +18,37 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/root.h"
 #include "model/train_checkpoint.h"
 #include "model/trainer.h"
 #include "parallel/comm.h"
 #include "progress.h"
+#include "stop_signals.h"
 
 namespace iha::app {
 namespace {
 
 const char* kUsage =
-    "usage: iha-train train|finetune|eval --config FILE [--set key=value ...] [--resume]\n"
+    "usage: iha-train train|finetune|eval|check --config FILE [--set key=value ...] [--resume [auto]]\n"
     "  train     train a model (from scratch, or from checkpoint.dir/latest with --resume)\n"
     "  finetune  load weights from finetune.from and continue at this config's context\n"
     "  eval      loss and answer accuracy of a checkpoint on held-out data\n"
+    "  check     validate the config against the types, the launched ranks and this machine,\n"
+    "            print the plan, and exit (0 valid, 2 not); touches no file\n"
     "  --set k=v override a config key (dotted path, YAML value), e.g. --set optim.lr=3e-4\n"
     "  --resume  continue from the newest checkpoint in checkpoint.dir\n"
+    "  --resume auto  continue from checkpoint.dir/latest if it exists, else start fresh\n"
+    "            (for jobs that are requeued: the same command line every time)\n"
     "  --help    print this text\n";
 
-enum class Mode { train, finetune, eval };
+enum class Mode { train, finetune, eval, check };
 
 struct Args {
   Mode mode = Mode::train;
   std::string config;
   std::vector<std::string> overrides;
   bool resume = false;
+  bool resume_auto = false;  // --resume auto
   bool help = false;  // print the usage and exit 0
 };
 
@@ -56,8 +66,10 @@ Args parse_args(int argc, char** argv) {
     a.mode = Mode::finetune;
   } else if (cmd == "eval") {
     a.mode = Mode::eval;
+  } else if (cmd == "check") {
+    a.mode = Mode::check;
   } else {
-    throw ConfigError("unknown command '" + cmd + "' (expected train, finetune or eval)");
+    throw ConfigError("unknown command '" + cmd + "' (expected train, finetune, eval or check)");
   }
   for (int i = 2; i < argc; ++i) {
     const std::string s = argv[i];
@@ -68,14 +80,19 @@ Args parse_args(int argc, char** argv) {
       a.config = s.substr(9);
     } else if (s.rfind("--set=", 0) == 0) {
       a.overrides.push_back(s.substr(6));
-    } else if (s == "--resume") {
+    } else if (s == "--resume" || s == "--resume=auto") {
       a.resume = true;
+      if (s == "--resume=auto" || (i + 1 < argc && std::strcmp(argv[i + 1], "auto") == 0)) {
+        a.resume_auto = true;
+        if (s == "--resume") ++i;
+      }
     } else {
       throw ConfigError("unknown option '" + s + "'");
     }
   }
   IHA_CONFIG_CHECK(!a.config.empty(), "--config FILE is required");
-  IHA_CONFIG_CHECK(!(a.resume && a.mode == Mode::eval), "--resume applies to train and finetune");
+  IHA_CONFIG_CHECK(!(a.resume && (a.mode == Mode::eval || a.mode == Mode::check)),
+                   "--resume applies to train and finetune");
   return a;
 }
 
@@ -100,6 +117,7 @@ struct Origin {
   enum Kind { fresh, resume, weights } kind = fresh;
   std::string path;   // checkpoint to load (resume: the root; weights: root or step dir)
   std::optional<CheckpointModel> ck;
+  std::unique_ptr<CheckpointRoot> root;  // held for the run: the lock on checkpoint.dir
 };
 
 // Decides the origin from the command and config; checks what can be checked before the
@@ -111,31 +129,48 @@ Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
     o.kind = Origin::weights;
     o.path = cfg.eval.checkpoint.empty() ? root : cfg.eval.checkpoint;
     o.ck = inspect_train_checkpoint(w, o.path, cfg.eval.checkpoint.empty() ? "checkpoint.dir" : "eval.checkpoint");
-  } else if (args.resume) {
-    o.kind = Origin::resume;
-    o.path = root;
-    collective_check(w, [&] {
-      IHA_CONFIG_CHECK(!root.empty(), "--resume needs config key 'checkpoint.dir'");
-      IHA_CONFIG_CHECK(has_checkpoint(root), "--resume: config key 'checkpoint.dir' = '", root,
-                       "' holds no checkpoint (no 'latest')");
-    });
-    o.ck = inspect_train_checkpoint(w, root, "checkpoint.dir");
   } else {
-    collective_check(w, [&] {
-      IHA_CONFIG_CHECK(!has_checkpoint(root), "config key 'checkpoint.dir' = '", root,
-                       "' already holds checkpoints: continue them with --resume, or choose "
-                       "another directory");
-      if (args.mode == Mode::finetune)
+    // The one protocol for a root that is written: lock, writability, crash recovery.
+    if (!root.empty())
+      o.root = std::make_unique<CheckpointRoot>(
+          w, root, "checkpoint.dir",
+          args.resume_auto ? RootUse::resume_auto : args.resume ? RootUse::resume : RootUse::fresh);
+    else
+      collective_check(w, [&] {
+        IHA_CONFIG_CHECK(!args.resume, "--resume needs config key 'checkpoint.dir'");
+      });
+    if (o.root) {
+      const bool rank0 = w.rank() == 0;
+      for (const std::string& note : o.root->notes())
+        if (rank0) std::cerr << "iha-train: " << note << std::endl;
+    }
+    if (o.root && o.root->resume()) {
+      o.kind = Origin::resume;
+      o.path = root;
+      o.ck = inspect_train_checkpoint(w, root, "checkpoint.dir");
+      collective_check(w, [&] {
+        IHA_CONFIG_CHECK(cfg.steps >= o.ck->step, "config key 'train.steps' = ", cfg.steps,
+                         " is below the step of the checkpoint to resume (", o.ck->dir, " is step ",
+                         o.ck->step, "): raise train.steps, or start a new run elsewhere");
+      });
+    } else if (args.mode == Mode::finetune) {
+      collective_check(w, [&] {
         IHA_CONFIG_CHECK(!cfg.finetune_from.empty(), "iha-train finetune needs config key "
                          "'finetune.from' (the checkpoint whose weights start the run)");
-    });
-    if (args.mode == Mode::finetune) {
+      });
       o.kind = Origin::weights;
       o.path = cfg.finetune_from;
       o.ck = inspect_train_checkpoint(w, o.path, "finetune.from");
     }
   }
-  if (o.ck) collective_check(w, [&] { check_same_architecture(cfg.model, *o.ck); });
+  if (o.ck)
+    collective_check(w, [&] {
+      check_same_architecture(cfg.model, *o.ck);
+      // Loading narrows only by permission (lib/checkpoint); say which config key gives it.
+      IHA_CONFIG_CHECK(!(o.ck->dtype == DType::f64 && cfg.dtype == DType::f32), "config key "
+                       "'train.dtype' is float32 but checkpoint '", o.ck->dir, "' holds float64 "
+                       "weights: set train.dtype: float64 to continue it");
+    });
   return o;
 }
 
@@ -151,6 +186,11 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
     rep = std::make_unique<Reporter>(root, cfg.log.jsonl);
   });
   const Origin origin = plan(args, cfg, w);
+  if (origin.kind == Origin::resume && origin.ck->step == cfg.steps) {
+    rep->console("nothing to do: " + origin.ck->dir + " is step " + std::to_string(cfg.steps) +
+                 " = train.steps");
+    return 0;
+  }
   Trainer<T> trainer(cfg, world,
                      origin.ck ? std::optional<int64_t>(origin.ck->model.window_virtual) : std::nullopt);
   trainer.init();
@@ -231,9 +271,11 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
   }
 
   std::string last_checkpoint = origin.kind == Origin::resume ? origin.ck->dir : "";
+  int64_t saved_step = origin.kind == Origin::resume ? trainer.step() : -1;
   auto save = [&]() {
     if (cfg.checkpoint.dir.empty()) return;
     last_checkpoint = ckpt->save(cfg.checkpoint.dir);
+    saved_step = trainer.step();
     rep->console("checkpoint " + last_checkpoint);
     rep->json(JsonLine()
                   .add("event", std::string("checkpoint"))
@@ -248,6 +290,18 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
   const int64_t first_step = trainer.step();
   const int64_t last_step = cfg.stop_after > 0 ? std::min(cfg.steps, first_step + cfg.stop_after) : cfg.steps;
   while (trainer.step() < last_step) {
+    if (const int sig = agree_on_stop(w)) {
+      if (saved_step != trainer.step()) save();
+      rep->console(std::string("stopping: ") + signal_name(sig) + " received; " +
+                   (cfg.checkpoint.dir.empty() ? std::string("no checkpoint.dir, nothing saved")
+                                               : "step " + std::to_string(trainer.step()) + " is in " +
+                                                     last_checkpoint + "; --resume continues"));
+      rep->json(JsonLine()
+                    .add("event", std::string("stopped"))
+                    .add("signal", std::string(signal_name(sig)))
+                    .add("step", trainer.step()));
+      return kExitStopped;
+    }
     StepStats s;
     try {
       s = trainer.train_step();
@@ -323,7 +377,11 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
 int main(int argc, char** argv) {
   using namespace iha;
   using namespace iha::app;
+  // A write past RLIMIT_FSIZE then fails with EFBIG, which the checkpoint and log writers
+  // report (naming the file), instead of SIGXFSZ killing the rank without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   MpiRuntime runtime(&argc, &argv);
+  install_stop_handlers();
   auto world = runtime.world();
   const bool root = world->rank() == 0;
   Args args;
@@ -339,7 +397,26 @@ int main(int argc, char** argv) {
   }
   try {
     RunConfig cfg;
-    collective_check(*world, [&] { cfg = load_run_config(args.config, args.overrides); });
+    RunEstimate est;
+    collective_check(*world, [&] {
+      cfg = load_run_config(args.config, args.overrides);
+      est = check_run_fits_machine(cfg, world->size());
+      if (args.mode == Mode::check) {
+        const int64_t ranks = cfg.mesh.dp * cfg.mesh.hp * cfg.mesh.sp;  // checked above
+        IHA_CONFIG_CHECK(ranks == world->size(), "config key 'mesh': dp * hp * sp = ", ranks,
+                         " ranks but the job has ", world->size(), " (dp * hp * sp must equal the world size)");
+        cfg.model.resolve_window(cfg.seq_len, std::nullopt);
+        check_mesh_fits_model(cfg);
+      }
+    });
+    if (args.mode == Mode::check) {
+      if (root)
+        std::cout << "iha-train check: valid: " << world->size() << " ranks (" << cfg.mesh.str()
+                  << "), N=" << cfg.seq_len << ", " << est.params << " parameters, at least "
+                  << est.bytes_per_rank << " bytes per rank of " << est.available_bytes
+                  << " available, train.threads=" << cfg.threads << " of " << est.cpus << " CPUs\n";
+      return 0;
+    }
     return cfg.dtype == DType::f64 ? run<double>(args, cfg, world) : run<float>(args, cfg, world);
   } catch (const ConfigError& e) {
     if (root) std::cerr << "iha-train: error: " << e.what() << std::endl;

@@ -1,7 +1,7 @@
 // Flash attention on one head's virtual sequence, CPU, float and double.
 // Rows are contiguous (stride d). Positions are the rows' global virtual indices, ascending;
 // the mask is evaluated on them, so the same kernel serves a whole sequence, a ring step
-// (local queries against a visiting block) and a halo step. Scale is 1/sqrt(d).
+// (local queries against a visiting block) and a halo step. Scale is mask.logit_scale/sqrt(d).
 // Memory is O(tile) beyond the inputs and outputs; the (nq x nk) score matrix never exists.
 // defines: iha::FlashTiles, iha::FlashStats, iha::flash_forward, iha::flash_backward,
 //          iha::flash_drow

@@ -180,7 +180,7 @@ FlashStats flash_forward(const MaskSpec& mask, int64_t d, const T* q, const int6
   check_args(d, nq, nk, tiles);
   FlashStats st;
   if (nq == 0) return st;
-  const T scale = T(1) / std::sqrt(T(d));
+  const T scale = static_cast<T>(mask.logit_scale) / std::sqrt(T(d));
   const int64_t BQ = tiles.q, BK = tiles.k;
   const TileProducts<T> tp(d, use_tile_kernels<T>(d));
   const std::vector<T> k_panels = tp.panels(k, nk);
@@ -255,7 +255,7 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
   check_args(d, nq, nk, tiles);
   FlashStats st;
   if (nq == 0) return st;
-  const T scale = T(1) / std::sqrt(T(d));
+  const T scale = static_cast<T>(mask.logit_scale) / std::sqrt(T(d));
   const int64_t BQ = tiles.q, BK = tiles.k;
   const TileProducts<T> tp(d, use_tile_kernels<T>(d));
   const std::vector<T> k_panels = tp.panels(k, nk), v_panels = tp.panels(v, nk);

@@ -977,7 +977,7 @@ void flash_forward_cuda(const MaskSpec& mask, int64_t d, int64_t heads, const T*
   const FlashCudaKernel which = flash_cuda_kernel_for<T>(d, kernel);
   if (nq == 0 || heads == 0) return;
   const int di = static_cast<int>(d);
-  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  const float scale = static_cast<float>(mask.logit_scale) / std::sqrt(static_cast<float>(d));
   if (which == FlashCudaKernel::tensor_core) {
     if constexpr (std::is_same_v<T, bf16>) {
       const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
@@ -1019,7 +1019,7 @@ void flash_backward_cuda(const MaskSpec& mask, int64_t d, int64_t heads, const T
   const FlashCudaKernel which = flash_cuda_kernel_for<T>(d, kernel);
   if (nq == 0 || nk == 0 || heads == 0) return;
   const int di = static_cast<int>(d);
-  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  const float scale = static_cast<float>(mask.logit_scale) / std::sqrt(static_cast<float>(d));
   if (which == FlashCudaKernel::tensor_core) {
     if constexpr (std::is_same_v<T, bf16>) {
       const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);

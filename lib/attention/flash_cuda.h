@@ -1,7 +1,7 @@
 // Flash attention on the GPU (built only with IHA_CUDA): the CUDA twin of flash.h, with the
 // same semantics: rows of one head are contiguous (stride d); positions are the rows' global
 // virtual indices, ascending, so one kernel serves a whole sequence, a ring step and a halo
-// step; scale 1/sqrt(d); the mask and the tile skipping come from mask.h (key_visible,
+// step; scale mask.logit_scale/sqrt(d); the mask and the tile skipping come from mask.h (key_visible,
 // first/last_visible_key, first/last_query_seeing, classify_tile), the merge from merge.h.
 //
 // Layout and types

@@ -92,7 +92,7 @@ class AttentionCore {
   MixView mix_view(const IhaWeights<T>& w) const;
   // The parameter gradient `t` of grads, or an empty buffer for an mha layer.
   Buf mix_grad(const Tensor& t) const { return cfg_.mixing ? Buf(t) : Buf(); }
-  MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual}; }
+  MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual, cfg_.logit_scale()}; }
   LayerConfig cfg_;
   std::shared_ptr<const Backend> be_;
   Tensor identity_alpha_, identity_collapse_;  // used when !cfg_.mixing

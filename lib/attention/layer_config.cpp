@@ -23,6 +23,71 @@ MaskKind parse_mask(const std::string& s, const std::string& key) {
                     "' (expected flat_causal or token_causal)");
 }
 
+const char* rope_scaling_type_name(RopeScalingType t) {
+  switch (t) {
+    case RopeScalingType::none: return "none";
+    case RopeScalingType::linear: return "linear";
+    case RopeScalingType::ntk: return "ntk";
+    case RopeScalingType::yarn: return "yarn";
+    case RopeScalingType::llama3: return "llama3";
+  }
+  return "?";
+}
+
+const char* yarn_ramp_name(YarnRamp r) { return r == YarnRamp::index ? "index" : "ratio"; }
+
+RopeScalingType parse_rope_scaling_type(const std::string& s, const std::string& key) {
+  for (RopeScalingType t : {RopeScalingType::none, RopeScalingType::linear, RopeScalingType::ntk,
+                            RopeScalingType::yarn, RopeScalingType::llama3})
+    if (s == rope_scaling_type_name(t)) return t;
+  throw ConfigError("config key '" + key + "': unknown RoPE scaling type '" + s +
+                    "' (expected none, linear, ntk, yarn or llama3)");
+}
+
+YarnRamp parse_yarn_ramp(const std::string& s, const std::string& key) {
+  if (s == "index") return YarnRamp::index;
+  if (s == "ratio") return YarnRamp::ratio;
+  throw ConfigError("config key '" + key + "': unknown YaRN ramp '" + s + "' (expected index or ratio)");
+}
+
+double RopeScaling::logit_multiplier() const {
+  if (type != RopeScalingType::yarn || factor <= 1.0) return 1.0;
+  const double m = 0.1 * std::log(factor) + 1.0;
+  return m * m;
+}
+
+bool RopeScaling::operator==(const RopeScaling& o) const {
+  return type == o.type && factor == o.factor && original_length == o.original_length &&
+         beta_fast == o.beta_fast && beta_slow == o.beta_slow && ramp == o.ramp &&
+         low_freq_factor == o.low_freq_factor && high_freq_factor == o.high_freq_factor;
+}
+
+void RopeScaling::validate(const std::string& key) const {
+  if (type == RopeScalingType::none) return;
+  auto k = [&](const char* f) { return key + "." + f; };
+  const char* name = rope_scaling_type_name(type);
+  IHA_CONFIG_CHECK(std::isfinite(factor) && factor > 0.0, "config key '", k("factor"),
+                   "': must be a finite number > 0, got ", factor);
+  IHA_CONFIG_CHECK(type == RopeScalingType::linear || factor >= 1.0, "config key '", k("factor"),
+                   "': ", name, " scaling extends the context, so the factor must be >= 1, got ", factor);
+  if (type == RopeScalingType::yarn || type == RopeScalingType::llama3)
+    IHA_CONFIG_CHECK(original_length >= 1, "config key '", k("original_length"), "': ", name,
+                     " scaling needs the original context in tokens (>= 1), got ", original_length);
+  if (type == RopeScalingType::yarn) {
+    IHA_CONFIG_CHECK(std::isfinite(beta_slow) && beta_slow > 0.0, "config key '", k("beta_slow"),
+                     "': must be a finite number > 0, got ", beta_slow);
+    IHA_CONFIG_CHECK(std::isfinite(beta_fast) && beta_fast > beta_slow, "config key '", k("beta_fast"),
+                     "': must be a finite number > beta_slow (", beta_slow, "), got ", beta_fast);
+  }
+  if (type == RopeScalingType::llama3) {
+    IHA_CONFIG_CHECK(std::isfinite(low_freq_factor) && low_freq_factor > 0.0, "config key '",
+                     k("low_freq_factor"), "': must be a finite number > 0, got ", low_freq_factor);
+    IHA_CONFIG_CHECK(std::isfinite(high_freq_factor) && high_freq_factor > low_freq_factor,
+                     "config key '", k("high_freq_factor"), "': must be a finite number > low_freq_factor (",
+                     low_freq_factor, "), got ", high_freq_factor);
+  }
+}
+
 void LayerConfig::validate(const std::string& prefix) const {
   auto k = [&](const char* f) { return prefix + f; };
   IHA_CONFIG_CHECK(D >= 1, "config key '", k("D"), "': model width must be >= 1, got ", D);
@@ -38,6 +103,42 @@ void LayerConfig::validate(const std::string& prefix) const {
                    k("rope_base"), "': must be a finite number > 1, got ", rope_base);
   IHA_CONFIG_CHECK(!rope || (std::isfinite(rope_scale) && rope_scale > 0.0), "config key '",
                    k("rope_scale"), "': must be a finite number > 0, got ", rope_scale);
+  if (rope_scaling.on()) {
+    IHA_CONFIG_CHECK(rope, "config key '", k("rope_scaling"), "': RoPE scaling needs rope on (rope: false)");
+    IHA_CONFIG_CHECK(rope_scale == 1.0, "config keys '", k("rope_scale"), "' and '", k("rope_scaling"),
+                     "': give at most one of them (rope_scale is linear scaling with factor 1/rope_scale)");
+    IHA_CONFIG_CHECK(rope_scaling.type != RopeScalingType::ntk || d > 2, "config key '", k("rope_scaling"),
+                     "': ntk scaling needs a head dim > 2, got ", d);
+    rope_scaling.validate(k("rope_scaling"));
+  }
+}
+
+RopeScaling parse_rope_scaling(const ConfigNode& parent, const std::string& key) {
+  RopeScaling r;
+  if (!parent.has(key)) {
+    parent.child(key);  // marks an explicit null as read
+    return r;
+  }
+  IHA_CONFIG_CHECK(!parent.has("rope_scale"), "config keys '", parent.key_path("rope_scale"), "' and '",
+                   parent.key_path(key), "': give at most one of them (rope_scale is linear scaling with "
+                   "factor 1/rope_scale)");
+  const ConfigNode n = parent.child(key);
+  r.type = parse_rope_scaling_type(n.require<std::string>("type"), n.key_path("type"));
+  if (r.type == RopeScalingType::none) return r;
+  r.factor = n.require<double>("factor");
+  if (r.type == RopeScalingType::yarn || r.type == RopeScalingType::llama3)
+    r.original_length = n.require<int64_t>("original_length");
+  if (r.type == RopeScalingType::yarn) {
+    r.beta_fast = n.get<double>("beta_fast", r.beta_fast);
+    r.beta_slow = n.get<double>("beta_slow", r.beta_slow);
+    r.ramp = parse_yarn_ramp(n.get<std::string>("ramp", "index"), n.key_path("ramp"));
+  }
+  if (r.type == RopeScalingType::llama3) {
+    r.low_freq_factor = n.get<double>("low_freq_factor", r.low_freq_factor);
+    r.high_freq_factor = n.get<double>("high_freq_factor", r.high_freq_factor);
+  }
+  r.validate(n.path());
+  return r;
 }
 
 int64_t resolve_window_virtual(const WindowSpec& spec, int64_t P, int64_t n_train,
@@ -81,6 +182,7 @@ LayerConfig parse_layer_config(const ConfigNode& n) {
   c.rope = n.get<bool>("rope", true);
   c.rope_base = n.get<double>("rope_base", 500000.0);
   c.rope_scale = n.get<double>("rope_scale", 1.0);
+  c.rope_scaling = parse_rope_scaling(n);
   c.validate(n.path().empty() ? "" : n.path() + ".");
   return c;
 }

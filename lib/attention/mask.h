@@ -14,11 +14,14 @@
 namespace iha {
 
 // Mask on virtual indices t = n*P + j (DESIGN.md section 1, step 5). window is Wv in virtual
-// tokens, 0 for none.
+// tokens, 0 for none. logit_scale multiplies the kernels' 1/sqrt(d) score scale (YaRN's m^2,
+// DESIGN.md section 11): it travels with the mask because every kernel call that scores a pair
+// already takes this spec.
 struct MaskSpec {
   MaskKind kind = MaskKind::flat_causal;
   int64_t P = 1;
   int64_t window = 0;
+  double logit_scale = 1.0;
 };
 
 // Key tk is visible to query tq (both >= 0).

@@ -18,11 +18,14 @@ struct RopeSpec {
   bool on = true;
   double base = 500000.0;
   double scale = 1.0;
-  static RopeSpec from(const LayerConfig& c) { return {c.rope, c.rope_base, c.rope_scale}; }
+  RopeScaling scaling;  // DESIGN.md section 11
+  int64_t P = 1;        // the layer's P: the scaling's original context is L * P positions
+  static RopeSpec from(const LayerConfig& c) { return {c.rope, c.rope_base, c.rope_scale, c.rope_scaling, c.P}; }
 };
 
 // cos/sin of the RoPE angles for a list of virtual positions, computed in float64 and stored
-// in T: angle_i = pos * scale * base^(-2i/d), i in [0, d/2). Rotate-half pairs (x[i], x[i+d/2]).
+// in T: angle_i = pos * scale * f_i, f_i the (scaled) inverse frequency of rope.h, i in
+// [0, d/2). Rotate-half pairs (x[i], x[i+d/2]).
 template <class T>
 class RopeTable {
  public:

@@ -64,7 +64,7 @@ RopeTable<T>::RopeTable(const RopeSpec& spec, int64_t d, const int64_t* pos, int
   IHA_CHECK(d % 2 == 0, "RoPE needs an even head dim, got ", d);
   const int64_t half = d / 2;
   std::vector<double> inv(half);
-  for (int64_t i = 0; i < half; ++i) inv[i] = rope_inv_freq(spec.base, i, d);
+  for (int64_t i = 0; i < half; ++i) inv[i] = rope_scaled_inv_freq(spec.base, spec.scaling, spec.P, i, d);
   cos_.resize(rows * half);
   sin_.resize(rows * half);
   for (int64_t r = 0; r < rows; ++r) {

@@ -27,9 +27,8 @@ template <> __device__ inline float from_f32<float>(float x) { return x; }
 template <> __device__ inline bf16 from_f32<bf16>(float x) { return bf16::from_float(x); }
 
 // cos and sin of the angle of (position, pair i), in float64, cast to float.
-__device__ inline void rope_cos_sin(int64_t pos, int i, int d, double base, double scale, float& cs,
-                                    float& sn) {
-  const double a = rope_angle(pos, scale, rope_inv_freq(base, i, d));
+__device__ inline void rope_cos_sin(int64_t pos, int i, int d, const RopeSpec& r, float& cs, float& sn) {
+  const double a = rope_angle(pos, r.scale, rope_scaled_inv_freq(r.base, r.scaling, r.P, i, d));
   cs = static_cast<float>(cos(a));
   sn = static_cast<float>(sin(a));
 }
@@ -41,8 +40,7 @@ inline int pair_half(int64_t d, bool rope_on) { return static_cast<int>(rope_on 
 template <class T>
 __global__ void mix_rope_forward_kernel(const T* pre, int64_t ld_pre, int64_t n_tok, int H, int d,
                                         int P, const float* alpha, int h_begin, int h_end,
-                                        const int64_t* vpos, bool rope_on, double base, double scale,
-                                        T* virt, int64_t head_stride, int half) {
+                                        const int64_t* vpos, RopeSpec rope, T* virt, int64_t head_stride, int half) {
   const int64_t total = n_tok * P * half;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -52,7 +50,7 @@ __global__ void mix_rope_forward_kernel(const T* pre, int64_t ld_pre, int64_t n_
     const int j = static_cast<int>(t % P);
     const bool has2 = c2 < d;
     float cs = 1.f, sn = 0.f;
-    if (rope_on) rope_cos_sin(vpos[t], c, d, base, scale, cs, sn);
+    if (rope.on) rope_cos_sin(vpos[t], c, d, rope, cs, sn);
     const T* row = pre + i * ld_pre;
     for (int h = h_begin; h < h_end; ++h) {
       float x1 = 0.f, x2 = 0.f;
@@ -62,7 +60,7 @@ __global__ void mix_rope_forward_kernel(const T* pre, int64_t ld_pre, int64_t n_
         if (has2) x2 += a * to_f32(row[m * d + c2]);
       }
       T* out = virt + (h - h_begin) * head_stride + t * d;
-      if (rope_on) {
+      if (rope.on) {
         out[c] = from_f32<T>(x1 * cs - x2 * sn);
         out[c2] = from_f32<T>(x2 * cs + x1 * sn);
       } else {
@@ -79,8 +77,7 @@ template <class T>
 __global__ void mix_rope_backward_kernel(const float* dvirt, int64_t head_stride, const T* pre,
                                          int64_t ld_pre, int64_t n_tok, int H, int d, int P,
                                          const float* alpha, int h_begin, int h_end,
-                                         const int64_t* vpos, bool rope_on, double base,
-                                         double scale, float* dpre, int64_t ld_dpre, float* ws,
+                                         const int64_t* vpos, RopeSpec rope, float* dpre, int64_t ld_dpre, float* ws,
                                          int half) {
   extern __shared__ float ops_smem[];
   const int Hl = h_end - h_begin, E = H * Hl * P;
@@ -100,9 +97,9 @@ __global__ void mix_rope_backward_kernel(const float* dvirt, int64_t head_stride
       const int64_t t = i * P + j;
       const float* g = dvirt + hl * head_stride + t * d;
       float* gs = g_s + (hl * P + j) * d;
-      if (rope_on) {  // rotation by the negative angle
+      if (rope.on) {  // rotation by the negative angle
         float cs, sn;
-        rope_cos_sin(vpos[t], c, d, base, scale, cs, sn);
+        rope_cos_sin(vpos[t], c, d, rope, cs, sn);
         const float a = g[c], b = g[c2];
         gs[c] = a * cs + b * sn;
         gs[c2] = b * cs - a * sn;
@@ -279,7 +276,7 @@ void mix_rope_forward_cuda(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t 
   if (total == 0 || h_begin == h_end) return;
   mix_rope_forward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
       pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), alpha,
-      static_cast<int>(h_begin), static_cast<int>(h_end), vpos, rope.on, rope.base, rope.scale, virt,
+      static_cast<int>(h_begin), static_cast<int>(h_end), vpos, rope, virt,
       head_stride, half);
   IHA_CUDA_LAUNCH_CHECK("mix_rope_forward_kernel");
 }
@@ -303,8 +300,7 @@ void mix_rope_backward_cuda(const float* dvirt, int64_t head_stride, const T* pr
   BlockScratch ws(dalpha ? nblocks * E : 0, stream);
   mix_rope_backward_kernel<T><<<static_cast<unsigned>(nblocks), kThreads, smem, stream>>>(
       dvirt, head_stride, pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d),
-      static_cast<int>(P), alpha, static_cast<int>(h_begin), static_cast<int>(h_end), vpos, rope.on,
-      rope.base, rope.scale, dpre, ld_dpre, ws.get(), half);
+      static_cast<int>(P), alpha, static_cast<int>(h_begin), static_cast<int>(h_end), vpos, rope, dpre, ld_dpre, ws.get(), half);
   IHA_CUDA_LAUNCH_CHECK("mix_rope_backward_kernel");
   if (dalpha) {
     reduce_blocks_kernel<<<static_cast<unsigned>((E + kThreads - 1) / kThreads), kThreads, 0, stream>>>(

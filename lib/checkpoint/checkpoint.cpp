@@ -34,6 +34,7 @@
 #include "checkpoint/blob.h"
 #include "checkpoint/integrity.h"
 #include "checkpoint/posix_io.h"
+#include "checkpoint/root.h"
 #include "checkpoint/schema.h"
 #include "checkpoint/shard_plan.h"
 #include "core/blas.h"
@@ -50,7 +51,8 @@ namespace {
 constexpr uint64_t kSliceBytes = uint64_t(8) << 20;
 
 // ---- test hooks: IHA_CKPT_CRASH / IHA_CKPT_FAIL = "<phase>:<rank>" ----
-// Phases in order: begin, created, data_half, data_done, manifest, renamed, latest.
+// Phases in order: begin, created, data_half, data_done, manifest, renamed, latest_renamed
+// (`latest` replaced, the root not yet fsynced), latest.
 struct Hooks {
   // Captured from the environment by the calling thread; parsed inside the first agreement
   // of a save, so a malformed value fails every rank instead of leaving some waiting.
@@ -143,14 +145,6 @@ std::string random_nonce() {
 }
 
 std::string step_name(int64_t step) { return "step_" + std::to_string(step); }
-
-// step_<digits> -> step, else -1.
-int64_t parse_step_name(const std::string& name) {
-  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return -1;
-  for (size_t i = 5; i < name.size(); ++i)
-    if (name[i] < '0' || name[i] > '9') return -1;
-  return std::strtoll(name.c_str() + 5, nullptr, 10);
-}
 
 bool is_temporary_name(const std::string& name) {
   return (name.compare(0, 5, "step_") == 0 || name.compare(0, 7, "latest.") == 0) &&
@@ -463,12 +457,39 @@ const char* piece_bytes(const Entry& e, const FlatRun& r) {
 
 // ---- catalog on rank 0, shipped to all ----
 
+// Runs f; a failure reading a checkpoint is a damaged (or unreadable) input: a ConfigError,
+// which the apps turn into exit code 2, with the message unchanged.
+template <class F>
+void as_input_error(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
+}
+
+// The catalog of the checkpoint `path` denotes; a step directory must hold its own step (a
+// file copied or moved from another step directory would resume the wrong state).
+Catalog read_step_catalog(const std::string& path) {
+  const std::string dir = resolve_checkpoint(path);
+  Catalog cat;
+  as_input_error([&] { cat = read_catalog(dir); });
+  const size_t slash = dir.find_last_of('/');
+  const std::string base = slash == std::string::npos ? dir : dir.substr(slash + 1);
+  const int64_t named = parse_step_name(base);
+  IHA_CONFIG_CHECK(named < 0 || named == cat.info.step, "checkpoint directory ", dir, " is named ",
+                   base, " but its file ", cat.info.file, " holds step ", cat.info.step);
+  return cat;
+}
+
 Catalog fetch_catalog(Communicator& comm, const std::string& path) {
   Catalog cat;
   std::vector<uint8_t> bytes;
   collective_check(comm, [&] {
     if (comm.rank() != 0) return;
-    cat = read_catalog(resolve_checkpoint(path));
+    cat = read_step_catalog(path);
     BlobWriter w;
     put_catalog(w, cat);
     bytes = std::move(w.bytes());
@@ -531,7 +552,8 @@ void agree_on_failures(Communicator& comm, const std::string& first, int64_t fai
   comm.all_reduce(&total, 1, DType::i64, ReduceOp::sum, "ckpt.check");
   collective_check(comm, [&] {
     if (failures == 0) return;
-    throw Error(first + (total > 1 ? " (" + std::to_string(total) + " chunks fail in total)" : ""));
+    // A damaged file is bad input (exit code 2 in the apps), like any other damaged input.
+    throw ConfigError(first + (total > 1 ? " (" + std::to_string(total) + " chunks fail in total)" : ""));
   });
 }
 
@@ -606,11 +628,12 @@ std::string run_save(Communicator& comm, const SaveJob& job, int64_t& bytes_writ
 
   std::vector<uint64_t> offsets(2 * plans.size() + 1, 0);  // data offsets, hash offsets, size
   bool committed = false;
+  std::unique_ptr<RootLock> lock;  // rank 0, for the whole save: one writer per root
   try {
     collective_check(comm, [&] {
       hooks.at("begin", me);
       if (me != 0) return;
-      make_dirs(job.root);
+      lock = std::make_unique<RootLock>(job.root);
       for (const std::string& name : list_dir(job.root))
         if (is_temporary_name(name)) remove_tree(join_path(job.root, name));
       IHA_CONFIG_CHECK(!path_exists(final_dir), "checkpoint step ", job.step, " already exists (",
@@ -692,21 +715,29 @@ std::string run_save(Communicator& comm, const SaveJob& job, int64_t& bytes_writ
       fsync_dir(tmp_dir);
       hooks.at("manifest", me);
       rename_path(tmp_dir, final_dir);
-      bool renamed = true;
+      bool latest_replaced = false;
       try {
         fsync_dir(job.root);
         hooks.at("renamed", me);
         const std::string latest_tmp = join_path(job.root, "latest.tmp-" + nonce);
         write_text_file_synced(latest_tmp, step_name(job.step) + "\n");
         rename_path(latest_tmp, join_path(job.root, "latest"));
+        latest_replaced = true;
+        hooks.at("latest_renamed", me);
         fsync_dir(job.root);
-      } catch (...) {
+      } catch (const std::exception& e) {
+        if (latest_replaced) {
+          // `latest` already names the new step: it is the checkpoint now, and removing it
+          // would leave `latest` naming nothing. Only its durability is in doubt.
+          committed = true;
+          throw Error("checkpoint step " + std::to_string(job.step) + " was committed to " +
+                      final_dir + " ('latest' names it), but making that durable failed: " +
+                      e.what());
+        }
         // Not committed: `latest` still names the previous checkpoint; drop the new one.
-        if (renamed) {
-          try {
-            remove_tree(final_dir);
-          } catch (...) {
-          }
+        try {
+          remove_tree(final_dir);
+        } catch (...) {
         }
         throw;
       }
@@ -771,7 +802,7 @@ CheckpointInfo run_load(Communicator& comm, const Registry& reg, const std::stri
     p.catalog_index = static_cast<int>(cat.info.find_tensor(p.name) - cat.info.tensors.data());
 
   std::vector<uint64_t> hashes(planned.chunks, 0);
-  collective_check(comm, [&] {
+  collective_check(comm, [&] { as_input_error([&] {
     PosixFile f(cat.info.file, PosixFile::Mode::read);
     std::vector<uint8_t> staging;
     for (const TensorPlan& p : plans) {
@@ -824,7 +855,7 @@ CheckpointInfo run_load(Communicator& comm, const Registry& reg, const std::stri
         if (l.device() != Device::cpu) l.copy_from(host[k]);
       }
     }
-  });
+  }); });
   if (!opt.verify) return cat.info;
 
   // Chunks covered exactly once by the ranks' duties are checked from the reduced sums; any
@@ -852,7 +883,7 @@ CheckpointInfo run_load(Communicator& comm, const Registry& reg, const std::stri
   }
   std::string gap_first;
   int64_t gap_failures = 0;
-  collective_check(comm, [&] { gap_first = verify_chunks(cat, gaps, gap_failures, threads); });
+  collective_check(comm, [&] { as_input_error([&] { gap_first = verify_chunks(cat, gaps, gap_failures, threads); }); });
   if (failures == 0 && gap_failures > 0) first = gap_first;
   agree_on_failures(comm, first, failures + gap_failures);
   return cat.info;
@@ -889,7 +920,7 @@ VerifyReport run_verify(Communicator& comm, const std::string& path, int threads
   }
   std::string first;
   int64_t failures = 0;
-  collective_check(comm, [&] { first = verify_chunks(cat, mine, failures, threads); });
+  collective_check(comm, [&] { as_input_error([&] { first = verify_chunks(cat, mine, failures, threads); }); });
   agree_on_failures(comm, first, failures);
   VerifyReport rep;
   rep.tensors = static_cast<int64_t>(cat.info.tensors.size());
@@ -1050,7 +1081,7 @@ CheckpointInfo Checkpointer::inspect(const std::string& path) {
 // ---- free functions ----
 
 CheckpointInfo inspect_checkpoint(const std::string& path) {
-  return read_catalog(resolve_checkpoint(path)).info;
+  return read_step_catalog(path).info;
 }
 
 VerifyReport verify_checkpoint(Communicator& comm, const std::string& path) {
@@ -1065,10 +1096,7 @@ std::string resolve_checkpoint(const std::string& path) {
   const std::string latest = join_path(p, "latest");
   IHA_CONFIG_CHECK(path_exists(latest), p, " is neither a checkpoint directory (no ", kStateFile,
                    ") nor a checkpoint root (no 'latest' file)");
-  std::string name = read_text_file(latest);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  IHA_CONFIG_CHECK(parse_step_name(name) >= 0, latest, " holds '", name,
-                   "', not a step directory name (step_<N>)");
+  const std::string name = read_latest(p);
   const std::string dir = join_path(p, name);
   IHA_CONFIG_CHECK(is_dir(dir), latest, " names ", name, ", which does not exist");
   return dir;

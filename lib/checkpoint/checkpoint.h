@@ -31,7 +31,9 @@
 //     its temporary files and leaves earlier checkpoints untouched.
 //   - Loading narrows a dtype (f64 -> f32, f32 -> bf16, ...) only with allow_narrowing;
 //     widening (bf16 -> f32, f32 -> f64, i32 -> i64, ...) is always allowed.
-//   - One process writes a checkpoint root at a time (save removes stale temporaries there).
+//   - One process writes a checkpoint root at a time: save() holds the root's lock (root.h;
+//     a second process fails with a ConfigError), and removes stale temporaries there.
+//     Commands open a root with CheckpointRoot (root.h): lock, writability, crash recovery.
 //
 // Threads
 //   - A Checkpointer is driven by one thread. Its calls are collective over the communicator it

@@ -18,6 +18,31 @@ ConfigNode ConfigNode::from_file(const std::string& file) {
   return from_string(ss.str(), file);
 }
 
+namespace {
+
+// yaml-cpp keeps every entry of a mapping that repeats a key, and lookups see only the first:
+// a repeated key (or section) would silently lose the later value. Refused, naming the key.
+void reject_duplicate_keys(const YAML::Node& n, const std::string& path, const std::string& name) {
+  if (n.IsMap()) {
+    std::set<std::string> seen;
+    for (const auto& kv : n) {
+      const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : std::string("<non-scalar key>");
+      const std::string full = path.empty() ? k : path + "." + k;
+      if (!seen.insert(k).second) {
+        const YAML::Mark m = kv.first.Mark();
+        throw ConfigError("config '" + name + "': duplicate key '" + full + "'" +
+                          (m.line >= 0 ? " (line " + std::to_string(m.line + 1) + ")" : "") +
+                          ": each key may appear once in a mapping");
+      }
+      reject_duplicate_keys(kv.second, full, name);
+    }
+  } else if (n.IsSequence()) {
+    for (size_t i = 0; i < n.size(); ++i) reject_duplicate_keys(n[i], path + "[" + std::to_string(i) + "]", name);
+  }
+}
+
+}  // namespace
+
 ConfigNode ConfigNode::from_string(const std::string& text, const std::string& name) {
   YAML::Node n;
   try {
@@ -25,6 +50,7 @@ ConfigNode ConfigNode::from_string(const std::string& text, const std::string& n
   } catch (const YAML::Exception& e) {
     throw ConfigError("config '" + name + "': YAML syntax error: " + e.what());
   }
+  reject_duplicate_keys(n, "", name);
   if (n.IsNull()) n = YAML::Node(YAML::NodeType::Map);
   IHA_CONFIG_CHECK(n.IsMap(), "config '", name, "': the top level must be a mapping of keys");
   return ConfigNode(n, "");

@@ -20,6 +20,7 @@ LayerConfig shared_layer_settings(const ModelConfig& m) {
   c.rope = m.rope;
   c.rope_base = m.rope_base;
   c.rope_scale = m.rope_scale;
+  c.rope_scaling = m.rope_scaling;
   return c;
 }
 }  // namespace
@@ -75,6 +76,17 @@ std::string ModelConfig::describe() const {
      << " tokens) collapse=" << collapse_name(collapse)
      << " mask=" << mask_name(mask) << " rope=" << (rope ? "on" : "off");
   if (rope) os << " rope_base=" << rope_base << " rope_scale=" << rope_scale;
+  if (rope && rope_scaling.on()) {
+    const RopeScaling& r = rope_scaling;
+    os << " rope_scaling=" << rope_scaling_type_name(r.type) << "(factor=" << r.factor;
+    if (r.type == RopeScalingType::yarn || r.type == RopeScalingType::llama3)
+      os << " original_length=" << r.original_length;
+    if (r.type == RopeScalingType::yarn)
+      os << " beta_fast=" << r.beta_fast << " beta_slow=" << r.beta_slow << " ramp=" << yarn_ramp_name(r.ramp);
+    if (r.type == RopeScalingType::llama3)
+      os << " low_freq_factor=" << r.low_freq_factor << " high_freq_factor=" << r.high_freq_factor;
+    os << ")";
+  }
   return os.str();
 }
 
@@ -106,6 +118,7 @@ ModelConfig parse_model_config(const ConfigNode& n) {
   m.rope = n.get<bool>("rope", true);
   m.rope_base = n.get<double>("rope_base", 500000.0);
   m.rope_scale = n.get<double>("rope_scale", 1.0);
+  m.rope_scaling = parse_rope_scaling(n);
   m.norm_eps = n.get<double>("norm_eps", 1e-5);
   m.init_std = n.get<double>("init_std", 0.02);
   m.window = parse_window_spec(n);

@@ -38,6 +38,7 @@ struct ModelConfig {
   bool rope = true;
   double rope_base = 500000.0;
   double rope_scale = 1.0;
+  RopeScaling rope_scaling;  // DESIGN.md section 11; not together with rope_scale != 1
   double norm_eps = 1e-5;
   double init_std = 0.02;
   // How the config states the window (resolved into window_virtual by resolve_window).
@@ -63,7 +64,7 @@ struct ModelConfig {
 };
 
 // Reads the `model:` section. Keys: vocab_size, D, H, d, P, layers, ffn, pattern, global_kind,
-// window_kind, collapse, mask, rope, rope_base, rope_scale, window | window_virtual, allow_window_change,
+// window_kind, collapse, mask, rope, rope_base, rope_scale | rope_scaling, window | window_virtual, allow_window_change,
 // norm_eps, init_std. The window is not resolved here.
 ModelConfig parse_model_config(const ConfigNode& node);
 

@@ -1,7 +1,13 @@
 #include "model/run_config.h"
 
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "core/config_size.h"
 #include "core/rng.h"
 
 namespace iha {
@@ -105,11 +111,15 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
   c.stop_after = non_negative(tr, "stop_after", 0);
   c.batch_size = positive(tr, "batch_size", 8);
   c.micro_batch = positive(tr, "micro_batch", std::max<int64_t>(1, c.batch_size / c.mesh.dp));
-  IHA_CONFIG_CHECK(c.batch_size % (c.mesh.dp * c.micro_batch) == 0, "config key 'train.batch_size': ",
+  const int64_t per_round =
+      (ConfigSize(c.mesh.dp, "mesh.dp") * ConfigSize(c.micro_batch, "train.micro_batch")).value();
+  IHA_CONFIG_CHECK(c.batch_size % per_round == 0, "config key 'train.batch_size': ",
                    c.batch_size, " sequences per step must be a multiple of mesh.dp (", c.mesh.dp,
                    ") * train.micro_batch (", c.micro_batch, ")");
   c.recompute = tr.get<bool>("recompute", true);
-  c.threads = static_cast<int>(positive(tr, "threads", 1));
+  const int64_t threads = positive(tr, "threads", 1);
+  IHA_CONFIG_CHECK(threads <= INT32_MAX, "config key 'train.threads': must fit in 32 bits, got ", threads);
+  c.threads = static_cast<int>(threads);
   c.seed = static_cast<uint64_t>(non_negative(tr, "seed", 1));
 
   c.optim = parse_optim_config(root.child("optim"));
@@ -163,6 +173,7 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
   c.finetune_from = ft.get<std::string>("from", "");
 
   root.finish();
+  check_run_fits_machine(c, 0);
   return c;
 }
 
@@ -174,6 +185,88 @@ RunConfig load_run_config(const std::string& file, const std::vector<std::string
   out << root;
   const std::string text = out.c_str();
   return parse_run_config(ConfigNode::from_string(text, file), text);
+}
+
+namespace {
+
+// Bytes this process can still get: MemAvailable, bounded by a cgroup v2 memory.max.
+int64_t available_memory() {
+  int64_t avail = INT64_MAX;
+  std::ifstream mi("/proc/meminfo");
+  for (std::string line; std::getline(mi, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      std::istringstream is(line.substr(13));
+      int64_t kib = 0;
+      if (is >> kib) avail = kib * 1024;
+    }
+  }
+  std::ifstream cg("/sys/fs/cgroup/memory.max");
+  std::string limit;
+  if (cg >> limit && limit != "max") {
+    try {
+      int64_t used = 0;
+      std::ifstream cur("/sys/fs/cgroup/memory.current");
+      cur >> used;
+      avail = std::min<int64_t>(avail, std::stoll(limit) - used);
+    } catch (...) {
+    }
+  }
+  return avail;
+}
+
+std::string gib(int64_t bytes) {
+  std::ostringstream os;
+  os.precision(3);
+  os << static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return os.str();
+}
+
+}  // namespace
+
+RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
+  RunEstimate e;
+  using S = ConfigSize;
+  const ModelConfig& m = c.model;
+  const S V(m.vocab, "model.vocab_size"), D(m.D, "model.D"), H(m.H, "model.H"), d(m.d, "model.d"),
+      P(m.P, "model.P"), L(m.layers, "model.layers"), F(m.ffn, "model.ffn"),
+      N(c.seq_len, "sequence.length"), mb(c.micro_batch, "train.micro_batch"),
+      B(c.batch_size, "train.batch_size"), dp(c.mesh.dp, "mesh.dp"), hp(c.mesh.hp, "mesh.hp"),
+      sp(c.mesh.sp, "mesh.sp"), threads(c.threads, "train.threads");
+  // Products the model and the kernels form (their values are used below or by the trainer;
+  // checking them here keeps every later int64 size in range).
+  (dp * hp * sp).value();
+  (B * N).value();                                                          // tokens a step
+  (S(2) * P * P).value();                                                   // default window
+  (H * P * d).value();                                                      // pseudo-head width
+  (N * P).value();                                                          // virtual tokens
+  if (m.window_virtual > 0 || m.window.window) (S(m.window.window.value_or(0), "model.window") * P).value();
+  const S per_layer = S(4) * D * H * d + S(3) * D * F + S(2) * D + S(4) * H * P * P;
+  const S params = S(2) * V * D + L * per_layer + D;
+  e.params = params.value();
+  const S es(static_cast<int64_t>(dtype_size(c.dtype)));
+  // Parameters and gradients on every rank, moments on every rank or 1/R of them (ZeRO-1).
+  const S R(world_size > 0 ? world_size : (dp * hp * sp).value());
+  const S weights = S(2) * params * es;
+  const S moments = c.optim.zero ? ceil_div(S(2) * params * es, R) : S(2) * params * es;
+  const S local_tokens = ceil_div(N, hp * sp);
+  const S activations = mb * local_tokens * (L * D + V) * es;
+  const S total = weights + moments + activations;
+  e.bytes_per_rank = total.value();
+  e.available_bytes = available_memory();
+  e.cpus = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  IHA_CONFIG_CHECK(c.threads <= e.cpus, "config key 'train.threads' = ", c.threads,
+                   ": more than the ", e.cpus, " CPUs of this machine");
+  (threads * R).value();
+  if (e.bytes_per_rank > e.available_bytes) {
+    // Blame the larger share, and within it the largest factor.
+    const S& share = activations.value() >= weights.value() + moments.value() ? activations : params;
+    throw ConfigError("config key '" + share.key() + "': the run needs at least " +
+                      gib(e.bytes_per_rank) + " per rank (parameters, gradients and AdamW moments " +
+                      gib(weights.value() + moments.value()) + ", activations " +
+                      gib(activations.value()) + "), more than the " + gib(e.available_bytes) +
+                      " of memory available on this machine");
+  }
+  return e;
 }
 
 std::shared_ptr<TokenSource> make_data_source(const RunConfig& c, bool held_out) {

@@ -100,6 +100,24 @@ RunConfig load_run_config(const std::string& file, const std::vector<std::string
 // Parses an already loaded root node; `text` is kept as RunConfig::text.
 RunConfig parse_run_config(const ConfigNode& root, const std::string& text);
 
+// What a run needs, from the config alone, in sizes computed with checked arithmetic
+// (core/config_size.h): a lower bound, so that only configs that cannot run are refused.
+struct RunEstimate {
+  int64_t params = 0;             // parameters of the model
+  int64_t bytes_per_rank = 0;     // parameters, gradients, AdamW moments and the activations
+                                  // of one micro-batch (at least one D-vector per token and
+                                  // layer, and the logits), on each rank
+  int64_t available_bytes = 0;    // memory this process may still use (MemAvailable, cgroup)
+  int64_t cpus = 0;               // CPUs online
+};
+
+// The one check of a run against the types and the machine, before anything is allocated or
+// any thread started: every product of config values is checked for overflow (ConfigError
+// naming the key), train.threads is bounded by the CPUs online, and the memory estimate
+// must fit the memory available (ConfigError naming the key with the largest share).
+// world_size: the ranks launched (0: the mesh's size). load_run_config runs it with 0. Local; call it on every rank (collective_check).
+RunEstimate check_run_fits_machine(const RunConfig& cfg, int64_t world_size);
+
 // The data source of the run (train: data.seed; held_out: the evaluation stream, i.e. a
 // derived seed for synthetic tasks and eval.path for HDF5). Returns null for held_out when the
 // run has no held-out data.

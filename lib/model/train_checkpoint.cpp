@@ -56,6 +56,18 @@ CheckpointModel inspect_train_checkpoint(Communicator& world, const std::string&
     m.mask = parse_mask(info.get<std::string>("model/mask"), where + " meta/model/mask");
     m.rope_base = info.get<double>("model/rope_base");
     m.rope_scale = info.get<double>("model/rope_scale");
+    if (info.has_meta("model/rope_scaling/type")) {  // absent in checkpoints older than the methods
+      RopeScaling& r = m.rope_scaling;
+      r.type = parse_rope_scaling_type(info.get<std::string>("model/rope_scaling/type"),
+                                       where + " meta/model/rope_scaling/type");
+      r.factor = info.get<double>("model/rope_scaling/factor");
+      r.original_length = info.get<int64_t>("model/rope_scaling/original_length");
+      r.beta_fast = info.get<double>("model/rope_scaling/beta_fast");
+      r.beta_slow = info.get<double>("model/rope_scaling/beta_slow");
+      r.ramp = parse_yarn_ramp(info.get<std::string>("model/rope_scaling/ramp"), where + " meta/model/rope_scaling/ramp");
+      r.low_freq_factor = info.get<double>("model/rope_scaling/low_freq_factor");
+      r.high_freq_factor = info.get<double>("model/rope_scaling/high_freq_factor");
+    }
     m.norm_eps = info.get<double>("model/norm_eps");
     ck.dtype = parse_dtype(info.get<std::string>("dtype"));
     const auto& mesh = info.get<std::vector<int64_t>>("mesh");
@@ -148,6 +160,15 @@ std::string TrainCheckpoints<T>::save(const std::string& root) {
   ckpt_.set_meta("model/mask", std::string(mask_name(m.mask)));
   ckpt_.set_meta("model/rope_base", m.rope_base);
   ckpt_.set_meta("model/rope_scale", m.rope_scale);
+  const RopeScaling& r = m.rope_scaling;
+  ckpt_.set_meta("model/rope_scaling/type", std::string(rope_scaling_type_name(r.type)));
+  ckpt_.set_meta("model/rope_scaling/factor", r.factor);
+  ckpt_.set_meta("model/rope_scaling/original_length", r.original_length);
+  ckpt_.set_meta("model/rope_scaling/beta_fast", r.beta_fast);
+  ckpt_.set_meta("model/rope_scaling/beta_slow", r.beta_slow);
+  ckpt_.set_meta("model/rope_scaling/ramp", std::string(yarn_ramp_name(r.ramp)));
+  ckpt_.set_meta("model/rope_scaling/low_freq_factor", r.low_freq_factor);
+  ckpt_.set_meta("model/rope_scaling/high_freq_factor", r.high_freq_factor);
   ckpt_.set_meta("model/norm_eps", m.norm_eps);
   return ckpt_.save(root, s.step);
 }

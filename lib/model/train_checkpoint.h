@@ -9,7 +9,7 @@
 //     whole state is restored and every step is deterministic.
 //   - Tensors are global (whoever holds which piece), so any mesh and world size, with or
 //     without ZeRO, loads any checkpoint bit-exactly (reshard on load).
-//   - The architecture of the config must equal the checkpoint's (the RoPE settings and
+//   - The architecture of the config must equal the checkpoint's (the RoPE settings, scaling and
 //     norm_eps may differ, for context extension); the window follows DESIGN.md section 1.
 //
 // Threads: collective calls, one thread, like Trainer.
@@ -40,7 +40,7 @@ struct CheckpointModel {
 CheckpointModel inspect_train_checkpoint(Communicator& world, const std::string& path,
                                          const std::string& key);
 // Throws ConfigError naming the first model.<key> whose value differs between the config and
-// the checkpoint (rope_base, rope_scale and norm_eps may differ; the window is checked by the
+// the checkpoint (rope_base, rope_scale, rope_scaling and norm_eps may differ; the window is checked by the
 // window rule when the trainer resolves it).
 void check_same_architecture(const ModelConfig& config, const CheckpointModel& ck);
 // Whether `root` holds a committed checkpoint (`root/latest` exists). Local.

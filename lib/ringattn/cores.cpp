@@ -54,6 +54,14 @@ void check_agreement(Communicator& c, const LayerConfig& k, int64_t N, LayoutKin
   check_same_on_all_ranks(c, k.rope, "RoPE on/off");
   check_same_on_all_ranks(c, bits_of(k.rope_base), "rope_base");
   check_same_on_all_ranks(c, bits_of(k.rope_scale), "rope_scale");
+  const RopeScaling& r = k.rope_scaling;
+  check_same_on_all_ranks(c, static_cast<int64_t>(r.type), "rope_scaling.type");
+  check_same_on_all_ranks(c, static_cast<int64_t>(r.ramp), "rope_scaling.ramp");
+  check_same_on_all_ranks(c, r.original_length, "rope_scaling.original_length");
+  for (const auto& [v, what] : {std::pair{r.factor, "rope_scaling.factor"}, {r.beta_fast, "rope_scaling.beta_fast"},
+                                {r.beta_slow, "rope_scaling.beta_slow"}, {r.low_freq_factor, "rope_scaling.low_freq_factor"},
+                                {r.high_freq_factor, "rope_scaling.high_freq_factor"}})
+    check_same_on_all_ranks(c, bits_of(v), what);
   check_same_on_all_ranks(c, static_cast<int64_t>(layout), "the sequence layout");
 }
 
@@ -67,10 +75,12 @@ std::shared_ptr<const Backend> backend_of(const SeqParallelOptions& opt, DType a
 
 std::unique_ptr<SeqEngine> make_engine(const LayerConfig& cfg, int64_t heads, std::shared_ptr<Communicator> comm,
                                        std::vector<std::vector<int64_t>> tokens,
-                                       std::shared_ptr<const Backend> backend, bool halo, const std::string& prefix) {
+                                       std::shared_ptr<const Backend> backend, bool halo, const std::string& prefix,
+                                       int64_t ring_pieces) {
   auto eb = std::make_shared<const EngineBackend>(std::move(backend));
   if (halo) return make_halo_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(eb), prefix + "halo");
-  return make_ring_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(eb), prefix + "ring");
+  return make_ring_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(eb), prefix + "ring",
+                          ring_pieces);
 }
 
 void collapse_all(const Backend& be, const LayerConfig& c, const MixView& mv, int64_t B, int64_t n, const Tensor& ov,
@@ -96,7 +106,7 @@ class PremixCore final : public AttentionCore<T> {
     IHA_CHECK(comm_ != nullptr && comm_->device() == this->be_->device(), "sequence-parallel core on ",
               this->be_->name(), " needs a communicator of ", device_name(this->be_->device()), " memory");
     check_agreement(*comm_, this->cfg_, N, opt.layout);
-    engine_ = make_engine(this->cfg_, this->cfg_.H, comm_, std::move(tokens), this->be_, halo, "");
+    engine_ = make_engine(this->cfg_, this->cfg_.H, comm_, std::move(tokens), this->be_, halo, "", opt.ring_pieces);
     rope_ = this->be_->rope_rows(RopeSpec::from(this->cfg_), this->cfg_.d, engine_->qpos());
   }
 
@@ -206,7 +216,8 @@ class UlyssesCore final : public AttentionCore<T> {
         idx.push_back(std::lower_bound(gt.begin(), gt.end(), tok) - gt.begin());
       part_idx_.push_back(std::move(idx));
     }
-    engine_ = make_engine(this->cfg_, Hl_, seq_, std::move(groups), this->be_, this->cfg_.windowed(), "p");
+    engine_ = make_engine(this->cfg_, Hl_, seq_, std::move(groups), this->be_, this->cfg_.windowed(), "p",
+                         opt.ring_pieces);
     rope_ = this->be_->rope_rows(RopeSpec::from(this->cfg_), this->cfg_.d, virtual_positions(mine_, this->cfg_.P));
   }
 

@@ -122,6 +122,27 @@ std::pair<int64_t, int64_t> SeqEngine::query_rows_seeing_tokens(const std::vecto
   return query_rows_seeing(toks.front() * cfg_.P, toks.back() * cfg_.P + cfg_.P - 1);
 }
 
+std::vector<int64_t> SeqEngine::visible_rows(int64_t q, int64_t s) const {
+  const MaskSpec m = mask();
+  const int64_t P = cfg_.P;
+  const std::vector<int64_t>& queries = tokens_[q];
+  const std::vector<int64_t>& keys = tokens_[s];
+  std::vector<int64_t> rows;
+  int64_t taken = 0;  // rows below are already listed (runs ascend, and so do their intervals)
+  for (size_t i = 0; i < queries.size();) {
+    size_t e = i + 1;
+    while (e < queries.size() && queries[e] == queries[e - 1] + 1) ++e;
+    const int64_t t_lo = first_visible_key(m, queries[i] * P) / P;
+    const int64_t t_hi = last_visible_key(m, queries[e - 1] * P + P - 1) / P;
+    const int64_t a = std::lower_bound(keys.begin(), keys.end(), t_lo) - keys.begin();
+    const int64_t b = std::upper_bound(keys.begin(), keys.end(), t_hi) - keys.begin();
+    for (int64_t row = std::max(a, taken); row < b; ++row) rows.push_back(row);
+    taken = std::max(taken, b);
+    i = e;
+  }
+  return rows;
+}
+
 void SeqEngine::attend(int64_t B, const Tensor& qv, const KVBlock& blk, int64_t q0, int64_t q1, Tensor& ov,
                        Tensor& lse, bool first, PendingExchange* progress) const {
   be_->attend(mask(), B, heads_, cfg_.d, qv, qpos_t_, q0, q1, blk, ov, lse, first, progress);

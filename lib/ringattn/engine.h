@@ -1,8 +1,9 @@
 // Internal: distributed flash attention over a group of ranks that each hold some tokens'
 // queries and K/V (in a codec's exchange format). Two engines:
-//   - ring: every rank's K/V payload visits every rank; each visit merges a partial result;
-//     backward returns dK/dV with the payload to its owner. Transfers of the next block are
-//     posted before computing on the current one.
+//   - ring: in round i of R a rank computes on the K/V of rank r - i, which sends it directly
+//     only the tokens its queries can see, cut into pieces; each piece's transfer is posted
+//     before the previous piece is computed, and merges a partial result. Backward moves the
+//     K/V pieces again and returns each piece's dK/dV straight to its owner (one hop).
 //   - halo: a rank receives the payload of the tokens covering the Wv - 1 virtual positions
 //     before each of its token runs, computes its own block while they travel, then merges the
 //     halo block; backward sends halo gradients back to their owners.
@@ -111,7 +112,7 @@ class SeqEngine {
                         Tensor& dpayload, EngineCache& cache) = 0;
 
  protected:
-  MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual}; }
+  MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual, cfg_.logit_scale()}; }
   int64_t local_rows() const { return static_cast<int64_t>(qpos_.size()); }
   // dpayload's memory for a gradient of `numel` elements, zero-filled: the caller's buffer
   // when it fits (see backward), else a new one.
@@ -120,6 +121,12 @@ class SeqEngine {
   std::pair<int64_t, int64_t> query_rows_seeing(int64_t k_lo, int64_t k_hi) const;
   // Query rows that can see some token of `toks` (a sorted list), as above.
   std::pair<int64_t, int64_t> query_rows_seeing_tokens(const std::vector<int64_t>& toks) const;
+  // The schedule's one visibility test: the rows (indices into rank s's token list, ascending)
+  // of the tokens some query of rank q can see. Exact at token level: for each run of
+  // consecutive tokens of q the visible keys form one interval of virtual positions, so the
+  // union over q's runs is what q needs of s, no more. A further mask (e.g. document
+  // segments) narrows it here, and every send, receive and computed block follows.
+  std::vector<int64_t> visible_rows(int64_t q, int64_t s) const;
   // The backend's attend / attend_backward on this engine's queries.
   void attend(int64_t B, const Tensor& qv, const KVBlock& blk, int64_t q0, int64_t q1, Tensor& ov,
               Tensor& lse, bool first, PendingExchange* progress) const;
@@ -138,11 +145,14 @@ class SeqEngine {
   std::string site_;
 };
 
+// pieces: how many transfer granules each round's block is cut into (>= 1; the same on every
+// rank of the group, checked). More pieces hold smaller buffers; each piece is one transfer
+// overlapped with the previous piece's compute.
 std::unique_ptr<SeqEngine> make_ring_engine(const LayerConfig& cfg, int64_t heads,
                                             std::shared_ptr<Communicator> comm,
                                             std::vector<std::vector<int64_t>> tokens_per_rank,
                                             std::shared_ptr<const EngineBackend> backend,
-                                            const std::string& site);
+                                            const std::string& site, int64_t pieces = 4);
 std::unique_ptr<SeqEngine> make_halo_engine(const LayerConfig& cfg, int64_t heads,
                                             std::shared_ptr<Communicator> comm,
                                             std::vector<std::vector<int64_t>> tokens_per_rank,

@@ -1,12 +1,13 @@
 // lib/ringattn: sequence-parallel attention cores for IhaLayer (DESIGN.md section 5).
 //
 // What it holds
-//   - Ring attention for global layers: the pre-mix K_m, V_m of each rank's tokens travel
-//     around the sequence-parallel ring; each rank re-mixes a visiting block, applies RoPE at
-//     its global virtual positions and merges a partial result into its running (O, LSE) with
-//     the online-softmax merge. Blocks the mask hides are skipped; the next block's transfer
-//     is posted before the current block's compute. Backward: dQ stays local; dK, dV of the
-//     visiting block (un-rotated, un-mixed to pre-mix) travel with it back to the owner.
+//   - Ring attention for global layers: in round i of R each rank receives, straight from rank
+//     r - i, the pre-mix K_m, V_m of the tokens its queries can see (nothing else travels),
+//     in pieces; it re-mixes a piece, applies RoPE at its global virtual positions and merges
+//     a partial result into its running (O, LSE) with the online-softmax merge, while the next
+//     piece travels. Backward: dQ stays local; each piece's dK, dV (un-rotated, un-mixed to
+//     pre-mix) go straight back to the owner. Forward bytes are the algorithm's minimum,
+//     backward twice it.
 //   - Halo exchange for sliding-window layers: each rank receives the pre-mix K/V of the
 //     tokens covering the Wv - 1 virtual positions before each of its chunks (from several
 //     ranks when the window is longer than a chunk), computes, and in backward returns the
@@ -53,13 +54,20 @@ namespace iha {
 
 struct SeqParallelOptions {
   SeqParallelOptions(LayoutKind layout_kind = LayoutKind::zigzag, FlashTiles flash_tiles = {},
-                     std::shared_ptr<const Backend> compute = nullptr)
-      : layout(layout_kind), tiles(flash_tiles), backend(std::move(compute)) {}
+                     int64_t pieces = 4, std::shared_ptr<const Backend> compute = nullptr)
+      : layout(layout_kind), tiles(flash_tiles), backend(std::move(compute)), ring_pieces(pieces) {}
+  SeqParallelOptions(LayoutKind layout_kind, FlashTiles flash_tiles, std::shared_ptr<const Backend> compute)
+      : SeqParallelOptions(layout_kind, flash_tiles, 4, std::move(compute)) {}
   LayoutKind layout = LayoutKind::zigzag;
   FlashTiles tiles{};
   // Where the core computes; null: the CPU backend of T with `tiles`. The communicators must
   // hold buffers on the backend's device (a CUDA backend: NCCL or host-staged).
   std::shared_ptr<const Backend> backend;
+  // Ring: transfer granules per round (>= 1, the same on every rank). Each visiting block is
+  // cut into this many pieces, decoded and computed one at a time while the next travels, so
+  // a rank holds pieces instead of whole blocks; 4 keeps every piece's compute far longer than
+  // its transfer at the sizes bench/ringattn measures.
+  int64_t ring_pieces = 4;
 };
 
 // How a layer is parallelised inside a head x sequence replica:

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <cmath>
@@ -24,13 +25,27 @@ std::string tmp(const std::string& name) {
   return "/tmp/iha_app_test_" + std::to_string(::getpid()) + "_" + name;
 }
 
-// Runs iha-train under mpiexec with `ranks` processes.
-Result run(const std::string& args, int ranks = 2) {
+// The command line that starts iha-train under mpiexec with `ranks` processes.
+std::string launch(int ranks) {
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-  return iha::test::run_command(std::string(IHA_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe " +
-                           IHA_TRAIN_BIN + " " + args);
+  return std::string(IHA_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe " + IHA_TRAIN_BIN;
+}
+
+// Runs iha-train under mpiexec with `ranks` processes.
+Result run(const std::string& args, int ranks = 2) { return iha::test::run_command(launch(ranks) + " " + args); }
+
+// Runs iha-train under mpiexec (2 ranks) in the background; once the text `ready` appears in
+// the file `log`, runs the shell command `signal`, in which $ranks holds the ranks' pids
+// (mpiexec's children) and $pid mpiexec's; returns the run's exit code and output.
+Result run_and_signal(const std::string& args, const std::string& log, const std::string& ready,
+                      const std::string& signal) {
+  const std::string out = log + ".out";
+  return iha::test::run_command(
+      launch(2) + " " + args + " > " + out + " 2>&1 & pid=$!; "
+      "for i in $(seq 1 6000); do grep -qF '" + ready + "' " + log + " 2>/dev/null && break; sleep 0.02; done; "
+      "ranks=$(pgrep -P $pid); " + signal + "; wait $pid; rc=$?; cat " + out + "; rm -f " + out + "; exit $rc");
 }
 
 // Runs a command (no mpiexec), returning its exit code and output.
@@ -57,6 +72,30 @@ TEST(IhaTrain, BadCommandLines) {
   expect_config_error("train --config /tmp/iha_no_such_config.yaml", "cannot open config file");
 }
 
+// The one validation of a run against the types and the machine (check_run_fits_machine),
+// before anything is allocated: through `iha-train check` and through `train`.
+TEST(IhaTrain, OverflowsAbsurdSizesAndDuplicateKeysNameTheKey) {
+  const std::string check = "check --config " + std::string(IHA_SOURCE_DIR) + "/configs/demo.yaml ";
+  const Result ok = run(check);
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("iha-train check: valid"), std::string::npos) << ok.output;
+  for (const std::string& cmd : {check, demo()}) {
+    expect_config_error(cmd + " --set model.ffn=4611686018427387904", "config key 'model.ffn'");
+    expect_config_error(cmd + " --set model.P=4611686018427387904", "config key 'model.P'");
+    expect_config_error(cmd + " --set train.micro_batch=4611686018427387904", "train.micro_batch");
+    expect_config_error(cmd + " --set train.threads=100000", "config key 'train.threads' = 100000");
+    expect_config_error(cmd + " --set model.layers=1000000000", "config key 'model.layers'");
+    expect_config_error(cmd + " --set sequence.length=100000000000", "config key 'sequence.length'");
+  }
+  const std::string dup = tmp("dup.yaml");
+  std::ofstream(dup) << "sequence: {length: 32}\nmodel: {vocab_size: 16, D: 16, H: 2}\n"
+                        "model: {vocab_size: 16, D: 32, H: 2}\n";
+  expect_config_error("check --config " + dup, "duplicate key 'model' (line 3)");
+  std::ofstream(dup) << "sequence: {length: 32}\nmodel:\n  vocab_size: 16\n  D: 16\n  D: 32\n  H: 2\n";
+  expect_config_error("check --config " + dup, "duplicate key 'model.D' (line 5)");
+  std::filesystem::remove(dup);
+}
+
 TEST(IhaTrain, HelpPrintsTheUsageOnce) {
   for (const char* flag : {"--help", "-h"}) {
     const Result r = run(flag);
@@ -79,6 +118,9 @@ TEST(IhaTrain, BadConfigsNameTheKey) {
   expect_config_error(demo("--set sequence.layout=spiral"), "'sequence.layout'");
   expect_config_error(demo("--set mesh.sp=1"), "world size");  // 1 rank of mesh, 2 launched
   expect_config_error(demo("--set badoverride"), "expected key=value");
+  expect_config_error(demo("--set 'model.rope_scaling={type: yarn, factor: 4, original_length: 16, beta_fast: 0.5}'"),
+                      "'model.rope_scaling.beta_fast'");
+  expect_config_error(demo("--set 'model.rope_scaling={type: warp, factor: 4}'"), "'model.rope_scaling.type'");
   const std::string bad_yaml = tmp("bad.yaml");
   std::ofstream(bad_yaml) << "mesh: {sp: 2\nmodel: [\n";
   expect_config_error("train --config " + bad_yaml, "YAML syntax error");
@@ -213,6 +255,155 @@ TEST(IhaTrain, ResumeContinuesTheLossTrajectoryBitForBit) {
   for (const auto& p : {full_dir, dir, full_log, part_log}) std::filesystem::remove_all(p);
 }
 
+// SIGUSR1 to one rank only: every rank stops after the same step (one all-reduce agrees),
+// that step is saved, the exit code is 4, and --resume continues the uninterrupted run's loss
+// trajectory bit for bit with no step lost or repeated.
+TEST(IhaTrain, StopSignalSavesTheStepAndResumeContinuesBitForBit) {
+  const std::string full_log = tmp("sig_full.jsonl"), part_log = tmp("sig_part.jsonl"), dir = tmp("sig_ckpt");
+  const std::string base = "train --config " + config_file() +
+                           " --set sequence.length=32 --set train.steps=24 --set logging.every=1"
+                           " --set eval.sequences=0 --set checkpoint.every=0";
+  ASSERT_EQ(run(base + " --set checkpoint.dir= --set logging.jsonl=" + full_log).code, 0);
+  const Result first = run_and_signal(base + " --set checkpoint.dir=" + dir + " --set logging.jsonl=" + part_log,
+                                      part_log, "\"event\":\"step\",\"step\":3,", "kill -USR1 ${ranks%%[!0-9]*}");
+  ASSERT_EQ(first.code, 4) << first.output;
+  const auto part = step_losses(part_log);
+  ASSERT_FALSE(part.empty());
+  const int stopped_at = part.rbegin()->first;
+  EXPECT_GE(stopped_at, 3);
+  EXPECT_LT(stopped_at, 24) << "the signal came after the last step";
+  EXPECT_NE(first.output.find("stopping: SIGUSR1 received; step " + std::to_string(stopped_at) + " is in " + dir +
+                              "/step_" + std::to_string(stopped_at)), std::string::npos) << first.output;
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_" + std::to_string(stopped_at));
+  const Result second = run(base + " --resume auto --set checkpoint.dir=" + dir + " --set logging.jsonl=" + part_log);
+  ASSERT_EQ(second.code, 0) << second.output;
+  EXPECT_NE(second.output.find("at step " + std::to_string(stopped_at)), std::string::npos) << second.output;
+  const auto full = step_losses(full_log), resumed = step_losses(part_log);
+  ASSERT_EQ(full.size(), 24u);
+  EXPECT_EQ(full, resumed);  // %.17g text: equal strings are equal doubles
+  int logged = 0;  // every step exactly once across the two invocations
+  std::ifstream in(part_log);
+  for (std::string line; std::getline(in, line);) logged += line.find("\"event\":\"step\"") != std::string::npos;
+  EXPECT_EQ(logged, 24);
+  for (const auto& p : {full_log, part_log, dir}) std::filesystem::remove_all(p);
+}
+
+// A second stop signal ends the process at once with 128 + signal: no checkpoint is started
+// and `latest` still names the last committed one. SIGUSR1 then SIGUSR2 to each rank, so the
+// two cannot merge into one pending signal.
+TEST(IhaTrain, SecondSignalExitsAtOnceLeavingLatest) {
+  const std::string dir = tmp("sig2_ckpt"), log = tmp("sig2.jsonl");
+  const std::string base = "train --config " + config_file() +
+                           " --set sequence.length=32 --set train.steps=100000 --set logging.every=1"
+                           " --set eval.sequences=0 --set checkpoint.every=0 --set checkpoint.dir=" + dir +
+                           " --set logging.jsonl=" + log;
+  ASSERT_EQ(run(base + " --set train.stop_after=2").code, 0);
+  const Result r = run_and_signal(base + " --resume", log, "\"event\":\"step\",\"step\":4,",
+                                  "for p in $ranks; do kill -USR1 $p; kill -USR2 $p; done");
+  EXPECT_TRUE(r.code == 128 + SIGUSR1 || r.code == 128 + SIGUSR2) << r.code << "\n" << r.output;
+  EXPECT_EQ(r.output.find("stopping:"), std::string::npos) << r.output;
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_2");
+  const Result verify = shell(std::string(IHA_CKPT_BIN) + " verify " + dir);
+  EXPECT_EQ(verify.code, 0) << verify.output;
+  for (const auto& p : {log, dir}) std::filesystem::remove_all(p);
+}
+
+// The checkpoint-directory protocol as a requeued job meets it (lib/checkpoint/root.h):
+// --resume auto starts fresh, then continues; a finished run is a no-op; train.steps below the
+// checkpoint is an error; a second writer is refused until the first is killed (kill -9).
+TEST(IhaTrain, ResumeAutoAndTheCheckpointDirLock) {
+  const std::string dir = tmp("auto_ckpt");
+  std::filesystem::remove_all(dir);
+  const std::string base = demo("--set eval.sequences=0 --set checkpoint.every=0 --set checkpoint.dir=" + dir);
+  Result r = run(base + " --set train.steps=2 --resume auto");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("resumed from"), std::string::npos) << r.output;
+  r = run(base + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir + "/step_2 at step 2"), std::string::npos) << r.output;
+  r = run(base + " --resume=auto");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("nothing to do"), std::string::npos) << r.output;
+  expect_config_error(base + " --set train.steps=3 --resume", "config key 'train.steps' = 3 is below");
+  expect_config_error(base, "--resume");  // a fresh run into a used directory
+  // Another process holds the lock (flock -o: the lock lives in the flock process only).
+  const Result holder = shell("flock -o " + dir + "/lock sleep 120 >/dev/null 2>&1 & echo $!");
+  const std::string pid = holder.output.substr(0, holder.output.find('\n'));
+  ASSERT_FALSE(pid.empty());
+  for (int i = 0; i < 200 && shell("flock -n " + dir + "/lock true").code == 0; ++i) ::usleep(20000);
+  expect_config_error(base + " --set train.steps=6 --resume auto", "is in use by another run");
+  shell("kill -9 " + pid);
+  for (int i = 0; i < 200 && shell("flock -n " + dir + "/lock true").code != 0; ++i) ::usleep(20000);
+  r = run(base + " --set train.steps=6 --resume auto");
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+// A crash between the rename of a step directory and the update of `latest` (here the first
+// save: no `latest` at all) blocks neither a fresh run's safety nor a resume.
+TEST(IhaTrain, StepDirectoriesWithoutLatestAreNotOverwritten) {
+  const std::string dir = tmp("nolatest_ckpt");
+  std::filesystem::remove_all(dir);
+  const std::string base = demo("--set eval.sequences=0 --set checkpoint.every=0 --set checkpoint.dir=" + dir);
+  ASSERT_EQ(run(base + " --set train.steps=2").code, 0);
+  std::filesystem::remove(dir + "/latest");
+  expect_config_error(base, "step_2, no 'latest'");
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step_2/state.h5"));
+  const Result r = run(base + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("recovered " + dir + "/step_2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir + "/step_2"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+// A checkpoint.dir that cannot be written fails before the first training step.
+TEST(IhaTrain, UnwritableCheckpointDirFailsBeforeTraining) {
+  const std::string file = tmp("ckpt_is_a_file");
+  std::ofstream(file) << "x";
+  Result r = run(demo("--set checkpoint.dir=" + file));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("config key 'checkpoint.dir'"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 2/4"), std::string::npos) << "trained before failing:\n" << r.output;
+  std::filesystem::remove(file);
+  const std::string ro = tmp("ro_mount");
+  std::filesystem::create_directories(ro);
+  if (shell("mount -t tmpfs -o ro,size=64k tmpfs " + ro).code != 0) {
+    std::filesystem::remove(ro);
+    GTEST_SKIP() << "cannot mount a read-only tmpfs here (needs root): the read-only case is untested";
+  }
+  r = run(demo("--set checkpoint.dir=" + ro + "/run"));
+  shell("umount " + ro);
+  std::filesystem::remove(ro);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("config key 'checkpoint.dir'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Read-only file system"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 2/4"), std::string::npos) << "trained before failing:\n" << r.output;
+}
+
+// ulimit -f (16 MiB: room for MPI's shared-memory files, not for the 44 MB checkpoint): the
+// checkpoint write fails with a message naming the file (no SIGXFSZ death),
+// and the directory holds no partial checkpoint.
+TEST(IhaTrain, FileSizeLimitIsAnErrorNotASignal) {
+  const std::string dir = tmp("fsize_ckpt");
+  std::filesystem::remove_all(dir);
+  const Result r = shell("timeout 300 bash -c 'ulimit -f 16384; export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; " +
+                         std::string(IHA_MPIEXEC) + " -n 2 --oversubscribe " + IHA_TRAIN_BIN + " " +
+                         demo("--set eval.sequences=0 --set train.steps=2 --set model.D=512 --set model.ffn=1024 --set checkpoint.dir=" + dir) + "'");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.code, -1) << "killed by a signal:\n" << r.output;
+  EXPECT_NE(r.output.find("iha-train: error:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("File too large"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("signal"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/latest"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(IhaTrain, NonFiniteLossKeepsTheLastGoodCheckpoint) {
   const std::string dir = tmp("nan_ckpt");
   const std::string args = demo("--set optim.lr=1e30 --set optim.min_lr=0 --set optim.warmup_steps=0"
@@ -308,6 +499,17 @@ TEST(IhaData, TextBecomesByteTokensThatTrain) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("not an HDF5 file"), std::string::npos) << bad.output;
   EXPECT_EQ(shell(std::string(IHA_DATA_BIN) + " convert").code, 2);
+  // An output that is the input, by its own name or through a symlink, is refused untouched.
+  const std::string link = tmp("corpus_link.h5");
+  std::filesystem::create_symlink(txt, link);
+  const auto size = std::filesystem::file_size(txt);
+  for (const std::string& out : {txt, link}) {
+    const Result same = shell(std::string(IHA_DATA_BIN) + " text " + txt + " " + out);
+    EXPECT_EQ(same.code, 2) << same.output;
+    EXPECT_NE(same.output.find("is the input file"), std::string::npos) << same.output;
+    EXPECT_EQ(std::filesystem::file_size(txt), size) << "the input was changed";
+  }
+  std::filesystem::remove(link);
   std::filesystem::remove(txt);
   std::filesystem::remove(h5);
 }

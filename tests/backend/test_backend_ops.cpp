@@ -192,7 +192,7 @@ struct MixCase {
 const MixCase kMix[] = {{1, 1, 2, 1, 0, 1, 0}, {5, 3, 8, 2, 0, 3, 4}, {4, 4, 6, 3, 1, 3, 0}};
 
 std::vector<double> naive_mix_rope(const MixCase& c, const std::vector<double>& pre, const std::vector<double>& alpha,
-                                   const std::vector<int64_t>& pos, const RopeSpec& rope, bool rotate) {
+                                   const std::vector<int64_t>& pos, const LayerConfig& rope, bool rotate) {
   const int64_t ld = c.H * c.d + c.ld_extra, nP = c.n * c.P, Hh = c.h_end - c.h_begin;
   std::vector<double> virt(Hh * nP * c.d, 0.0);
   for (int64_t h = c.h_begin; h < c.h_end; ++h) {
@@ -202,19 +202,23 @@ std::vector<double> naive_mix_rope(const MixCase& c, const std::vector<double>& 
         for (int64_t m = 0; m < c.H; ++m)
           for (int64_t e = 0; e < c.d; ++e)
             rows[(i * c.P + j) * c.d + e] += alpha[(m * c.H + h) * c.P + j] * pre[i * ld + m * c.d + e];
-    if (rotate && rope.on) test::naive_rope(rows, nP, c.d, pos, rope.base, rope.scale);
+    if (rotate && rope.rope) test::naive_rope(rows, nP, c.d, pos, rope);
     std::copy(rows.begin(), rows.end(), virt.begin() + (h - c.h_begin) * nP * c.d);
   }
   return virt;
 }
 
 TEST_P(BackendOps, MixRopeForwardAndBackward) {
-  const RopeSpec rope{true, 100.0, 0.5};
   for (const MixCase& c : kMix)
     for (bool rotate : {true, false}) {
       SCOPED_TRACE("n " + std::to_string(c.n) + " H " + std::to_string(c.H) + " P " + std::to_string(c.P) +
                    (rotate ? " rope" : " no rope"));
       const int64_t ld = c.H * c.d + c.ld_extra, nP = c.n * c.P, Hh = c.h_end - c.h_begin;
+      LayerConfig lc;  // the RoPE settings: base 100, position scale 0.5
+      lc.P = c.P;
+      lc.rope_base = 100.0;
+      lc.rope_scale = 0.5;
+      const RopeSpec rope = RopeSpec::from(lc);
       std::vector<int64_t> tokens;
       for (int64_t i = 0; i < c.n; ++i) tokens.push_back(3 * i + 1);  // not contiguous: a ring block
       const std::vector<int64_t> pos = virtual_positions(tokens, c.P);
@@ -224,7 +228,7 @@ TEST_P(BackendOps, MixRopeForwardAndBackward) {
       Tensor virt = be_->alloc_compute({Hh * nP * c.d});
       be_->mix_rope_forward(put(pre, ct()), ld, c.n, c.H, c.d, c.P, put(alpha, at()), c.h_begin, c.h_end, *rows,
                             rotate, virt, nP * c.d);
-      EXPECT_TRUE(close_normwise(get(virt), naive_mix_rope(c, pre, alpha, pos, rope, rotate), tau(ct()),
+      EXPECT_TRUE(close_normwise(get(virt), naive_mix_rope(c, pre, alpha, pos, lc, rotate), tau(ct()),
                                  "mix_rope_forward"));
       // Backward: the gradient of sum(virt * dvirt) by linearity of the reference.
       const auto dvirt = rounded(randn(Hh * nP * c.d, 11), at());
@@ -237,9 +241,9 @@ TEST_P(BackendOps, MixRopeForwardAndBackward) {
       if (rotate)
         for (int64_t h = 0; h < Hh; ++h) {
           std::vector<double> blk(g.begin() + h * nP * c.d, g.begin() + (h + 1) * nP * c.d);
-          RopeSpec inv = rope;
-          inv.scale = -rope.scale;  // rotation by the negative angle
-          test::naive_rope(blk, nP, c.d, pos, inv.base, inv.scale);
+          LayerConfig inv = lc;
+          inv.rope_scale = -lc.rope_scale;  // rotation by the negative angle
+          test::naive_rope(blk, nP, c.d, pos, inv);
           std::copy(blk.begin(), blk.end(), g.begin() + h * nP * c.d);
         }
       std::vector<double> want_dpre = dpre0, want_dalpha = dalpha0;

@@ -55,14 +55,21 @@ def main():
             f.seek(t["offset"] + 8 * 100 + 2)
             f.write(bytes([b[0] ^ 0x04]))
         needles = (path, "tensor 'opt/exp_avg_sq/embed'", "chunk 0 of 1", "integrity check")
-        run([tool, "verify", flipped], 1, *needles)
-        run([mpiexec, "-n", "2", "--oversubscribe", tool, "verify", flipped], 1, *needles)
+        run([tool, "verify", flipped], 2, *needles)
+        run([mpiexec, "-n", "2", "--oversubscribe", tool, "verify", flipped], 2, *needles)
 
         truncated = os.path.join(work, "truncated")
         shutil.copytree(step_dir, truncated)
         os.truncate(os.path.join(truncated, "state.h5"), t["offset"] + 16)
-        run([tool, "verify", truncated], 1, "truncated", "tensor 'opt/exp_avg_sq/embed' chunks 0-0")
+        run([tool, "verify", truncated], 2, "truncated", "tensor 'opt/exp_avg_sq/embed' chunks 0-0")
         run([tool, "verify", os.path.join(work, "absent")], 2, "does not exist")
+
+        # A step directory holding another step's file (copied, or moved by hand).
+        wrong = os.path.join(work, "step_%d" % (manifest["step"] + 1))
+        shutil.copytree(step_dir, wrong)
+        for sub in ("verify", "inspect"):
+            run([tool, sub, wrong], 2, "is named step_%d" % (manifest["step"] + 1),
+                "holds step %d" % manifest["step"])
     finally:
         shutil.rmtree(work)
     print("iha-ckpt: inspect lists the checkpoint; verify accepts it and rejects damaged copies")

@@ -9,8 +9,9 @@
 //       loads PATH (root or step directory) on mesh HP x SP and checks every piece and the
 //       metadata against the generator for STEP
 //   ckpt_helper check_then_save ROOT STEP NEW_STEP HP SP
-//       load ROOT's latest (must be STEP), then save NEW_STEP and check that no temporary
-//       is left in ROOT (the crash test's recovery run)
+//       open ROOT as every resuming command does (CheckpointRoot, RootUse::resume: lock,
+//       recovery), load its latest (must be STEP), then save NEW_STEP and check that no
+//       temporary is left in ROOT (the crash test's recovery run)
 // Exit status 0 on success; 1 with a message on stderr (rank 0) otherwise.
 #include <mpi.h>
 
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/root.h"
 #include "model_state.h"
 
 namespace fs = std::filesystem;
@@ -114,6 +116,9 @@ int run(int argc, char** argv, std::shared_ptr<Communicator> world) {
   } else if (cmd == "check_then_save") {
     IHA_CONFIG_CHECK(a.size() >= 6, "usage: ckpt_helper check_then_save ROOT STEP NEW_STEP HP SP");
     const test::Layout L{std::stoll(a[4]), std::stoll(a[5])};
+    CheckpointRoot opened(c, path, "ROOT", RootUse::resume);
+    for (const std::string& note : opened.notes())
+      if (c.rank() == 0) std::printf("ckpt_helper: %s\n", note.c_str());
     err = load(c, world, path, step, L);
     if (err.empty()) {
       save(c, world, path, std::stoll(a[3]), L);

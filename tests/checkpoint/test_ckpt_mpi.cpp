@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hdf5_lock.h"
+#include "checkpoint/root.h"
 #include "model_state.h"
 #include "mpi_env.h"
 
@@ -108,9 +109,11 @@ CheckpointInfo load_and_check(const std::string& path, int64_t step, const Layou
   return info;
 }
 
+// A root's entries, without the lock file every writer of the root creates (root.h).
 std::set<std::string> entries(const std::string& root) {
   std::set<std::string> s;
-  for (const auto& e : fs::directory_iterator(root)) s.insert(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.path().filename() != "lock") s.insert(e.path().filename().string());
   return s;
 }
 
@@ -700,6 +703,151 @@ TEST(CheckpointCommit, LeftoverTemporariesDoNotBlockASave) {
   save_state(root, 2, Layout{1, 1});
   EXPECT_EQ(entries(root), (std::set<std::string>{"latest", "step_1", "step_2"}));
   load_and_check(root, 2, Layout{1, 3});
+  remove_root(root);
+}
+
+TEST(CheckpointCommit, FailureAfterLatestIsReplacedKeepsTheCommittedStep) {
+  // The root's fsync after `latest` was replaced fails (injected there): the new step is what
+  // `latest` names, so it must stay; the error says it was committed.
+  const std::string root = make_root("latest_sync");
+  save_state(root, 1, Layout{1, 2});
+  ::setenv("IHA_CKPT_FAIL", "latest_renamed:0", 1);
+  const std::string msg = expect_same_error([&] { save_state(root, 2, Layout{1, 2}); });
+  ::unsetenv("IHA_CKPT_FAIL");
+  expect_contains(msg, {"step 2 was committed to " + root + "/step_2", "injected failure"});
+  world().barrier();
+  EXPECT_EQ(latest_of(root), "step_2");
+  load_and_check(root, 2, Layout{1, 1});
+  remove_root(root);
+}
+
+// ---------------------------------------------------------------------------------------
+// The checkpoint-root protocol (root.h): recovery of what each crash point leaves
+
+// Points `latest` at `name` as a crash before its update would have left it.
+void set_latest(const std::string& root, const std::string& name) {
+  if (world().rank() == 0) {
+    if (name.empty())
+      fs::remove(root + "/latest");
+    else
+      std::ofstream(root + "/latest") << name << "\n";
+  }
+  world().barrier();
+}
+
+TEST(CheckpointRoot, CompleteStepNewerThanLatestIsVerifiedAndAdopted) {
+  const std::string root = make_root("adopt");
+  save_state(root, 1, Layout{1, 2});
+  save_state(root, 2, Layout{2, 1});
+  set_latest(root, "step_1");  // crash between the rename of step_2 and the update of latest
+  {
+    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume);
+    EXPECT_TRUE(r.resume());
+    ASSERT_EQ(r.notes().size(), 1u);
+    expect_contains(r.notes()[0], {"recovered " + root + "/step_2", "adopted"});
+  }
+  EXPECT_EQ(latest_of(root), "step_2");
+  load_and_check(root, 2, Layout{1, 3});
+  // Recovered once: the next open has nothing to do, and the next save proceeds.
+  {
+    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume);
+    EXPECT_TRUE(r.notes().empty());
+    save_state(root, 3, Layout{1, 2});
+  }
+  EXPECT_EQ(latest_of(root), "step_3");
+  remove_root(root);
+}
+
+TEST(CheckpointRoot, DamagedNewerStepIsSetAsideNotLoopedOn) {
+  const std::string root = make_root("aside");
+  save_state(root, 1, Layout{1, 2});
+  save_state(root, 2, Layout{1, 2});
+  save_state(root, 3, Layout{1, 2});
+  set_latest(root, "step_1");
+  if (world().rank() == 0) {  // step_3 damaged: one data byte flipped
+    const std::string file = root + "/step_3/state.h5";
+    const uint64_t off = dataset_offset(file, "/tensors/opt/exp_avg_sq/embed");
+    std::ifstream in(file, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(off + 5));
+    char b = 0;
+    in.get(b);
+    patch_bytes(file, off + 5, {static_cast<uint8_t>(b ^ 0x01)});
+  }
+  world().barrier();
+  {
+    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    EXPECT_TRUE(r.resume());
+    ASSERT_EQ(r.notes().size(), 2u);
+    expect_contains(r.notes()[0], {"set aside " + root + "/step_3 as step_3.rejected",
+                                   "fails its integrity check"});
+    expect_contains(r.notes()[1], {"recovered " + root + "/step_2"});
+  }
+  EXPECT_EQ(latest_of(root), "step_2");
+  EXPECT_EQ(entries(root), (std::set<std::string>{"latest", "step_1", "step_2", "step_3.rejected"}));
+  {
+    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    EXPECT_TRUE(r.notes().empty());
+  }
+  // The set-aside directory is neither pruned nor in the way of a save of step 3.
+  save_state(root, 3, Layout{1, 2}, small_chunks(1));
+  EXPECT_EQ(entries(root), (std::set<std::string>{"latest", "step_3", "step_3.rejected"}));
+  remove_root(root);
+}
+
+TEST(CheckpointRoot, StepsWithoutLatestAreRefusedFreshAndAdoptedOnResume) {
+  const std::string root = make_root("nolatest");
+  save_state(root, 4, Layout{1, 2});
+  set_latest(root, "");  // a crash during the first commit
+  const std::set<std::string> before = entries(root);
+  const std::string msg = expect_same_error(
+      [&] { CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::fresh); });
+  expect_contains(msg, {"config key 'checkpoint.dir' = '" + root + "'", "step_4, no 'latest'",
+                        "--resume"});
+  EXPECT_EQ(entries(root), before);  // a refused fresh run changes nothing
+  {
+    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    EXPECT_TRUE(r.resume());
+  }
+  EXPECT_EQ(latest_of(root), "step_4");
+  remove_root(root);
+}
+
+TEST(CheckpointRoot, EmptyRootResumeAutoStartsFreshResumeRefuses) {
+  const std::string root = make_root("empty");
+  {
+    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    EXPECT_FALSE(r.resume());
+  }
+  expect_contains(expect_same_error([&] {
+                    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume);
+                  }),
+                  {"--resume", "holds no checkpoint"});
+  remove_root(root);
+}
+
+TEST(CheckpointRoot, DamagedLatestAndBadRootsNameTheFileAndKey) {
+  const std::string root = make_root("badlatest");
+  save_state(root, 1, Layout{1, 2});
+  if (world().rank() == 0) {  // a huge garbage `latest` is not echoed into the message
+    std::ofstream out(root + "/latest");
+    for (int i = 0; i < 100000; ++i) out << "garbage ";
+  }
+  world().barrier();
+  std::string msg = expect_same_error([&] { CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume); });
+  expect_contains(msg, {root + "/latest is 800000 bytes long", "checkpoint.dir"});
+  EXPECT_LT(msg.size(), 400u);
+  msg = expect_same_error([&] { load_and_check(root, 1, Layout{1, 1}); });
+  EXPECT_LT(msg.size(), 400u);
+  set_latest(root, "step_9");
+  expect_contains(expect_same_error([&] { CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume); }),
+                  {"names step_9, which does not exist"});
+  // A root that is a file fails before anything else, naming the key.
+  if (world().rank() == 0) std::ofstream(root + "/plain") << "x";
+  world().barrier();
+  expect_contains(expect_same_error([&] {
+                    CheckpointRoot r(world(), root + "/plain", "checkpoint.dir", RootUse::fresh);
+                  }),
+                  {"config key 'checkpoint.dir'", "a file of that name exists"});
   remove_root(root);
 }
 

@@ -1,13 +1,19 @@
 // Single-process pieces of lib/checkpoint: shard runs against brute-force enumeration, the
 // integrity hash and its decomposition, closed-form coverage sums, dtype rules and rounding,
-// and name rules.
+// name rules, and the root lock against a second process.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <set>
+#include <string>
 
 #include "checkpoint/integrity.h"
+#include "checkpoint/root.h"
 #include "checkpoint/schema.h"
 #include "checkpoint/shard_plan.h"
 #include "core/rng.h"
@@ -244,4 +250,42 @@ TEST(CheckpointNames, Rules) {
 }
 
 }  // namespace
+// A second process is refused while the first holds the lock, and gets it once the first
+// is killed with SIGKILL (nothing to clean up, as for a requeued job).
+TEST(CheckpointRootLock, ExclusiveAcrossProcessesAndReleasedByKill9) {
+  const std::string root = "/tmp/iha_ckpt_lock_" + std::to_string(::getpid());
+  std::filesystem::remove_all(root);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(ready[0]);
+    RootLock lock(root);
+    const char ok = 'y';
+    if (::write(ready[1], &ok, 1) != 1) ::_exit(1);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char got = 0;
+  ASSERT_EQ(::read(ready[0], &got, 1), 1);
+  ::close(ready[0]);
+  try {
+    RootLock second(root);
+    ADD_FAILURE() << "a second process got the lock";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("in use by another run (pid " + std::to_string(child) + "@"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(root + "/lock"), std::string::npos) << msg;
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  {
+    RootLock again(root);
+    RootLock nested(root);  // the same process: shared, not refused
+  }
+  std::filesystem::remove_all(root);
+}
+
 }  // namespace iha::ckpt

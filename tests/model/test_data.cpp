@@ -382,6 +382,19 @@ TEST(RunConfig, BadKeysTypesAndValuesNameTheKey) {
       {"model.d=5", "model.d"},                          // RoPE needs an even head dim
       {"model.vocab_size=1", "model.vocab_size"},
       {"model.rope_scale=0", "model.rope_scale"},
+      {"model.rope_scaling={type: stretch, factor: 2}", "model.rope_scaling.type"},
+      {"model.rope_scaling={factor: 2}", "model.rope_scaling.type"},  // required
+      {"model.rope_scaling={type: ntk, factor: 0.5}", "model.rope_scaling.factor"},
+      {"model.rope_scaling={type: yarn, factor: 0.9, original_length: 8}", "model.rope_scaling.factor"},
+      {"model.rope_scaling={type: llama3, factor: 0.5, original_length: 8}", "model.rope_scaling.factor"},
+      {"model.rope_scaling={type: linear, factor: 0}", "model.rope_scaling.factor"},
+      {"model.rope_scaling={type: yarn, factor: 4}", "model.rope_scaling.original_length"},
+      {"model.rope_scaling={type: yarn, factor: 4, original_length: 8, beta_fast: 1, beta_slow: 1}",
+       "model.rope_scaling.beta_fast"},
+      {"model.rope_scaling={type: yarn, factor: 4, original_length: 8, ramp: cubic}", "model.rope_scaling.ramp"},
+      {"model.rope_scaling={type: llama3, factor: 4, original_length: 8, low_freq_factor: 4}",
+       "model.rope_scaling.high_freq_factor"},
+      {"model.rope_scaling={type: linear, factor: 2, beta_fast: 3}", "model.rope_scaling.beta_fast"},  // not a linear key
       {"model.collapse=sum", "model.collapse"},
       {"model.mask=bidirectional", "model.mask"},
       {"data.kind=web", "data.kind"},
@@ -397,6 +410,13 @@ TEST(RunConfig, BadKeysTypesAndValuesNameTheKey) {
     const std::string msg = config_error({override_});
     EXPECT_NE(msg.find("'" + key), std::string::npos) << override_ << " -> '" << msg << "'";
   }
+  // RoPE scaling with RoPE off, or together with the legacy rope_scale.
+  const std::string off = config_error({"model.rope=false", "model.rope_scaling={type: linear, factor: 2}"});
+  EXPECT_NE(off.find("'model.rope_scaling': RoPE scaling needs rope on"), std::string::npos) << off;
+  const std::string two = config_error({"model.rope_scale=0.5", "model.rope_scaling={type: linear, factor: 2}"});
+  EXPECT_NE(two.find("'model.rope_scale' and 'model.rope_scaling'"), std::string::npos) << two;
+  EXPECT_EQ(config_error({"model.rope_scaling={type: yarn, factor: 4, original_length: 8, ramp: ratio}"}), "");
+  EXPECT_EQ(config_error({"model.rope_scaling={type: none}"}), "");
   // The base config gives model.window; window_virtual as well is an error naming both.
   const std::string both = config_error({"model.window_virtual=4"});
   EXPECT_NE(both.find("'model.window' and 'model.window_virtual'"), std::string::npos) << both;

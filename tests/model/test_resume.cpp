@@ -128,6 +128,27 @@ TEST(Resume, FinetuneLoadsWeightsAtALongerContextAndKeepsTheWindow) {
   EXPECT_EQ(params_of(ft), trained);
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(std::isfinite(ft.train_step().loss));
 
+  // The fine-tune may switch to a RoPE scaling method; its checkpoint stores the method, and a
+  // later fine-tune changes it again.
+  RunConfig yarn_cfg = tiny(W, 1, "float64", 32,
+                            {"model.rope_scaling={type: yarn, factor: 2, original_length: 16, beta_fast: 16, ramp: ratio}"});
+  yarn_cfg.model.window = WindowSpec{};
+  check_same_architecture(yarn_cfg.model, info);
+  test::SharedDir yarn_dir("finetune_yarn");
+  {
+    Trainer<double> y(yarn_cfg, test::world_ptr(), info.model.window_virtual);
+    y.init();
+    TrainCheckpoints<double> yck(y, 2);
+    yck.load(info.dir, StateParts::weights);
+    EXPECT_TRUE(std::isfinite(y.train_step().loss));
+    yck.save(yarn_dir.str());
+  }
+  const CheckpointModel yinfo = inspect_train_checkpoint(world(), yarn_dir.str(), "finetune.from");
+  EXPECT_EQ(yinfo.model.rope_scaling, yarn_cfg.model.rope_scaling);
+  EXPECT_EQ(info.model.rope_scaling.type, RopeScalingType::none);
+  RunConfig llama_cfg = tiny(W, 1, "float64", 32, {"model.rope_scaling={type: llama3, factor: 4, original_length: 16}"});
+  check_same_architecture(llama_cfg.model, yinfo);
+
   // An explicit window that differs from the checkpoint's is an error naming both values...
   RunConfig other_window = tiny(W, 1, "float64", 32, {"model.window=5"});
   try {

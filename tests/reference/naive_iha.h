@@ -8,6 +8,7 @@
 
 #include "attention/layer_config.h"
 #include "reference/naive_attention.h"
+#include "reference/naive_rope_scaling.h"
 
 namespace iha::test {
 
@@ -17,14 +18,17 @@ struct NaiveWeights {
   std::vector<double> c;               // [H][H*P] or [H][P]
 };
 
+// Rotates rows at positions pos * scale with the layer's (scaled) frequencies; with YaRN the
+// query rows also carry the logit multiplier (scores m^2 q.k / sqrt(d)), `gain`.
 inline void naive_rope(std::vector<double>& x, int64_t rows, int64_t d, const std::vector<int64_t>& pos,
-                       double base, double scale) {
+                       const LayerConfig& cfg, double gain = 1.0) {
+  const std::vector<double> inv = naive_inv_freqs(cfg.rope_base, cfg.rope_scaling, d, cfg.P);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < d / 2; ++i) {
-      const double a = pos[r] * scale * std::pow(base, -2.0 * i / d);
+      const double a = pos[r] * cfg.rope_scale * inv[i];
       const double x0 = x[r * d + i], x1 = x[r * d + i + d / 2];
-      x[r * d + i] = x0 * std::cos(a) - x1 * std::sin(a);
-      x[r * d + i + d / 2] = x1 * std::cos(a) + x0 * std::sin(a);
+      x[r * d + i] = gain * (x0 * std::cos(a) - x1 * std::sin(a));
+      x[r * d + i + d / 2] = gain * (x1 * std::cos(a) + x0 * std::sin(a));
     }
 }
 
@@ -62,8 +66,8 @@ inline std::vector<double> naive_iha_forward(const LayerConfig& cfg, const Naive
             }
       // 4. RoPE at virtual positions
       if (cfg.rope) {
-        naive_rope(qv, N * P, d, pos, cfg.rope_base, cfg.rope_scale);
-        naive_rope(kv, N * P, d, pos, cfg.rope_base, cfg.rope_scale);
+        naive_rope(qv, N * P, d, pos, cfg, naive_logit_multiplier(cfg.rope_scaling));
+        naive_rope(kv, N * P, d, pos, cfg);
       }
       // 5. attention
       std::vector<double> o, lse;
@@ -109,8 +113,8 @@ inline std::vector<double> naive_mha_forward(const LayerConfig& cfg, const Naive
             v[n * d + c] += xv * w.wv[e * Hd + h * d + c];
           }
       if (cfg.rope) {
-        naive_rope(q, N, d, pos, cfg.rope_base, cfg.rope_scale);
-        naive_rope(k, N, d, pos, cfg.rope_base, cfg.rope_scale);
+        naive_rope(q, N, d, pos, cfg, naive_logit_multiplier(cfg.rope_scaling));
+        naive_rope(k, N, d, pos, cfg);
       }
       std::vector<double> o, lse;
       naive_attention_forward(mask, d, q, pos, k, v, pos, o, lse);

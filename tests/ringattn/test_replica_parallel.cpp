@@ -99,6 +99,61 @@ TEST_P(ReplicaParallel, EveryMeshMatchesSingleProcess) {
 
 INSTANTIATE_TEST_SUITE_P(AllCases, ReplicaParallel, ::testing::ValuesIn(mesh_cases()), mesh_name);
 
+// Every RoPE scaling method (DESIGN.md section 11; YaRN's logit multiplier included) under every
+// mesh and both schemes: the ring, halo, Ulysses and 2D cores agree with the single process.
+TEST(ReplicaParallelRopeScaling, EveryMethodOnEveryMeshMatchesSingleProcess) {
+  std::vector<RopeScaling> methods(5);
+  methods[0].type = RopeScalingType::linear;
+  methods[1].type = RopeScalingType::ntk;
+  methods[2].type = methods[3].type = RopeScalingType::yarn;
+  methods[3].ramp = YarnRamp::ratio;
+  methods[4].type = RopeScalingType::llama3;
+  for (RopeScaling& m : methods) {
+    m.factor = 4.0;
+    m.original_length = 3;
+  }
+  const int64_t N = 13, B = 2;
+  for (const RopeScaling& method : methods)
+    for (ParallelScheme scheme : {ParallelScheme::sequence, ParallelScheme::head})
+      for (int64_t window : {int64_t(0), int64_t(7)}) {
+        SCOPED_TRACE(std::string(rope_scaling_type_name(method.type)) + " " + yarn_ramp_name(method.ramp) + " " +
+                     scheme_name(scheme) + " W=" + std::to_string(window));
+        LayerConfig cfg;
+        cfg.D = 8; cfg.H = 12; cfg.d = 4; cfg.P = 2;
+        cfg.window_virtual = window;
+        cfg.rope_base = 50.0;
+        cfg.rope_scaling = method;
+        cfg.validate();
+        const auto w = test::random_weights<double>(cfg, 21);
+        const Tensor x = test::random_tensor<double>({B, N, cfg.D}, 22, "x");
+        const Tensor g = test::random_tensor<double>({B, N, cfg.D}, 23, "dz");
+        IhaLayer<double> oracle(cfg, make_local_core<double>(cfg, N));
+        IhaLayer<double>::Cache oc;
+        Tensor z_ref, dx_ref;
+        auto g_ref = IhaWeights<double>::zeros(cfg);
+        oracle.forward(w, x, z_ref, oc);
+        oracle.backward(w, g, oc, dx_ref, g_ref);
+        for (const MeshShape& shape : shapes_for(world().size())) {
+          SCOPED_TRACE(shape.str());
+          ProcessMesh mesh(test::world_ptr(), shape);
+          const auto tokens = ReplicaLayout(LayoutKind::zigzag, N, shape.sp, shape.hp).tokens_of(mesh.sp_index(), mesh.hp_index());
+          IhaLayer<double> layer(cfg, make_replica_core<double>(cfg, N, ReplicaGroups::from(mesh), scheme,
+                                                                 {LayoutKind::zigzag, FlashTiles{3, 4}}));
+          IhaLayer<double>::Cache cache;
+          Tensor z, dx;
+          auto grads = IhaWeights<double>::zeros(cfg);
+          layer.forward(w, local_rows(x, tokens), z, cache);
+          layer.backward(w, local_rows(g, tokens), cache, dx, grads);
+          layer.reduce_gradients(grads);
+          EXPECT_TRUE(close_normwise(test::flat(z), test::flat(local_rows(z_ref, tokens)), 1e-12, "z", max_abs(z_ref)));
+          EXPECT_TRUE(close_normwise(test::flat(dx), test::flat(local_rows(dx_ref, tokens)), 1e-12, "dx", max_abs(dx_ref)));
+          auto a = grads.named();
+          auto b = g_ref.named();
+          for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(close_normwise(*a[i].second, *b[i].second, 1e-12, "d" + a[i].first));
+        }
+      }
+}
+
 TEST(ReplicaParallelErrors, HeadsNotDivisibleByHeadDegree) {
   if (world().size() < 2) GTEST_SKIP() << "needs a head-parallel degree of 2 or more";
   LayerConfig cfg;

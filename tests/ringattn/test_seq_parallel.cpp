@@ -34,12 +34,14 @@ struct SpCase {
   int64_t P;
   int64_t N;
   int64_t window;  // Wv (0 for the global ring)
+  int64_t pieces = 4;  // ring transfer granules per round
 };
 
 std::string sp_name(const ::testing::TestParamInfo<SpCase>& info) {
   const SpCase& c = info.param;
   return std::string(layout_name(c.layout)) + "_" + mask_name(c.mask) + "_" + kind_name(c.kind) +
-         "_P" + std::to_string(c.P) + "_N" + std::to_string(c.N) + "_W" + std::to_string(c.window);
+         "_P" + std::to_string(c.P) + "_N" + std::to_string(c.N) + "_W" + std::to_string(c.window) +
+         (c.pieces == 4 ? "" : "_pieces" + std::to_string(c.pieces));
 }
 
 std::vector<SpCase> sp_cases() {
@@ -56,6 +58,14 @@ std::vector<SpCase> sp_cases() {
             if (W != 1) out.push_back({L, m, CoreKind::ring_windowed, P, N, W});
           }
         }
+  // Other ring granules (pieces per round; the cases above use the default 4): one piece is
+  // whole blocks, more pieces than a chunk has tokens leaves some empty.
+  for (LayoutKind L : {LayoutKind::contiguous, LayoutKind::zigzag})
+    for (int64_t pieces : {1, 2, 3, 9})
+      for (int64_t N : {13, 24}) {
+        out.push_back({L, MaskKind::flat_causal, CoreKind::ring, 2, N, 0, pieces});
+        out.push_back({L, MaskKind::token_causal, CoreKind::ring_windowed, 3, N, 7, pieces});
+      }
   return out;
 }
 
@@ -70,7 +80,7 @@ LayerConfig sp_cfg(const SpCase& c) {
 
 template <class T>
 std::shared_ptr<AttentionCore<T>> make_core(const SpCase& c, const LayerConfig& cfg) {
-  SeqParallelOptions opt{c.layout, FlashTiles{4, 5}};
+  SeqParallelOptions opt{c.layout, FlashTiles{4, 5}, c.pieces};
   switch (c.kind) {
     case CoreKind::ring:
     case CoreKind::ring_windowed: return make_ring_core<T>(cfg, c.N, test::world_ptr(), opt);
@@ -182,8 +192,8 @@ TEST(SeqParallelBytes, RingAndHaloMoveExactlyThePreMixTokensTheyNeed) {
       cfg.D = 8; cfg.H = 2; cfg.d = 4; cfg.P = P;
       const int64_t token_bytes = 2 * cfg.H * cfg.d * sizeof(double) * B;  // pre-mix K and V, all batches
       auto w = test::random_weights<double>(cfg, 1);
-      auto run = [&](const std::shared_ptr<AttentionCore<double>>& core, int64_t n) {
-        IhaLayer<double> layer(cfg, core);
+      auto run = [&](const LayerConfig& lc, const std::shared_ptr<AttentionCore<double>>& core, int64_t n) {
+        IhaLayer<double> layer(lc, core);
         IhaLayer<double>::Cache cache;
         Tensor x = test::random_tensor<double>({B, n, cfg.D}, 2, "x"), z, dx;
         auto grads = IhaWeights<double>::zeros(cfg);
@@ -195,21 +205,56 @@ TEST(SeqParallelBytes, RingAndHaloMoveExactlyThePreMixTokensTheyNeed) {
         for (auto [b, e] : my_chunks(L, N, R, q)) n += e - b;
         return n;
       };
-      // Ring: forward sends every block but the one of rank r+1 (R-1 hops); backward sends K/V
-      // the same way plus the travelling dK/dV of all R blocks.
-      comm.counters().reset();
-      run(make_ring_core<double>(cfg, N, test::world_ptr(), {L, {}}), n_of(r));
-      const int64_t ring_fwd = R == 1 ? 0 : (N - n_of((r + 1) % R)) * token_bytes;
-      const int64_t ring_bwd = R == 1 ? 0 : ring_fwd + N * token_bytes;
-      EXPECT_EQ(comm.counters().bytes("ring.fwd"), static_cast<uint64_t>(ring_fwd)) << layout_name(L);
-      EXPECT_EQ(comm.counters().bytes("ring.bwd"), static_cast<uint64_t>(ring_bwd)) << layout_name(L);
+      // Ring: forward sends each other rank exactly the tokens of mine that one of its queries
+      // sees (the algorithm's minimum); backward sends them again and returns the gradients of
+      // the tokens I needed straight to their owners (twice the minimum). Visibility by brute
+      // force over virtual pairs; the piece count must not change a byte.
+      auto sees = [&](MaskKind mk, int64_t Wv, int64_t n, int64_t u) {  // query token n, key token u
+        for (int64_t j = 0; j < P; ++j)
+          for (int64_t jk = 0; jk < P; ++jk) {
+            const int64_t tq = n * P + j, tk = u * P + jk;
+            const bool causal = mk == MaskKind::flat_causal ? tk <= tq : u <= n;
+            if (causal && (Wv == 0 || tq - tk < Wv)) return true;
+          }
+        return false;
+      };
+      auto needed = [&](MaskKind mk, int64_t Wv, int64_t q, int64_t s) {  // tokens of s that q sees
+        int64_t count = 0;
+        for (auto [b, e] : my_chunks(L, N, R, s))
+          for (int64_t u = b; u < e; ++u) {
+            bool seen = false;
+            for (auto [qb, qe] : my_chunks(L, N, R, q))
+              for (int64_t n = qb; n < qe && !seen; ++n) seen = sees(mk, Wv, n, u);
+            count += seen;
+          }
+        return count;
+      };
+      for (MaskKind mk : {MaskKind::flat_causal, MaskKind::token_causal})
+        for (int64_t Wv : {int64_t(0), W})
+          for (int64_t pieces : {1, 3, 4}) {
+            LayerConfig rc = cfg;
+            rc.mask = mk;
+            rc.window_virtual = Wv;
+            comm.counters().reset();
+            run(rc, make_ring_core<double>(rc, N, test::world_ptr(), {L, {}, pieces}), n_of(r));
+            int64_t fwd = 0, back = 0;
+            for (int64_t q = 0; q < R; ++q)
+              if (q != r) {
+                fwd += needed(mk, Wv, q, r);
+                back += needed(mk, Wv, r, q);
+              }
+            const std::string what = std::string(layout_name(L)) + " " + mask_name(mk) + " Wv=" + std::to_string(Wv) +
+                                     " pieces=" + std::to_string(pieces);
+            EXPECT_EQ(comm.counters().bytes("ring.fwd"), static_cast<uint64_t>(fwd * token_bytes)) << what;
+            EXPECT_EQ(comm.counters().bytes("ring.bwd"), static_cast<uint64_t>((fwd + back) * token_bytes)) << what;
+          }
 
       // Halo forward: each token of mine in another rank's halo, once per such rank. Halo
       // backward: the gradients of my own halo tokens go back to their owners.
       cfg.window_virtual = W;
       w = test::random_weights<double>(cfg, 1);
       comm.counters().reset();
-      run(make_halo_core<double>(cfg, N, test::world_ptr(), {L, {}}), n_of(r));
+      run(cfg, make_halo_core<double>(cfg, N, test::world_ptr(), {L, {}}), n_of(r));
       auto halo_of = [&](int64_t q) {
         const auto theirs = my_chunks(L, N, R, q);
         std::set<int64_t> need;

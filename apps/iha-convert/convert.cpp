@@ -1,0 +1,130 @@
+#include "convert.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "hf_model.h"
+#include "model/train_checkpoint.h"
+#include "model/transformer.h"
+
+namespace iha::convert {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The context the imported checkpoint records: the model's, capped, because the record is
+// informational and the cores' tables grow with it.
+constexpr int64_t kRecordedContextCap = 2048;
+
+std::string num(double v) {
+  std::ostringstream os;
+  os << std::setprecision(17) << v;
+  return os.str();
+}
+
+template <class T>
+void save_checkpoint(const ModelConfig& m, int64_t context, const std::string& dtype, const std::vector<double>& flat,
+                     const std::string& root, std::shared_ptr<Communicator> world) {
+  const std::string text = model_yaml(m) + "sequence:\n  length: " + std::to_string(context) +
+                           "\ntrain:\n  dtype: " + dtype + "\n  steps: 1\n  batch_size: 1\n"
+                           "data: {kind: multikey, pairs: 1, queries: 1, key_tokens: 1, value_tokens: 1}\n"
+                           "eval: {sequences: 0}\n";
+  const RunConfig cfg = parse_run_config(ConfigNode::from_string(text, "iha-convert"), text);
+  Trainer<T> trainer(cfg, world);
+  trainer.init();
+  T* p = trainer.model().params().data();
+  for (size_t i = 0; i < flat.size(); ++i) p[i] = static_cast<T>(flat[i]);
+  TrainCheckpoints<T> ck(trainer, 0);
+  ck.save(root);
+}
+
+}  // namespace
+
+std::string model_yaml(const ModelConfig& m) {
+  std::ostringstream os;
+  const char* kind = global_kind_name(m.global_kind);
+  os << "model:\n  vocab_size: " << m.vocab << "\n  D: " << m.D << "\n  H: " << m.H << "\n  d: " << m.d
+     << "\n  P: " << m.P << "\n  layers: " << m.layers << "\n  ffn: " << m.ffn << "\n  pattern: " << m.pattern
+     << "\n  global_kind: " << kind << "\n  window_kind: " << kind << "\n  norm_eps: " << num(m.norm_eps)
+     << "\n  rope_base: " << num(m.rope_base) << "\n";
+  const RopeScaling& r = m.rope_scaling;
+  if (r.on()) {
+    os << "  rope_scaling:\n    type: " << rope_scaling_type_name(r.type) << "\n    factor: " << num(r.factor) << "\n";
+    if (r.type == RopeScalingType::yarn || r.type == RopeScalingType::llama3)
+      os << "    original_length: " << r.original_length << "\n";
+    if (r.type == RopeScalingType::yarn)
+      os << "    beta_fast: " << num(r.beta_fast) << "\n    beta_slow: " << num(r.beta_slow) << "\n    ramp: "
+         << yarn_ramp_name(r.ramp) << "\n";
+    if (r.type == RopeScalingType::llama3)
+      os << "    low_freq_factor: " << num(r.low_freq_factor) << "\n    high_freq_factor: " << num(r.high_freq_factor)
+         << "\n";
+  }
+  return os.str();
+}
+
+std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator> world) {
+  HfModel hf = read_hf_config(a.hf_dir);
+  IHA_CONFIG_CHECK(a.P >= 1, "option --P: must be >= 1, got ", a.P);
+  ModelConfig& m = hf.model;
+  m.P = a.P;
+  const std::string kind = a.kind.empty() ? (a.P == 1 ? "mha" : "iha") : a.kind;
+  IHA_CONFIG_CHECK(kind == "iha" || kind == "mha", "option --kind: expected iha or mha, got '", kind, "'");
+  IHA_CONFIG_CHECK(kind == "iha" || a.P == 1, "option --kind mha needs --P 1 (an mha block has no pseudo-heads)");
+  m.global_kind = m.window_kind = kind == "iha" ? GlobalKind::iha : GlobalKind::mha;
+  IHA_CONFIG_CHECK(a.dtype == "float32" || a.dtype == "float64", "option --dtype: expected float32 or float64, got '",
+                   a.dtype, "'");
+  m.validate();
+  IHA_CONFIG_CHECK(!has_checkpoint(a.out_root), "output '", a.out_root, "' already holds a checkpoint");
+  const HfWeights weights(a.hf_dir);
+  const int64_t context = std::min(hf.max_positions, kRecordedContextCap);
+  ModelConfig resolved = m;
+  resolved.resolve_window(context, std::nullopt);
+  const auto layout = make_param_layout(resolved);
+  std::vector<double> flat(static_cast<size_t>(layout->total()));
+  init_model_params<double>(resolved, *layout, flat.data(), 1);  // identity mixing and collapse
+  import_weights(hf, weights, *layout, flat);
+  // Every input is read and checked: write.
+  if (a.dtype == "float64") save_checkpoint<double>(m, context, a.dtype, flat, a.out_root, world);
+  else save_checkpoint<float>(m, context, a.dtype, flat, a.out_root, world);
+  std::ofstream(fs::path(a.out_root) / "model.yaml")
+      << "# The architecture of the checkpoint in this directory (iha-convert import " << a.hf_dir
+      << "): a fine-tune config (finetune.from: " << a.out_root << ") must carry this section.\n"
+      << model_yaml(m);
+  return "imported " + a.hf_dir + " (" + m.describe() + (hf.tied ? ", tied embeddings" : "") + ") into " + a.out_root;
+}
+
+std::string export_hf_model(const std::string& checkpoint, const std::string& out_dir,
+                            std::shared_ptr<Communicator> world) {
+  const CheckpointModel ck = inspect_train_checkpoint(*world, checkpoint, "CHECKPOINT");
+  IHA_CONFIG_CHECK(!fs::exists(out_dir), "output directory '", out_dir, "' already exists");
+  const auto layout = make_param_layout(ck.model);
+  Checkpointer reader(world);
+  std::vector<Tensor> tensors;
+  for (const ParamSpec& s : layout->specs()) {
+    tensors.emplace_back(s.shape, DType::f64);
+    reader.add_tensor("param/" + s.name, tensors.back(), s.shape);
+  }
+  LoadOptions opt;
+  opt.ignore_unregistered = true;
+  reader.load(ck.dir, opt);
+  std::vector<double> flat(static_cast<size_t>(layout->total()));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const double* src = tensors[i].data<double>();
+    std::copy(src, src + tensors[i].numel(), flat.begin() + layout->specs()[i].offset);
+  }
+  const std::vector<StTensor> hf = export_tensors(ck.model, *layout, flat);
+  const std::string config = hf_config_json(ck.model, ck.seq_len);
+  // Written beside the target and renamed into place: a failure leaves no partial directory.
+  const fs::path tmp = fs::path(out_dir).string() + ".tmp-iha-convert";
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  std::ofstream(tmp / "config.json") << config;
+  write_safetensors((tmp / "model.safetensors").string(), hf);
+  fs::rename(tmp, out_dir);
+  return "exported " + ck.dir + " (" + ck.model.describe() + ") to " + out_dir;
+}
+
+}  // namespace iha::convert

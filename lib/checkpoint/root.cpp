@@ -1,0 +1,299 @@
+// The checkpoint-root protocol of root.h: lock, writability probe, crash recovery.
+#include "checkpoint/root.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/posix_io.h"
+#include "core/error.h"
+
+namespace iha {
+
+using namespace ckpt;
+
+namespace {
+
+constexpr const char* kLockFile = "lock";
+// `latest` holds "step_<N>\n"; anything longer is damage, and is not read whole.
+constexpr off_t kLatestMaxBytes = 64;
+
+std::string nonce() {
+  std::random_device rd;
+  char b[24];
+  std::snprintf(b, sizeof b, "%08x%08x", rd(), rd());
+  return b;
+}
+
+// Printable excerpt of untrusted bytes for a message.
+std::string excerpt(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    if (ch >= 0x20 && ch < 0x7f) {
+      out += static_cast<char>(ch);
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", ch);
+      out += b;
+    }
+  }
+  return out;
+}
+
+std::string holder_of(int fd) {
+  char buf[200];
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  std::string s = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s.empty() ? "a process that has not yet written its name" : excerpt(s);
+}
+
+// Writes and removes a file in root: fails (ConfigError) where the lock file alone could
+// pass, e.g. an existing writable lock file in a directory that no longer accepts new files.
+void probe_writable(const std::string& root) {
+  const std::string probe = join_path(root, "write-probe.tmp-" + nonce());
+  try {
+    write_text_file_synced(probe, "probe\n");
+  } catch (const Error& e) {
+    ::unlink(probe.c_str());
+    throw ConfigError("checkpoint directory " + root + " is not writable: " + e.what());
+  }
+  ::unlink(probe.c_str());
+}
+
+// Rank 0's string, on every rank.
+std::string bcast_string(Communicator& comm, std::string s) {
+  int64_t n = static_cast<int64_t>(s.size());
+  comm.broadcast(&n, 1, DType::i64, 0, "ckpt.root");
+  s.resize(static_cast<size_t>(n));
+  if (n) comm.broadcast(s.data(), n, DType::u8, 0, "ckpt.root");
+  return s;
+}
+
+}  // namespace
+
+// ---- lock ----
+
+struct RootLock::Held {
+  int fd = -1;
+  ~Held() {
+    if (fd >= 0) ::close(fd);  // drops the flock
+  }
+};
+
+namespace {
+// Locks this process holds, by the lock file's identity: flock(2) conflicts between two open
+// files of one process too, so a second RootLock of the same root shares the first one.
+std::mutex held_mutex;
+std::map<std::pair<dev_t, ino_t>, std::weak_ptr<RootLock::Held>> held_locks;
+}  // namespace
+
+RootLock::RootLock(const std::string& root) {
+  try {
+    make_dirs(root);
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
+  const std::string file = join_path(root, kLockFile);
+  int fd;
+  do {
+    fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0)
+    throw ConfigError("checkpoint directory " + root + " is not writable: cannot create its lock file " +
+                      file + ": " + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw ConfigError("cannot stat " + file + ": " + std::strerror(err));
+  }
+  std::lock_guard<std::mutex> guard(held_mutex);
+  auto& slot = held_locks[{st.st_dev, st.st_ino}];
+  if (std::shared_ptr<Held> h = slot.lock()) {
+    ::close(fd);
+    held_ = std::move(h);
+    return;
+  }
+  int rc;
+  do {
+    rc = ::flock(fd, LOCK_EX | LOCK_NB);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int err = errno;
+    const std::string who = err == EWOULDBLOCK ? holder_of(fd) : "";
+    ::close(fd);
+    if (err == EWOULDBLOCK)
+      throw ConfigError("checkpoint directory " + root + " is in use by another run (" + who +
+                        " holds " + file + "); one run writes a checkpoint directory at a time");
+    throw ConfigError("cannot lock " + file + ": " + std::strerror(err));
+  }
+  // Who holds it, for the message a second run gets; best effort (the lock is what counts).
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  const std::string me = "pid " + std::to_string(::getpid()) + "@" + host + "\n";
+  if (::ftruncate(fd, 0) == 0) {
+    const ssize_t w = ::pwrite(fd, me.data(), me.size(), 0);
+    (void)w;
+  }
+  held_ = std::make_shared<Held>();
+  held_->fd = fd;
+  slot = held_;
+}
+
+RootLock::~RootLock() {
+  std::lock_guard<std::mutex> guard(held_mutex);
+  held_.reset();
+}
+
+// ---- latest ----
+
+namespace ckpt {
+
+int64_t parse_step_name(const std::string& name) {
+  if (name.size() <= 5 || name.size() > 24 || name.compare(0, 5, "step_") != 0) return -1;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  errno = 0;
+  const long long v = std::strtoll(name.c_str() + 5, nullptr, 10);
+  return errno == ERANGE ? -1 : v;
+}
+
+std::string read_latest(const std::string& root) {
+  const std::string latest = join_path(root, "latest");
+  struct stat st;
+  if (::stat(latest.c_str(), &st) != 0) {
+    if (errno == ENOENT) return "";
+    throw ConfigError("cannot stat " + latest + ": " + std::strerror(errno));
+  }
+  IHA_CONFIG_CHECK(S_ISREG(st.st_mode), latest, " is not a regular file");
+  IHA_CONFIG_CHECK(st.st_size <= kLatestMaxBytes, latest, " is ", st.st_size,
+                   " bytes long: not a step directory name (step_<N>); the file is damaged");
+  std::string name;
+  try {
+    name = read_text_file(latest);
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ' || name.back() == '\r'))
+    name.pop_back();
+  IHA_CONFIG_CHECK(parse_step_name(name) >= 0, latest, " holds '", excerpt(name),
+                   "', not a step directory name (step_<N>)");
+  return name;
+}
+
+}  // namespace ckpt
+
+// ---- the protocol ----
+
+CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, const std::string& key,
+                               RootUse use)
+    : root_(root) {
+  const std::string where = "config key '" + key + "' = '" + root + "'";
+  // Step directories newer than what `latest` names, newest first (rank 0's view, shipped).
+  std::vector<std::string> candidates;
+  std::string latest;
+  collective_check(comm, [&] {
+    IHA_CONFIG_CHECK(!root.empty(), "config key '", key, "' is empty: no checkpoint directory");
+    if (comm.rank() != 0) return;
+    try {
+      lock_ = std::make_unique<RootLock>(root);
+      probe_writable(root);
+      latest = read_latest(root);
+      IHA_CONFIG_CHECK(latest.empty() || is_dir(join_path(root, latest)), join_path(root, "latest"),
+                       " names ", latest, ", which does not exist (restore it, or point 'latest' "
+                       "at a step directory that does)");
+      const int64_t latest_step = latest.empty() ? -1 : parse_step_name(latest);
+      std::vector<std::pair<int64_t, std::string>> newer;
+      for (const std::string& name : list_dir(root)) {
+        const int64_t s = parse_step_name(name);
+        if (s > latest_step && is_dir(join_path(root, name))) newer.push_back({s, name});
+        // Never committed (Checkpointer::save writes and removes these under the lock).
+        if (name.find(".tmp-") != std::string::npos) remove_tree(join_path(root, name));
+      }
+      std::sort(newer.rbegin(), newer.rend());
+      if (use == RootUse::fresh) {
+        IHA_CONFIG_CHECK(latest.empty() && newer.empty(), "it already holds checkpoints (",
+                         latest.empty() ? newer.front().second + ", no 'latest'" : "latest: " + latest,
+                         "): continue them with --resume (or --resume auto), or choose another "
+                         "directory");
+      } else {
+        for (const auto& s : newer) candidates.push_back(s.second);
+      }
+    } catch (const Error& e) {
+      lock_.reset();
+      throw ConfigError(where + ": " + e.what());
+    }
+  });
+  {
+    std::string joined;
+    for (const std::string& c : candidates) joined += c + "\n";
+    joined = bcast_string(comm, joined);
+    candidates.clear();
+    size_t b = 0;
+    for (size_t e; (e = joined.find('\n', b)) != std::string::npos; b = e + 1)
+      candidates.push_back(joined.substr(b, e - b));
+    int64_t has_latest = latest.empty() ? 0 : 1;
+    comm.broadcast(&has_latest, 1, DType::i64, 0, "ckpt.root");
+    resume_ = has_latest != 0;
+  }
+  // Newest first: adopt the first that verifies; set aside those that do not.
+  for (const std::string& name : candidates) {
+    const std::string dir = join_path(root, name);
+    std::string why;
+    try {
+      verify_checkpoint(comm, dir);
+      collective_check(comm, [&] {
+        if (comm.rank() != 0) return;
+        const int64_t step = inspect_checkpoint(dir).step;
+        IHA_CONFIG_CHECK(step == parse_step_name(name), "its file holds step ", step);
+      });
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    // Where a rejected directory goes: a name no command reads, lists as a step, or removes.
+    std::string aside = name + ".rejected";
+    if (comm.rank() == 0)
+      for (int k = 1; path_exists(join_path(root, aside)); ++k) aside = name + ".rejected." + std::to_string(k);
+    aside = bcast_string(comm, aside);
+    std::string note;
+    collective_check(comm, [&] {
+      if (why.empty()) {
+        note = "recovered " + dir + ": a complete checkpoint newer than 'latest' (left by an "
+               "interrupted save), verified and adopted as latest";
+        if (comm.rank() != 0) return;
+        const std::string tmp = join_path(root, "latest.tmp-" + nonce());
+        write_text_file_synced(tmp, name + "\n");
+        rename_path(tmp, join_path(root, "latest"));
+        fsync_dir(root);
+      } else {
+        note = "set aside " + dir + " as " + aside + " (not adopted as latest: " + why + ")";
+        if (comm.rank() != 0) return;
+        rename_path(dir, join_path(root, aside));
+        fsync_dir(root);
+      }
+    });
+    notes_.push_back(note);
+    if (why.empty()) {
+      resume_ = true;
+      break;
+    }
+  }
+  collective_check(comm, [&] {
+    IHA_CONFIG_CHECK(resume_ || use != RootUse::resume, "--resume: ", where,
+                     " holds no checkpoint (no 'latest'); --resume auto starts fresh there");
+  });
+}
+
+CheckpointRoot::~CheckpointRoot() = default;
+
+}  // namespace iha
