@@ -7,4 +7,4 @@ bash scripts/build.sh "$@"
 source scripts/env.sh
 # A fresh demo each time: iha-train refuses to start a new run over an old run's checkpoints.
 rm -rf runs/demo
-exec mpiexec -n 2 --oversubscribe build/apps/iha-train/iha-train train --config configs/demo.yaml
+exec scripts/mpiexec.sh -n 2 build/apps/iha-train/iha-train train --config configs/demo.yaml

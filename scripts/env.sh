@@ -10,4 +10,5 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -r /proc/cpuinfo ]; then
   done
   if [ "$ok" = 1 ]; then export OPENBLAS_CORETYPE=SkylakeX; fi
 fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# What a plain mpiexec needs to start here (Open MPI as root): the launcher helper knows.
+source "$(dirname "${BASH_SOURCE[0]}")/mpiexec.sh"

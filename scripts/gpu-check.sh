@@ -55,7 +55,7 @@ step() {
 if [ -z "${CUDACXX:-}" ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDACXX=/usr/local/cuda/bin/nvcc
 fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source scripts/mpiexec.sh  # CTest launches through it too
 jobs=$(nproc)
 [ "$jobs" -gt 16 ] && jobs=16
 

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ranks=$1; after=$2; delay=$3; shift 3
 source scripts/env.sh
-launch=(mpiexec -n "$ranks" --oversubscribe)   # the one place this script's launcher flags live
+launch=("$(dirname "$0")/mpiexec.sh" -n "$ranks")   # execs mpiexec: $! is mpiexec's pid
 tmp=$(mktemp -d /tmp/iha-stop-latency.XXXXXX)
 log=$tmp/log.jsonl
 "${launch[@]}" build/apps/iha-train/iha-train "$@" --set checkpoint.dir="$tmp/checkpoints" \

@@ -46,7 +46,8 @@ void save_checkpoint(const ModelConfig& m, int64_t context, const std::string& d
 std::string model_yaml(const ModelConfig& m) {
   std::ostringstream os;
   const char* kind = global_kind_name(m.global_kind);
-  os << "model:\n  vocab_size: " << m.vocab << "\n  D: " << m.D << "\n  H: " << m.H << "\n  d: " << m.d
+  os << "model:\n  vocab_size: " << m.vocab << "\n  D: " << m.D << "\n  H: " << m.H << "\n  kv_heads: " << m.kv_heads_or_H()
+     << "\n  d: " << m.d
      << "\n  P: " << m.P << "\n  layers: " << m.layers << "\n  ffn: " << m.ffn << "\n  pattern: " << m.pattern
      << "\n  global_kind: " << kind << "\n  window_kind: " << kind << "\n  norm_eps: " << num(m.norm_eps)
      << "\n  rope_base: " << num(m.rope_base) << "\n";

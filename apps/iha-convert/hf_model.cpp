@@ -165,9 +165,9 @@ HfModel read_hf_config(const std::string& dir) {
   if (!f.has("head_dim") && m.D % m.H != 0) f.fail("num_attention_heads", "does not divide hidden_size");
   m.d = f.integer("head_dim", m.D / m.H);
   hf.kv_heads = f.integer("num_key_value_heads", m.H);
-  if (hf.kv_heads != m.H)
-    f.fail("num_key_value_heads", std::to_string(hf.kv_heads) + " key/value heads for " + std::to_string(m.H) +
-                                      " query heads (grouped-query attention) is not supported yet");
+  if (hf.kv_heads < 1 || m.H % hf.kv_heads != 0)
+    f.fail("num_key_value_heads", std::to_string(hf.kv_heads) + " must divide num_attention_heads = " + std::to_string(m.H));
+  m.kv_heads = hf.kv_heads;
   hf.max_positions = f.integer("max_position_embeddings");
   hf.tied = f.boolean("tie_word_embeddings", false);
   m.norm_eps = f.number("rms_norm_eps", 1e-6);
@@ -187,7 +187,7 @@ HfModel read_hf_config(const std::string& dir) {
 
 void import_weights(const HfModel& hf, const HfWeights& w, const ParamLayout& layout, std::vector<double>& flat) {
   const ModelConfig& m = hf.model;
-  const int64_t D = m.D, Hd = m.H * m.d, F = m.ffn, V = m.vocab;
+  const int64_t D = m.D, Hd = m.H * m.d, Kd = m.kv_heads_or_H() * m.d, F = m.ffn, V = m.vocab;
   std::set<std::string> used;
   auto take = [&](const std::string& name, const std::vector<int64_t>& shape) {
     used.insert(name);
@@ -223,8 +223,8 @@ void import_weights(const HfModel& hf, const HfWeights& w, const ParamLayout& la
       if (rest == "norm1") put(s, take(p + "input_layernorm.weight", {D}));
       else if (rest == "norm2") put(s, take(p + "post_attention_layernorm.weight", {D}));
       else if (rest == "attn.wq") put_transposed(s, take(p + "self_attn.q_proj.weight", {Hd, D}), Hd, D);
-      else if (rest == "attn.wk") put_transposed(s, take(p + "self_attn.k_proj.weight", {Hd, D}), Hd, D);
-      else if (rest == "attn.wv") put_transposed(s, take(p + "self_attn.v_proj.weight", {Hd, D}), Hd, D);
+      else if (rest == "attn.wk") put_transposed(s, take(p + "self_attn.k_proj.weight", {Kd, D}), Kd, D);
+      else if (rest == "attn.wv") put_transposed(s, take(p + "self_attn.v_proj.weight", {Kd, D}), Kd, D);
       else if (rest == "attn.wo") put_transposed(s, take(p + "self_attn.o_proj.weight", {D, Hd}), D, Hd);
       else if (rest == "mlp.w_gate") put_transposed(s, take(p + "mlp.gate_proj.weight", {F, D}), F, D);
       else if (rest == "mlp.w_up") put_transposed(s, take(p + "mlp.up_proj.weight", {F, D}), F, D);
@@ -278,7 +278,7 @@ std::string hf_config_json(const ModelConfig& m, int64_t max_positions) {
             {"intermediate_size", m.ffn},
             {"num_hidden_layers", m.layers},
             {"num_attention_heads", m.H},
-            {"num_key_value_heads", m.H},
+            {"num_key_value_heads", m.kv_heads_or_H()},
             {"head_dim", m.d},
             {"hidden_act", "silu"},
             {"max_position_embeddings", max_positions},
@@ -305,6 +305,7 @@ std::vector<StTensor> export_tensors(const ModelConfig& m, const ParamLayout& la
   IHA_CONFIG_CHECK(!(m.rope_scaling.type == RopeScalingType::yarn && m.rope_scaling.ramp == YarnRamp::ratio),
                    "config key 'model.rope_scaling.ramp' is ratio: transformers implements only the index ramp");
   const int64_t D = m.D, H = m.H, d = m.d, Hd = H * d, F = m.ffn, V = m.vocab;
+  const int64_t Hkv = m.kv_heads_or_H(), Kd = Hkv * d;
   auto view = [&](const std::string& name) { return flat.data() + layout.specs()[layout.index(name)].offset; };
   // HF [out, in] from our [in, out].
   auto transposed = [](const std::string& name, const double* src, int64_t in, int64_t out) {
@@ -323,24 +324,26 @@ std::vector<StTensor> export_tensors(const ModelConfig& m, const ParamLayout& la
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".", p = "model.layers." + std::to_string(i) + ".";
     std::vector<double> wq(view(b + "attn.wq"), view(b + "attn.wq") + D * Hd);
-    std::vector<double> wk(view(b + "attn.wk"), view(b + "attn.wk") + D * Hd);
-    std::vector<double> wv(view(b + "attn.wv"), view(b + "attn.wv") + D * Hd);
+    std::vector<double> wk(view(b + "attn.wk"), view(b + "attn.wk") + D * Kd);
+    std::vector<double> wv(view(b + "attn.wv"), view(b + "attn.wv") + D * Kd);
     std::vector<double> wo(view(b + "attn.wo"), view(b + "attn.wo") + Hd * D);
     if (m.block_is_iha(i)) {  // fold the P = 1 mixing into the projections and the collapse into wo
-      auto fold_mix = [&](std::vector<double>& w, const double* a) {
+      // heads: H for the queries, Hkv for keys and values (mixed among themselves).
+      auto fold_mix = [&](std::vector<double>& w, const double* a, int64_t heads) {
+        const int64_t width = heads * d;
         std::vector<double> r(w.size(), 0.0);
         for (int64_t e = 0; e < D; ++e)
-          for (int64_t h = 0; h < H; ++h)
-            for (int64_t mm = 0; mm < H; ++mm) {
-              const double c = a[mm * H + h];
+          for (int64_t h = 0; h < heads; ++h)
+            for (int64_t mm = 0; mm < heads; ++mm) {
+              const double c = a[mm * heads + h];
               if (c == 0.0) continue;
-              for (int64_t k = 0; k < d; ++k) r[e * Hd + h * d + k] += c * w[e * Hd + mm * d + k];
+              for (int64_t k = 0; k < d; ++k) r[e * width + h * d + k] += c * w[e * width + mm * d + k];
             }
         w.swap(r);
       };
-      fold_mix(wq, view(b + "attn.aq"));
-      fold_mix(wk, view(b + "attn.ak"));
-      fold_mix(wv, view(b + "attn.av"));
+      fold_mix(wq, view(b + "attn.aq"), H);
+      fold_mix(wk, view(b + "attn.ak"), Hkv);
+      fold_mix(wv, view(b + "attn.av"), Hkv);
       const double* C = view(b + "attn.collapse");
       std::vector<double> r(wo.size(), 0.0);
       for (int64_t h = 0; h < H; ++h)
@@ -354,8 +357,8 @@ std::vector<StTensor> export_tensors(const ModelConfig& m, const ParamLayout& la
     }
     out.push_back(copied(p + "input_layernorm.weight", view(b + "norm1"), {D}));
     out.push_back(transposed(p + "self_attn.q_proj.weight", wq.data(), D, Hd));
-    out.push_back(transposed(p + "self_attn.k_proj.weight", wk.data(), D, Hd));
-    out.push_back(transposed(p + "self_attn.v_proj.weight", wv.data(), D, Hd));
+    out.push_back(transposed(p + "self_attn.k_proj.weight", wk.data(), D, Kd));
+    out.push_back(transposed(p + "self_attn.v_proj.weight", wv.data(), D, Kd));
     out.push_back(transposed(p + "self_attn.o_proj.weight", wo.data(), Hd, D));
     out.push_back(copied(p + "post_attention_layernorm.weight", view(b + "norm2"), {D}));
     out.push_back(transposed(p + "mlp.gate_proj.weight", view(b + "mlp.w_gate"), D, F));

@@ -31,7 +31,8 @@
 namespace iha::convert {
 
 struct HfModel {
-  ModelConfig model;           // P = 1, pattern G, global_kind mha (the caller may change P/kind)
+  ModelConfig model;           // P = 1, pattern G, global_kind mha (the caller may change P/kind);
+                               // model.kv_heads = num_key_value_heads
   bool tied = false;           // tie_word_embeddings
   int64_t kv_heads = 0;        // num_key_value_heads
   int64_t max_positions = 0;   // max_position_embeddings

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "checkpoint/root.h"
+#include "core/cpu_level.h"
 #include "model/train_checkpoint.h"
 #include "model/trainer.h"
 #include "parallel/comm.h"
@@ -39,7 +40,9 @@ const char* kUsage =
     "  --resume  continue from the newest checkpoint in checkpoint.dir\n"
     "  --resume auto  continue from checkpoint.dir/latest if it exists, else start fresh\n"
     "            (for jobs that are requeued: the same command line every time)\n"
-    "  --help    print this text\n";
+    "  --help    print this text\n"
+    "train and finetune stop at the next step boundary on SIGUSR1, SIGUSR2, SIGTERM or SIGINT,\n"
+    "saving a checkpoint (exit 4); a second such signal ends them at once (exit 128 + signal).\n";
 
 enum class Mode { train, finetune, eval, check };
 
@@ -215,15 +218,11 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
       os << " | answer loss " << fmt("%.4f", e.answer_loss) << " | answer accuracy "
          << fmt("%.3f", e.answer_accuracy) << " (" << e.answers << " answers)";
     rep->console(os.str());
-    rep->json(JsonLine()
-                  .add("event", std::string("eval"))
-                  .add("step", step)
-                  .add("loss", e.loss)
-                  .add("accuracy", e.accuracy)
-                  .add("answer_loss", e.answer_loss)
-                  .add("answer_accuracy", e.answer_accuracy)
-                  .add("answers", e.answers)
-                  .add("sequences", e.sequences));
+    // Data without answer tokens (HDF5 text) has no answer figures: omitted, not logged as 0.
+    JsonLine line;
+    line.add("event", std::string("eval")).add("step", step).add("loss", e.loss).add("accuracy", e.accuracy);
+    if (e.answers > 0) line.add("answer_loss", e.answer_loss).add("answer_accuracy", e.answer_accuracy);
+    rep->json(line.add("answers", e.answers).add("sequences", e.sequences));
   };
 
   if (args.mode == Mode::eval) {
@@ -334,12 +333,10 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
          << fmt("%.0f", mem.rss_mib) << " MiB (peak " << fmt("%.0f", mem.peak_rss_mib)
          << ") | eta " << format_duration(eta);
       rep->console(os.str());
-      rep->json(JsonLine()
-                    .add("event", std::string("step"))
-                    .add("step", s.step)
-                    .add("loss", s.loss)
-                    .add("answer_loss", s.answer_loss)
-                    .add("answer_accuracy", s.answer_accuracy)
+      JsonLine line;
+      line.add("event", std::string("step")).add("step", s.step).add("loss", s.loss);
+      if (s.answer_loss > 0) line.add("answer_loss", s.answer_loss).add("answer_accuracy", s.answer_accuracy);
+      rep->json(line
                     .add("lr", s.lr)
                     .add("grad_norm", s.grad_norm)
                     .add("tokens_per_s", tok_s)
@@ -381,7 +378,6 @@ int main(int argc, char** argv) {
   // report (naming the file), instead of SIGXFSZ killing the rank without a word.
   std::signal(SIGXFSZ, SIG_IGN);
   MpiRuntime runtime(&argc, &argv);
-  install_stop_handlers();
   auto world = runtime.world();
   const bool root = world->rank() == 0;
   Args args;
@@ -395,7 +391,12 @@ int main(int argc, char** argv) {
     if (root) std::cout << kUsage;
     return 0;
   }
+  // Training stops at a step boundary on a signal; eval and check have nothing to save and
+  // keep the default (the signal ends them).
+  if (args.mode == Mode::train || args.mode == Mode::finetune) install_stop_handlers();
   try {
+    // A bad IHA_CPU_LEVEL stops every rank here, before the first kernel call would.
+    collective_check(*world, [] { cpu_level(); });
     RunConfig cfg;
     RunEstimate est;
     collective_check(*world, [&] {

@@ -1,8 +1,10 @@
 #include "progress.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -152,7 +154,7 @@ std::string format_duration(double s) {
   return buf;
 }
 
-Reporter::Reporter(bool active, const std::string& path) : active_(active) {
+Reporter::Reporter(bool active, const std::string& path) : active_(active), path_(path) {
   if (!active_ || path.empty()) return;
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
@@ -168,6 +170,15 @@ void Reporter::json(const JsonLine& j) {
   if (active_ && jsonl_) {
     *jsonl_ << j.str() << "\n";
     jsonl_->flush();
+    // A log that cannot be written (disk full, file size limit) does not stop training: the
+    // checkpoints are the run's state. But it is said, once, with the reason.
+    if (!jsonl_->good()) {
+      const int err = errno;
+      std::cerr << "iha-train: warning: writing config key 'logging.jsonl' = '" << path_
+                << "' failed (" << std::strerror(err) << "): the log ends before this line: "
+                << j.str() << std::endl;
+      jsonl_.reset();
+    }
   }
 }
 

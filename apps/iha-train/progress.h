@@ -57,6 +57,7 @@ class Reporter {
  private:
   bool active_;
   std::unique_ptr<std::ofstream> jsonl_;
+  std::string path_;
 };
 
 }  // namespace iha::app

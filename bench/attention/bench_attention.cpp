@@ -42,6 +42,7 @@
 #include "attention/layer.h"
 #include "attention/tile_kernels.h"
 #include "core/blas.h"
+#include "core/cpu_level.h"
 #include "core/rng.h"
 
 extern "C" char* openblas_get_corename(void);
@@ -396,6 +397,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::AddCustomContext("openblas_core", openblas_get_corename());
   benchmark::AddCustomContext("cpu_avx512f", __builtin_cpu_supports("avx512f") ? "yes" : "no");
+  benchmark::AddCustomContext("cpu_level", iha::to_string(iha::cpu_level()));
   benchmark::AddCustomContext("flash_tile_kernels", iha::detail::tile_kernels_available(kHeadDim)
                                                         ? "AVX-512 (float, d = 64)"
                                                         : "BLAS");

@@ -11,7 +11,6 @@ ROUNDS=${1:-3}
 STEPS=${2:-20}
 BIN=${BIN:-build/bench/mesh/bench_mesh_step}
 OUT=${OUT:-/tmp/iha_mesh_step}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 configs=(
   "--set mesh.sp=2"
   "--set mesh.sp=2 --set optim.zero=true"
@@ -26,7 +25,7 @@ rm -f "$OUT.jsonl"
 for round in $(seq "$ROUNDS"); do
   for c in "${configs[@]}"; do
     # shellcheck disable=SC2086
-    mpiexec -n 2 --oversubscribe "$BIN" --steps "$STEPS" --json "$OUT.one.json" $c ${EXTRA:-} | sed -n 1p
+    scripts/mpiexec.sh -n 2 "$BIN" --steps "$STEPS" --json "$OUT.one.json" $c ${EXTRA:-} | sed -n 1p
     cat "$OUT.one.json" >> "$OUT.jsonl"
   done
 done

@@ -8,11 +8,10 @@ set -euo pipefail
 out=${1:-bench_model_memory.jsonl}
 NS=${NS:-"4096 8192 16384 32768"}
 RANKS=${RANKS:-"1 2 4"}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 : > "$out"
 for n in $NS; do
   for r in $RANKS; do
-    mpiexec -n "$r" --oversubscribe build/bench/model/bench_model --config "${CONFIG:-configs/demo.yaml}" \
+    scripts/mpiexec.sh -n "$r" build/bench/model/bench_model --config "${CONFIG:-configs/demo.yaml}" \
       --N "$n" --steps "${STEPS:-2}" --recompute "${RECOMPUTE:-1}" | tee -a "$out"
   done
 done

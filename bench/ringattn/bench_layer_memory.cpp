@@ -2,12 +2,13 @@
 // (DESIGN.md section 9: memory per rank must fall as 1/R). One configuration per process:
 //
 //   mpiexec -n R bench_layer_memory --N 65536 --kind window [--Wv 256] [--core sp|local]
-//           [--P 2 --H 4 --d 64 --B 1]
+//           [--P 2 --H 4 --d 64 --B 1] [--ring-pieces 4]
 //
 // kind global: ring core; kind window: halo core, Wv virtual tokens (default 256, kept small
 // on purpose: what a layer holds does not depend on the window beyond its halo, and a small
 // window keeps the compute, O(N P Wv), cheap enough to reach 64k tokens on this machine).
 // core local: the single-device core (R must be 1): the baseline the ratios divide by.
+// --ring-pieces: the ring's transfer granules per round (SeqParallelOptions::ring_pieces).
 // Measured around one forward + backward (inputs, weights and gradient buffers allocated
 // before, so only what the layer itself holds and allocates counts):
 //   heap_delta_mib  peak of the allocator's bytes in use (glibc mallinfo2: in-use arena bytes
@@ -95,6 +96,8 @@ int main(int argc, char** argv) {
   const int64_t R = world.size();
   const int64_t N = args.num("N", 16384), P = args.num("P", 2), H = args.num("H", 4), d = args.num("d", 64);
   const int64_t B = args.num("B", 1), Wv = args.num("Wv", 256);
+  SeqParallelOptions opt;
+  opt.ring_pieces = args.num("ring-pieces", opt.ring_pieces);
   const std::string kind = args.str("kind", "window"), core_kind = args.str("core", "sp");
   if ((kind != "global" && kind != "window") || (core_kind != "sp" && core_kind != "local") ||
       (core_kind == "local" && R != 1)) {
@@ -113,7 +116,7 @@ int main(int argc, char** argv) {
     w.init(cfg, 1, 0.02);
     auto grads = IhaWeights<float>::zeros(cfg);
     std::shared_ptr<AttentionCore<float>> core =
-        core_kind == "local" ? make_local_core<float>(cfg, N) : make_sequence_parallel_core<float>(cfg, N, mpi.world());
+        core_kind == "local" ? make_local_core<float>(cfg, N) : make_sequence_parallel_core<float>(cfg, N, mpi.world(), opt);
     IhaLayer<float> layer(cfg, core);
     const int64_t n = core->local_tokens();
     Tensor x({B, n, cfg.D}, DType::f32), dz({B, n, cfg.D}, DType::f32);

@@ -3,7 +3,7 @@
 //
 //   mpiexec -n R bench_seq_parallel --NP 16384 --P 2 --H 4 --d 64 --B 1 --reps 3
 //           [--mode strong|weak] [--layout zigzag|contiguous] [--kinds global,window]
-//           [--schemes sequence,pseudo,ulysses] [--json out.json]
+//           [--schemes sequence,pseudo,ulysses] [--ring-pieces 4] [--json out.json]
 //
 // strong: the same N on 1 and R ranks. weak: N grows with R (NP is per rank).
 // efficiency = T1 / (R * TR): T1 the single-device layer at the same N (rank 0 alone, the
@@ -156,6 +156,8 @@ int main(int argc, char** argv) {
   const int64_t NP = args.num("NP", 16384);
   const int64_t N = (mode == "weak" ? NP * R : NP) / P;
   const LayoutKind layout = parse_layout(args.str("layout", "zigzag"));
+  SeqParallelOptions opt{layout, {}};
+  opt.ring_pieces = args.num("ring-pieces", opt.ring_pieces);
   const std::string json = args.str("json", "");
   const std::vector<std::string> kinds = split_list(args.str("kinds", "global,window"));
   const std::vector<std::string> schemes = split_list(args.str("schemes", "sequence"));
@@ -220,11 +222,11 @@ int main(int argc, char** argv) {
       for (SchemeRun& run : runs) {
         std::shared_ptr<AttentionCore<float>> core;
         if (run.name == "sequence")
-          core = make_sequence_parallel_core<float>(cfg, N, mpi.world(), {layout, {}});
+          core = make_sequence_parallel_core<float>(cfg, N, mpi.world(), opt);
         else
           core = make_replica_core<float>(cfg, N,
                                           ReplicaGroups::from(run.name == "pseudo" ? pseudo_mesh : *ulysses_mesh),
-                                          ParallelScheme::head, {layout, {}});
+                                          ParallelScheme::head, opt);
         const Times t = run_layer(cfg, core, w, B, &world);
         run.trf.push_back(reduce(world, t.fwd, ReduceOp::max));
         run.trb.push_back(reduce(world, t.bwd, ReduceOp::max));

@@ -182,18 +182,22 @@ class Backend {
                                  int64_t n_tok, int64_t H, int64_t d, int64_t P, Collapse form,
                                  CBuf C, Buf dy, Buf dC) const = 0;
 
-  // ---- flash attention (flash.h semantics) over `heads` heads one after another:
-  // q, o [heads][nq][d], k, v [heads][nk][d], lse [heads][nq]; q_pos, k_pos i64 shared by
-  // every head. q, k, v, dout compute dtype; o, lse, drow, dq, dk, dv acc dtype.
+  // ---- flash attention (flash.h semantics) over `heads` query heads one after another:
+  // q, o [heads][nq][d], k, v [heads / group][nk][d], lse [heads][nq]; query head h reads
+  // key/value head h / group (grouped-query attention, DESIGN.md section 13; 1 is MHA).
+  // q_pos, k_pos i64 shared by every head. q, k, v, dout compute dtype; o, lse, drow, dq, dk,
+  // dv acc dtype.
   virtual void flash_forward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q, CBuf q_pos,
                              int64_t nq, CBuf k, CBuf v, CBuf k_pos, int64_t nk, Buf o,
-                             Buf lse) const = 0;
+                             Buf lse, int64_t group = 1) const = 0;
   // drow[r] = <dout[r], o[r]> over rows of width d.
   virtual void flash_drow(CBuf o, CBuf dout, int64_t rows, int64_t d, Buf drow) const = 0;
-  // dq, dk, dv accumulate (+=) from the final lse and drow of the query rows.
+  // dq, dk, dv accumulate (+=) from the final lse and drow of the query rows; a key/value
+  // head's dk, dv sum its `group` query heads in head order.
   virtual void flash_backward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q,
                               CBuf q_pos, int64_t nq, CBuf k, CBuf v, CBuf k_pos, int64_t nk,
-                              CBuf dout, CBuf lse, CBuf drow, Buf dq, Buf dk, Buf dv) const = 0;
+                              CBuf dout, CBuf lse, CBuf drow, Buf dq, Buf dk, Buf dv,
+                              int64_t group = 1) const = 0;
   // (o, lse) <- merge.h's merge of (o, lse) and (o_part, lse_part), rows of width d.
   virtual void merge_partial(Buf o, Buf lse, CBuf o_part, CBuf lse_part, int64_t rows,
                              int64_t d) const = 0;
@@ -237,11 +241,11 @@ class CpuBackend : public virtual Backend {
                          Buf dC) const override;
   void flash_forward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q, CBuf q_pos,
                      int64_t nq, CBuf k, CBuf v, CBuf k_pos, int64_t nk, Buf o,
-                     Buf lse) const override;
+                     Buf lse, int64_t group = 1) const override;
   void flash_drow(CBuf o, CBuf dout, int64_t rows, int64_t d, Buf drow) const override;
   void flash_backward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q, CBuf q_pos,
                       int64_t nq, CBuf k, CBuf v, CBuf k_pos, int64_t nk, CBuf dout, CBuf lse,
-                      CBuf drow, Buf dq, Buf dk, Buf dv) const override;
+                      CBuf drow, Buf dq, Buf dk, Buf dv, int64_t group = 1) const override;
   void merge_partial(Buf o, Buf lse, CBuf o_part, CBuf lse_part, int64_t rows,
                      int64_t d) const override;
   const FlashTiles& tiles() const { return tiles_; }

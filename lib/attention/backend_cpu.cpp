@@ -186,7 +186,9 @@ void CpuBackend<T>::collapse_backward(CBuf dout, int64_t ld_dout, CBuf y, int64_
 
 template <class T>
 void CpuBackend<T>::flash_forward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q_b, CBuf q_pos, int64_t nq,
-                                  CBuf k_b, CBuf v_b, CBuf k_pos, int64_t nk, Buf o_b, Buf lse_b) const {
+                                  CBuf k_b, CBuf v_b, CBuf k_pos, int64_t nk, Buf o_b, Buf lse_b,
+                                  int64_t group) const {
+  IHA_CHECK(group >= 1 && heads % group == 0, "flash_forward: group ", group, " must divide heads ", heads);
   const T* q = q_b.as<T>("flash_forward");
   const T* k = k_b.as<T>("flash_forward");
   const T* v = v_b.as<T>("flash_forward");
@@ -196,8 +198,8 @@ void CpuBackend<T>::flash_forward(const MaskSpec& mask, int64_t d, int64_t heads
   T* lse = lse_b.as<T>("flash_forward");
 #pragma omp parallel for schedule(dynamic) if (heads > 1 && num_threads() > 1)
   for (int64_t h = 0; h < heads; ++h)
-    iha::flash_forward(mask, d, q + h * nq * d, qp, nq, k + h * nk * d, v + h * nk * d, kp, nk, o + h * nq * d,
-                       lse + h * nq, tiles_);
+    iha::flash_forward(mask, d, q + h * nq * d, qp, nq, k + h / group * nk * d, v + h / group * nk * d, kp, nk,
+                       o + h * nq * d, lse + h * nq, tiles_);
 }
 
 template <class T>
@@ -208,8 +210,9 @@ void CpuBackend<T>::flash_drow(CBuf o, CBuf dout, int64_t rows, int64_t d, Buf d
 template <class T>
 void CpuBackend<T>::flash_backward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q_b, CBuf q_pos,
                                    int64_t nq, CBuf k_b, CBuf v_b, CBuf k_pos, int64_t nk, CBuf dout_b,
-                                   CBuf lse_b, CBuf drow_b, Buf dq_b, Buf dk_b, Buf dv_b) const {
+                                   CBuf lse_b, CBuf drow_b, Buf dq_b, Buf dk_b, Buf dv_b, int64_t group) const {
   const char* op = "flash_backward";
+  IHA_CHECK(group >= 1 && heads % group == 0, op, ": group ", group, " must divide heads ", heads);
   const T* q = q_b.as<T>(op);
   const T* k = k_b.as<T>(op);
   const T* v = v_b.as<T>(op);
@@ -221,10 +224,13 @@ void CpuBackend<T>::flash_backward(const MaskSpec& mask, int64_t d, int64_t head
   T* dq = dq_b.as<T>(op);
   T* dk = dk_b.as<T>(op);
   T* dv = dv_b.as<T>(op);
-#pragma omp parallel for schedule(dynamic) if (heads > 1 && num_threads() > 1)
-  for (int64_t h = 0; h < heads; ++h)
-    iha::flash_backward(mask, d, q + h * nq * d, qp, nq, k + h * nk * d, v + h * nk * d, kp, nk, g + h * nq * d,
-                        lse + h * nq, dr + h * nq, dq + h * nq * d, dk + h * nk * d, dv + h * nk * d, tiles_);
+  // One task per key/value head: its query heads accumulate into its dk, dv in a fixed order.
+  const int64_t kv_heads = heads / group;
+#pragma omp parallel for schedule(dynamic) if (kv_heads > 1 && num_threads() > 1)
+  for (int64_t g0 = 0; g0 < kv_heads; ++g0)
+    for (int64_t h = g0 * group; h < (g0 + 1) * group; ++h)
+      iha::flash_backward(mask, d, q + h * nq * d, qp, nq, k + g0 * nk * d, v + g0 * nk * d, kp, nk, g + h * nq * d,
+                          lse + h * nq, dr + h * nq, dq + h * nq * d, dk + g0 * nk * d, dv + g0 * nk * d, tiles_);
 }
 
 template <class T>

@@ -140,8 +140,10 @@ void CudaBackend<A>::collapse_backward(CBuf dout, int64_t ld_dout, CBuf y, int64
 
 template <class A>
 void CudaBackend<A>::flash_forward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q, CBuf q_pos, int64_t nq,
-                                   CBuf k, CBuf v, CBuf k_pos, int64_t nk, Buf o, Buf lse) const {
+                                   CBuf k, CBuf v, CBuf k_pos, int64_t nk, Buf o, Buf lse, int64_t group) const {
   const char* op = "flash_forward";
+  // The CUDA kernels pair query head h with key/value head h (MHA).
+  IHA_CHECK(group == 1, op, ": grouped-query attention (group ", group, ") runs on the CPU backend only");
   flash_forward_cuda<A>(mask, d, heads, q.as<A>(op), q_pos.as<int64_t>(op), nq, k.as<A>(op), v.as<A>(op),
                         k_pos.as<int64_t>(op), nk, o.as<float>(op), lse.as<float>(op), 0, kernel_);
 }
@@ -155,8 +157,9 @@ void CudaBackend<A>::flash_drow(CBuf o, CBuf dout, int64_t rows, int64_t d, Buf 
 template <class A>
 void CudaBackend<A>::flash_backward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q, CBuf q_pos, int64_t nq,
                                     CBuf k, CBuf v, CBuf k_pos, int64_t nk, CBuf dout, CBuf lse, CBuf drow, Buf dq,
-                                    Buf dk, Buf dv) const {
+                                    Buf dk, Buf dv, int64_t group) const {
   const char* op = "flash_backward";
+  IHA_CHECK(group == 1, op, ": grouped-query attention (group ", group, ") runs on the CPU backend only");
   flash_backward_cuda<A>(mask, d, heads, q.as<A>(op), q_pos.as<int64_t>(op), nq, k.as<A>(op), v.as<A>(op),
                          k_pos.as<int64_t>(op), nk, dout.as<A>(op), lse.as<float>(op), drow.as<float>(op),
                          dq.as<float>(op), dk.as<float>(op), dv.as<float>(op), 0, kernel_);

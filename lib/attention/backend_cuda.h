@@ -53,11 +53,11 @@ class CudaBackend : public virtual Backend {
                          Buf dC) const override;
   void flash_forward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q, CBuf q_pos,
                      int64_t nq, CBuf k, CBuf v, CBuf k_pos, int64_t nk, Buf o,
-                     Buf lse) const override;
+                     Buf lse, int64_t group = 1) const override;
   void flash_drow(CBuf o, CBuf dout, int64_t rows, int64_t d, Buf drow) const override;
   void flash_backward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q, CBuf q_pos,
                       int64_t nq, CBuf k, CBuf v, CBuf k_pos, int64_t nk, CBuf dout, CBuf lse,
-                      CBuf drow, Buf dq, Buf dk, Buf dv) const override;
+                      CBuf drow, Buf dq, Buf dk, Buf dv, int64_t group = 1) const override;
   void merge_partial(Buf o, Buf lse, CBuf o_part, CBuf lse_part, int64_t rows,
                      int64_t d) const override;
 

@@ -1,6 +1,6 @@
 // CPU flash attention: tile products, vectorised exp, online softmax per query row.
 //
-// Tile products: for float with d % 16 == 0 on an AVX-512 build, the register-blocked
+// Tile products: for float with d % 16 == 0 at CPU level avx512, the register-blocked
 // kernels of tile_kernels.h (keys and values packed once per call, nothing re-packed per
 // tile); otherwise BLAS. Score columns are then computed in whole 16-key panels: up to 15
 // columns at either end of a block are computed and dropped (FlashStats counts the block).

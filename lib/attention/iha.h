@@ -4,8 +4,9 @@
 //   - mask.h, merge.h: the one mask predicate with its tile bounds, and the one online-softmax
 //     merge of partial (O, LSE) results. Host-and-device code shared with CUDA, ring and halo.
 //   - flash.h: tiled flash attention forward/backward on a head's virtual sequence (CPU).
-//     Its tile products are BLAS calls, or for float on an AVX-512 build with d % 16 == 0 the
-//     register-blocked kernels of tile_kernels.h (internal); vexp.h holds its softmax rows.
+//     Its tile products are BLAS calls, or for float at CPU level avx512 (core/cpu_level.h,
+//     chosen at run time) with d % 16 == 0 the register-blocked kernels of tile_kernels.h
+//     (internal); vexp.h holds its softmax rows.
 //   - ops.h: mixing into pseudo-heads, RoPE at virtual positions, collapse; and backward.
 //   - layer.h: IhaLayer (projections + attention core + output projection), IhaWeights, and the
 //     single-device LocalCore. Distributed cores (lib/ringattn) plug into the same layer.

@@ -25,8 +25,8 @@
 
 namespace iha {
 
-// Parameters of one layer (dtype T). Shapes: wq, wk, wv [D, H*d]; wo [H*d, D];
-// aq, ak, av [H, H, P]; collapse [H, H*P] (global) or [H, P] (per_head). An mha layer
+// Parameters of one layer (dtype T). Shapes: wq [D, H*d]; wk, wv [D, Hkv*d]; wo [H*d, D];
+// aq [H, H, P]; ak, av [Hkv, Hkv, P]; collapse [H, H*P] (global) or [H, P] (per_head). An mha layer
 // (cfg.mixing == false) has no aq, ak, av, collapse: those stay undefined.
 template <class T>
 struct IhaWeights {
@@ -66,13 +66,13 @@ class AttentionCore {
   // Rows of the layer input this rank holds, per sequence.
   virtual int64_t local_tokens() const = 0;
   virtual std::unique_ptr<CoreCache> make_cache() const = 0;
-  // q, k, v: pre-mix projections [B, n_loc, H*d]; out: collapsed heads [B, n_loc, H*d]
-  // (compute dtype).
+  // q: pre-mix projections [B, n_loc, H*d]; k, v: [B, n_loc, Hkv*d]; out: collapsed heads
+  // [B, n_loc, H*d] (compute dtype).
   virtual void forward(const IhaWeights<T>& w, int64_t B, CBuf q, CBuf k, CBuf v, Buf out,
                        CoreCache& cache) = 0;
   // dout [B, n_loc, H*d] (compute) -> dq, dk, dv (T, written); grads.aq/ak/av/collapse
   // accumulate (+=). May release parts of the cache it no longer needs: one backward per
-  // forward. IhaLayer passes k, v (and dk, dv) adjacent, v == k + B*n_loc*H*d; cores may rely
+  // forward. IhaLayer passes k, v (and dk, dv) adjacent, v == k + B*n_loc*Hkv*d; cores may rely
   // on it only as an optimisation.
   virtual void backward(const IhaWeights<T>& w, int64_t B, CBuf q, CBuf k, CBuf v, CBuf dout,
                         Buf dq, Buf dk, Buf dv, IhaWeights<T>& grads, CoreCache& cache) = 0;
@@ -95,7 +95,7 @@ class AttentionCore {
   MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual, cfg_.logit_scale()}; }
   LayerConfig cfg_;
   std::shared_ptr<const Backend> be_;
-  Tensor identity_alpha_, identity_collapse_;  // used when !cfg_.mixing
+  Tensor identity_alpha_, identity_kv_alpha_, identity_collapse_;  // used when !cfg_.mixing
 };
 
 // All N tokens local, positions 0..N-1: the single-device layer and the test oracle.

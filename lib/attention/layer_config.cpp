@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/config.h"
+#include "core/config_size.h"
 
 namespace iha {
 
@@ -93,6 +94,8 @@ void LayerConfig::validate(const std::string& prefix) const {
   IHA_CONFIG_CHECK(D >= 1, "config key '", k("D"), "': model width must be >= 1, got ", D);
   IHA_CONFIG_CHECK(H >= 1, "config key '", k("H"), "': head count must be >= 1, got ", H);
   IHA_CONFIG_CHECK(d >= 1, "config key '", k("d"), "': head dim must be >= 1, got ", d);
+  IHA_CONFIG_CHECK(Hkv >= 0 && kv_heads() <= H && H % kv_heads() == 0, "config key '", k("kv_heads"),
+                   "': the key/value head count must divide H = ", H, ", got ", Hkv);
   IHA_CONFIG_CHECK(P >= 1, "config key '", k("P"), "': pseudo-heads per head must be >= 1, got ", P);
   IHA_CONFIG_CHECK(mixing || P == 1, "config key '", k("P"), "': an mha layer has P = 1, got ", P);
   IHA_CONFIG_CHECK(!rope || d % 2 == 0, "config key '", k("d"),
@@ -111,6 +114,11 @@ void LayerConfig::validate(const std::string& prefix) const {
                      "': ntk scaling needs a head dim > 2, got ", d);
     rope_scaling.validate(k("rope_scaling"));
   }
+  // The largest products the layer forms (projection D x H*P*d, virtual window Wv * H); every
+  // smaller one is bounded by them.
+  using S = ConfigSize;
+  (S(D, k("D")) * S(H, k("H")) * S(P, k("P")) * S(d, k("d"))).value();
+  (S(window_virtual, k("window_virtual")) * S(H, k("H")) * S(P, k("P"))).value();
 }
 
 RopeScaling parse_rope_scaling(const ConfigNode& parent, const std::string& key) {
@@ -149,7 +157,7 @@ int64_t resolve_window_virtual(const WindowSpec& spec, int64_t P, int64_t n_trai
   if (spec.window) {
     IHA_CONFIG_CHECK(*spec.window >= 1, "config key '", key, "window': must be >= 1 token, got ",
                      *spec.window);
-    explicit_wv = *spec.window * P;
+    explicit_wv = (ConfigSize(*spec.window, key + "window") * ConfigSize(P, key + "P")).value();
   }
   if (spec.window_virtual) {
     IHA_CONFIG_CHECK(*spec.window_virtual >= 1, "config key '", key,
@@ -167,7 +175,8 @@ int64_t resolve_window_virtual(const WindowSpec& spec, int64_t P, int64_t n_trai
   }
   if (explicit_wv) return *explicit_wv;
   IHA_CONFIG_CHECK(n_train >= 1, "default window needs the training context length, got ", n_train);
-  const int64_t W = (n_train + 2 * P * P - 1) / (2 * P * P);
+  const int64_t two_p2 = (ConfigSize(2) * ConfigSize(P, key + "P") * ConfigSize(P, key + "P")).value();
+  const int64_t W = n_train / two_p2 + (n_train % two_p2 != 0);
   return W * P;
 }
 
@@ -175,6 +184,7 @@ LayerConfig parse_layer_config(const ConfigNode& n) {
   LayerConfig c;
   c.D = n.require<int64_t>("D");
   c.H = n.require<int64_t>("H");
+  c.Hkv = n.get<int64_t>("kv_heads", c.H);
   c.d = n.get<int64_t>("d", c.H > 0 && c.D % c.H == 0 ? c.D / c.H : 0);
   c.P = n.get<int64_t>("P", 2);
   c.collapse = parse_collapse(n.get<std::string>("collapse", "global"), n.key_path("collapse"));

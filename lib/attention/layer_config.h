@@ -59,6 +59,9 @@ YarnRamp parse_yarn_ramp(const std::string& s, const std::string& key);
 struct LayerConfig {
   int64_t D = 0;   // model width
   int64_t H = 0;   // heads
+  // Key/value heads (DESIGN.md section 13, grouped-query attention): query head h reads
+  // key/value head h / (H / Hkv); aK, aV mix among the Hkv heads. 0 means H (MHA).
+  int64_t Hkv = 0;
   int64_t d = 0;   // head dim
   int64_t P = 1;   // pseudo-heads per head
   bool mixing = true;
@@ -74,6 +77,9 @@ struct LayerConfig {
   void validate(const std::string& prefix = "") const;
   bool windowed() const { return window_virtual > 0; }
   int64_t collapse_cols() const { return collapse == Collapse::global ? H * P : P; }
+  int64_t kv_heads() const { return Hkv > 0 ? Hkv : H; }
+  // Query heads per key/value head.
+  int64_t group() const { return H / kv_heads(); }
   // Multiplier of the 1/sqrt(d) softmax scale (YaRN's m^2; 1 otherwise).
   double logit_scale() const { return rope ? rope_scaling.logit_multiplier() : 1.0; }
 };

@@ -10,7 +10,7 @@ namespace iha {
 namespace {
 
 struct LocalCache : CoreCache {
-  Tensor qv, kv, vv;  // compute [B, H, N*P, d]
+  Tensor qv, kv, vv;  // compute qv [B, H, N*P, d]; kv, vv [B, Hkv, N*P, d]
   Tensor ov, lse;     // acc [B, H, N*P, d] and [B, H, N*P]
 };
 
@@ -32,21 +32,23 @@ class LocalCore final : public AttentionCore<T> {
     auto& cache = static_cast<LocalCache&>(cache_base);
     const Backend& be = *this->be_;
     const LayerConfig& c = this->cfg_;
-    const int64_t H = c.H, d = c.d, P = c.P, NP = N_ * P, Hd = H * d, hs = NP * d;
+    const int64_t H = c.H, Hkv = c.kv_heads(), d = c.d, P = c.P, NP = N_ * P, Hd = H * d, Kd = Hkv * d,
+                  hs = NP * d;
     cache.qv = be.alloc_compute({B, H, NP, d});
-    cache.kv = be.alloc_compute({B, H, NP, d});
-    cache.vv = be.alloc_compute({B, H, NP, d});
+    cache.kv = be.alloc_compute({B, Hkv, NP, d});
+    cache.vv = be.alloc_compute({B, Hkv, NP, d});
     cache.ov = be.alloc_acc({B, H, NP, d});
     cache.lse = be.alloc_acc({B, H, NP});
     const MixView mv = this->mix_view(w);
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t in = b * N_ * Hd, o = b * H * hs;
+      const int64_t in = b * N_ * Hd, o = b * H * hs, kin = b * N_ * Kd, ko = b * Hkv * hs;
       be.mix_rope_forward(q.at(in), Hd, N_, H, d, P, mv.aq, 0, H, *rope_, true, Buf(cache.qv).at(o), hs);
-      be.mix_rope_forward(k.at(in), Hd, N_, H, d, P, mv.ak, 0, H, *rope_, true, Buf(cache.kv).at(o), hs);
-      be.mix_rope_forward(v.at(in), Hd, N_, H, d, P, mv.av, 0, H, *rope_, false, Buf(cache.vv).at(o), hs);
+      be.mix_rope_forward(k.at(kin), Kd, N_, Hkv, d, P, mv.ak, 0, Hkv, *rope_, true, Buf(cache.kv).at(ko), hs);
+      be.mix_rope_forward(v.at(kin), Kd, N_, Hkv, d, P, mv.av, 0, Hkv, *rope_, false, Buf(cache.vv).at(ko), hs);
     }
     const Tensor& pos = rope_->positions();
-    be.flash_forward(this->mask(), d, B * H, cache.qv, pos, NP, cache.kv, cache.vv, pos, NP, cache.ov, cache.lse);
+    be.flash_forward(this->mask(), d, B * H, cache.qv, pos, NP, cache.kv, cache.vv, pos, NP, cache.ov, cache.lse,
+                     c.group());
     for (int64_t b = 0; b < B; ++b)
       be.collapse_forward(CBuf(cache.ov).at(b * H * hs), hs, N_, H, d, P, mv.form, mv.c, out.at(b * N_ * Hd), Hd);
   }
@@ -56,7 +58,8 @@ class LocalCore final : public AttentionCore<T> {
     auto& cache = static_cast<LocalCache&>(cache_base);
     const Backend& be = *this->be_;
     const LayerConfig& c = this->cfg_;
-    const int64_t H = c.H, d = c.d, P = c.P, NP = N_ * P, Hd = H * d, hs = NP * d;
+    const int64_t H = c.H, Hkv = c.kv_heads(), G = c.group(), d = c.d, P = c.P, NP = N_ * P, Hd = H * d,
+                  Kd = Hkv * d, hs = NP * d;
     const MixView mv = this->mix_view(w);
     Tensor dov = be.alloc_compute({B, H, NP, d}), drow = be.alloc_acc({B, H, NP});
     for (int64_t b = 0; b < B; ++b)
@@ -65,22 +68,21 @@ class LocalCore final : public AttentionCore<T> {
     be.flash_drow(cache.ov, dov, B * H * NP, d, drow);
     // The output's last use: released before the gradient buffers are allocated.
     cache.ov = Tensor();
-    Tensor dqv = be.alloc_acc({B, H, NP, d}), dkv = be.alloc_acc({B, H, NP, d}), dvv = be.alloc_acc({B, H, NP, d});
+    Tensor dqv = be.alloc_acc({B, H, NP, d}), dkv = be.alloc_acc({B, Hkv, NP, d}), dvv = be.alloc_acc({B, Hkv, NP, d});
     const Tensor& pos = rope_->positions();
     be.flash_backward(this->mask(), d, B * H, cache.qv, pos, NP, cache.kv, cache.vv, pos, NP, dov, cache.lse, drow,
-                      dqv, dkv, dvv);
-    const int64_t total = B * N_ * Hd;
-    be.fill(dq, total, 0);
-    be.fill(dk, total, 0);
-    be.fill(dv, total, 0);
+                      dqv, dkv, dvv, G);
+    be.fill(dq, B * N_ * Hd, 0);
+    be.fill(dk, B * N_ * Kd, 0);
+    be.fill(dv, B * N_ * Kd, 0);
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t in = b * N_ * Hd, o = b * H * hs;
+      const int64_t in = b * N_ * Hd, o = b * H * hs, kin = b * N_ * Kd, ko = b * Hkv * hs;
       be.mix_rope_backward(Buf(dqv).at(o), hs, q.at(in), Hd, N_, H, d, P, mv.aq, 0, H, *rope_, true, dq.at(in), Hd,
                            this->mix_grad(grads.aq));
-      be.mix_rope_backward(Buf(dkv).at(o), hs, k.at(in), Hd, N_, H, d, P, mv.ak, 0, H, *rope_, true, dk.at(in), Hd,
-                           this->mix_grad(grads.ak));
-      be.mix_rope_backward(Buf(dvv).at(o), hs, v.at(in), Hd, N_, H, d, P, mv.av, 0, H, *rope_, false, dv.at(in), Hd,
-                           this->mix_grad(grads.av));
+      be.mix_rope_backward(Buf(dkv).at(ko), hs, k.at(kin), Kd, N_, Hkv, d, P, mv.ak, 0, Hkv, *rope_, true, dk.at(kin),
+                           Kd, this->mix_grad(grads.ak));
+      be.mix_rope_backward(Buf(dvv).at(ko), hs, v.at(kin), Kd, N_, Hkv, d, P, mv.av, 0, Hkv, *rope_, false, dv.at(kin),
+                           Kd, this->mix_grad(grads.av));
     }
   }
 

@@ -20,7 +20,12 @@ struct RopeSpec {
   double scale = 1.0;
   RopeScaling scaling;  // DESIGN.md section 11
   int64_t P = 1;        // the layer's P: the scaling's original context is L * P positions
+  // Trailing settings may be left out (no scaling, P = 1).
+  RopeSpec(bool on_ = true, double base_ = 500000.0, double scale_ = 1.0, RopeScaling scaling_ = {}, int64_t P_ = 1)
+      : on(on_), base(base_), scale(scale_), scaling(scaling_), P(P_) {}
   static RopeSpec from(const LayerConfig& c) { return {c.rope, c.rope_base, c.rope_scale, c.rope_scaling, c.P}; }
+  // No rotation (V rows).
+  static RopeSpec off() { return RopeSpec(false); }
 };
 
 // cos/sin of the RoPE angles for a list of virtual positions, computed in float64 and stored

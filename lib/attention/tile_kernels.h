@@ -1,5 +1,6 @@
 // Internal to lib/attention (not part of the public API): register-blocked AVX-512 tile
-// products for the float flash kernels, used instead of BLAS calls when available.
+// products for the float flash kernels, used instead of BLAS calls when the CPU level chosen
+// at run time is avx512 (core/cpu_level.h; the kernels are in tile_kernels_avx512.cpp).
 //
 // Why not BLAS: a flash tile is small (tens to hundreds of rows, d = 64), and a BLAS call
 // packs both operands on every call and pays its call overhead per tile; here the keys are
@@ -24,7 +25,8 @@ namespace iha::detail {
 // Lanes per panel.
 constexpr int64_t kPanel = 16;
 
-// True when this build has the AVX-512 kernels and they handle head dim d (d % 16 == 0).
+// True when the process runs at CPU level avx512 and the kernels handle head dim d
+// (d % 16 == 0). scores_nt and accumulate_nn may be called only then.
 bool tile_kernels_available(int64_t d);
 
 // Floats needed to pack n rows of width d.

@@ -1,7 +1,9 @@
 // Vectorised exp and the row operations of the online softmax (SLEEF, 1.0-ULP variants, at
-// the widest vector width the build's target ISA allows): the flash kernels' inner loops.
+// the vector width of the CPU level chosen at run time, core/cpu_level.h: AVX2 in vexp.cpp,
+// AVX-512 in vexp_avx512.cpp): the flash kernels' inner loops.
 // exp(-inf) = 0 and NaN stays NaN, as the -inf masking needs. Sums are taken in a fixed order
-// (per-lane partial sums, then a fixed reduction), so results are bitwise reproducible.
+// (per-lane partial sums, then a fixed reduction), so results are bitwise reproducible
+// at one CPU level (levels may differ in the last bits).
 // defines: iha::exp_inplace, iha::max_of, iha::exp_shift, iha::exp_shift_sum
 #pragma once
 

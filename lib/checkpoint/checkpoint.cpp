@@ -28,7 +28,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <random>
 #include <thread>
 
 #include "checkpoint/blob.h"
@@ -109,12 +108,6 @@ void bcast_bytes(Communicator& comm, std::vector<uint8_t>& bytes, int root) {
   if (n) comm.broadcast(bytes.data(), n, DType::u8, root, "ckpt.meta");
 }
 
-std::string bcast_string(Communicator& comm, const std::string& s, int root) {
-  std::vector<uint8_t> b(s.begin(), s.end());
-  bcast_bytes(comm, b, root);
-  return std::string(b.begin(), b.end());
-}
-
 // Sums of uint64 values mod 2^64 on every rank. Sent as 32-bit halves in int64 so that no
 // signed overflow happens inside MPI (exact for up to 2^31 ranks).
 void all_reduce_u64(Communicator& comm, std::vector<uint64_t>& v) {
@@ -134,13 +127,6 @@ void all_reduce_u64(Communicator& comm, std::vector<uint64_t>& v) {
 std::string hex64(uint64_t v) {
   char b[24];
   std::snprintf(b, sizeof b, "0x%016llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
-std::string random_nonce() {
-  std::random_device rd;
-  char b[24];
-  std::snprintf(b, sizeof b, "%08x%08x", rd(), rd());
   return b;
 }
 

@@ -195,8 +195,20 @@ std::string join_path(const std::string& dir, const std::string& name) {
 void probe_file_size(const std::string& path, uint64_t bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) fail_errno("cannot create " + path, errno);
-  const int rc = ::ftruncate(fd, static_cast<off_t>(bytes));
-  const int err = errno;
+  int rc = ::ftruncate(fd, static_cast<off_t>(bytes));
+  int err = errno;
+#ifdef __linux__
+  // A sparse size proves the limits, not the space: reserve the blocks too, so a full disk
+  // fails here (before HDF5 writes metadata) rather than inside the HDF5 library. File systems
+  // without fallocate (EOPNOTSUPP) keep the sparse check only.
+  if (rc == 0 && bytes > 0) {
+    do {
+      rc = ::fallocate(fd, 0, 0, static_cast<off_t>(bytes));
+    } while (rc != 0 && errno == EINTR);
+    err = errno;
+    if (rc != 0 && (err == EOPNOTSUPP || err == ENOSYS)) rc = 0;
+  }
+#endif
   ::close(fd);
   ::unlink(path.c_str());
   if (rc != 0) fail_errno("cannot create " + path + " with " + std::to_string(bytes) + " bytes", err);

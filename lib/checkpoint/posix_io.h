@@ -54,7 +54,8 @@ std::string read_text_file(const std::string& path);
 // Creates (or truncates) path with text, fsyncs it.
 void write_text_file_synced(const std::string& path, const std::string& text);
 std::string join_path(const std::string& dir, const std::string& name);
-// Creates path, sizes it to `bytes` (sparse) and removes it again: fails with the system's
+// Creates path, sizes it to `bytes` and reserves the blocks (fallocate, where the file system
+// has it), then removes it again: fails with the system's
 // reason (e.g. "File too large" under RLIMIT_FSIZE) if a file that large cannot exist there.
 void probe_file_size(const std::string& path, uint64_t bytes);
 

@@ -27,13 +27,6 @@ constexpr const char* kLockFile = "lock";
 // `latest` holds "step_<N>\n"; anything longer is damage, and is not read whole.
 constexpr off_t kLatestMaxBytes = 64;
 
-std::string nonce() {
-  std::random_device rd;
-  char b[24];
-  std::snprintf(b, sizeof b, "%08x%08x", rd(), rd());
-  return b;
-}
-
 // Printable excerpt of untrusted bytes for a message.
 std::string excerpt(const std::string& s) {
   std::string out;
@@ -60,7 +53,7 @@ std::string holder_of(int fd) {
 // Writes and removes a file in root: fails (ConfigError) where the lock file alone could
 // pass, e.g. an existing writable lock file in a directory that no longer accepts new files.
 void probe_writable(const std::string& root) {
-  const std::string probe = join_path(root, "write-probe.tmp-" + nonce());
+  const std::string probe = join_path(root, "write-probe.tmp-" + random_nonce());
   try {
     write_text_file_synced(probe, "probe\n");
   } catch (const Error& e) {
@@ -68,15 +61,6 @@ void probe_writable(const std::string& root) {
     throw ConfigError("checkpoint directory " + root + " is not writable: " + e.what());
   }
   ::unlink(probe.c_str());
-}
-
-// Rank 0's string, on every rank.
-std::string bcast_string(Communicator& comm, std::string s) {
-  int64_t n = static_cast<int64_t>(s.size());
-  comm.broadcast(&n, 1, DType::i64, 0, "ckpt.root");
-  s.resize(static_cast<size_t>(n));
-  if (n) comm.broadcast(s.data(), n, DType::u8, 0, "ckpt.root");
-  return s;
 }
 
 }  // namespace
@@ -159,6 +143,22 @@ RootLock::~RootLock() {
 
 namespace ckpt {
 
+std::string random_nonce() {
+  std::random_device rd;
+  char b[24];
+  std::snprintf(b, sizeof b, "%08x%08x", rd(), rd());
+  return b;
+}
+
+std::string bcast_string(Communicator& comm, const std::string& s, int root) {
+  int64_t n = static_cast<int64_t>(s.size());
+  comm.broadcast(&n, 1, DType::i64, root, "ckpt.meta");
+  std::string out = s;
+  out.resize(static_cast<size_t>(n));
+  if (n) comm.broadcast(out.data(), n, DType::u8, root, "ckpt.meta");
+  return out;
+}
+
 int64_t parse_step_name(const std::string& name) {
   if (name.size() <= 5 || name.size() > 24 || name.compare(0, 5, "step_") != 0) return -1;
   for (size_t i = 5; i < name.size(); ++i)
@@ -237,7 +237,7 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
   {
     std::string joined;
     for (const std::string& c : candidates) joined += c + "\n";
-    joined = bcast_string(comm, joined);
+    joined = bcast_string(comm, joined, 0);
     candidates.clear();
     size_t b = 0;
     for (size_t e; (e = joined.find('\n', b)) != std::string::npos; b = e + 1)
@@ -264,14 +264,14 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
     std::string aside = name + ".rejected";
     if (comm.rank() == 0)
       for (int k = 1; path_exists(join_path(root, aside)); ++k) aside = name + ".rejected." + std::to_string(k);
-    aside = bcast_string(comm, aside);
+    aside = bcast_string(comm, aside, 0);
     std::string note;
     collective_check(comm, [&] {
       if (why.empty()) {
         note = "recovered " + dir + ": a complete checkpoint newer than 'latest' (left by an "
                "interrupted save), verified and adopted as latest";
         if (comm.rank() != 0) return;
-        const std::string tmp = join_path(root, "latest.tmp-" + nonce());
+        const std::string tmp = join_path(root, "latest.tmp-" + random_nonce());
         write_text_file_synced(tmp, name + "\n");
         rename_path(tmp, join_path(root, "latest"));
         fsync_dir(root);

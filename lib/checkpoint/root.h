@@ -29,7 +29,7 @@
 //     never echoed whole.
 // Errors are thrown on every rank (collective_check); bad roots are ConfigErrors naming `key`.
 // defines: iha::RootUse, iha::RootLock, iha::CheckpointRoot, iha::ckpt::parse_step_name,
-//          iha::ckpt::read_latest
+//          iha::ckpt::read_latest, iha::ckpt::random_nonce, iha::ckpt::bcast_string
 #pragma once
 
 #include <cstdint>
@@ -83,6 +83,10 @@ class CheckpointRoot {
 };
 
 namespace ckpt {
+// Small helpers shared by the save protocol and the root protocol.
+std::string random_nonce();  // 16 hex digits for temporary names
+// Root rank's string, on every rank (collective).
+std::string bcast_string(Communicator& comm, const std::string& s, int root);
 // step_<digits> -> step, else -1.
 int64_t parse_step_name(const std::string& name);
 // The step directory name that root/latest holds ("" if there is no latest). Throws ConfigError

@@ -1,6 +1,7 @@
 #include "model/data.h"
 
 #include <hdf5.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <mutex>
@@ -232,6 +233,7 @@ class Hdf5TokenSource final : public TokenSource {
       fclose(f);
       throw ConfigError(where + ": not an HDF5 file (or a truncated or corrupted one)");
     }
+    opened_ = identity();
     file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     IHA_CONFIG_CHECK(file_ >= 0, where, ": HDF5 cannot open it (truncated or corrupted?)");
     const std::string ds = where + ", dataset '" + dataset + "'";
@@ -322,10 +324,45 @@ class Hdf5TokenSource final : public TokenSource {
     const hsize_t start[1] = {static_cast<hsize_t>(first)}, cnt[1] = {static_cast<hsize_t>(count)};
     H5Sselect_hyperslab(fspace.id, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
     H5Id mspace(H5Screate_simple(1, cnt, nullptr), H5Sclose);
+    check_unchanged();
     const herr_t rc = H5Dread(dset_, H5T_NATIVE_INT64, mspace.id, fspace.id, H5P_DEFAULT, out);
     IHA_CONFIG_CHECK(rc >= 0, "token file '", path_, "', dataset '", dataset_,
                      "': reading tokens [", first, ", ", first + count,
                      ") failed (truncated or corrupted file?)");
+    // After the read too: HDF5 reads the part of a dataset beyond a truncated file's end as
+    // zeros, so tokens read while the file changed are not trusted either.
+    check_unchanged();
+  }
+
+  // What identifies the file's content as opened: replaced (another inode), truncated,
+  // extended or rewritten in place (size or modification time).
+  struct Identity {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    off_t size = 0;
+    int64_t mtime_ns = 0;
+    bool operator==(const Identity& o) const {
+      return dev == o.dev && ino == o.ino && size == o.size && mtime_ns == o.mtime_ns;
+    }
+  };
+  Identity identity() const {
+    struct stat st;
+    IHA_CONFIG_CHECK(::stat(path_.c_str(), &st) == 0, "token file '", path_, "', dataset '",
+                     dataset_, "': the file is gone (removed or renamed during the run)");
+    return {st.st_dev, st.st_ino, st.st_size,
+            static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  }
+  void check_unchanged() const {
+    const Identity now = identity();
+    if (now == opened_) return;
+    throw ConfigError("token file '" + path_ + "', dataset '" + dataset_ +
+                      "': the file changed during the run (" +
+                      (now.ino != opened_.ino || now.dev != opened_.dev
+                           ? std::string("replaced by another file")
+                           : now.size != opened_.size ? "size " + std::to_string(opened_.size) +
+                                                            " -> " + std::to_string(now.size) + " bytes"
+                                                      : std::string("rewritten in place")) +
+                      "); tokens read from it can no longer be trusted");
   }
   void close_all() {
     if (dset_ >= 0) H5Dclose(dset_);
@@ -336,6 +373,7 @@ class Hdf5TokenSource final : public TokenSource {
   std::string path_, dataset_;
   int64_t N_ = 0, total_ = 0, vocab_ = 0;
   hid_t file_ = -1, dset_ = -1;
+  Identity opened_;
 };
 
 void check_queries(int64_t queries) {

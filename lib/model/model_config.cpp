@@ -13,6 +13,7 @@ LayerConfig shared_layer_settings(const ModelConfig& m) {
   LayerConfig c;
   c.D = m.D;
   c.H = m.H;
+  c.Hkv = m.kv_heads;
   c.d = m.d;
   c.P = m.P;
   c.collapse = m.collapse;
@@ -69,7 +70,9 @@ LayerConfig ModelConfig::layer_config(int64_t i) const {
 
 std::string ModelConfig::describe() const {
   std::ostringstream os;
-  os << "V=" << vocab << " D=" << D << " H=" << H << " d=" << d << " P=" << P << " layers=" << layers
+  os << "V=" << vocab << " D=" << D << " H=" << H;
+  if (kv_heads_or_H() != H) os << " kv_heads=" << kv_heads_or_H();
+  os << " d=" << d << " P=" << P << " layers=" << layers
      << " ffn=" << ffn << " pattern=" << pattern << " window_kind=" << global_kind_name(window_kind)
      << " global_kind=" << global_kind_name(global_kind)
      << " Wv=" << window_virtual << " (window " << (window_virtual + P - 1) / P
@@ -95,6 +98,8 @@ ModelConfig parse_model_config(const ConfigNode& n) {
   m.vocab = n.require<int64_t>("vocab_size");
   m.D = n.require<int64_t>("D");
   m.H = n.require<int64_t>("H");
+  m.kv_heads = n.get<int64_t>("kv_heads", m.H);
+  IHA_CONFIG_CHECK(m.kv_heads >= 1, "config key '", n.key_path("kv_heads"), "': must be >= 1, got ", m.kv_heads);
   m.d = n.get<int64_t>("d", m.H > 0 && m.D % m.H == 0 ? m.D / m.H : 0);
   m.P = n.get<int64_t>("P", 2);
   m.layers = n.get<int64_t>("layers", 5);

@@ -25,6 +25,7 @@ struct ModelConfig {
   int64_t vocab = 0;   // vocabulary size V
   int64_t D = 0;       // model width
   int64_t H = 0;       // heads
+  int64_t kv_heads = 0;  // key/value heads (DESIGN.md section 13); 0 means H
   int64_t d = 0;       // head dim
   int64_t P = 2;       // pseudo-heads per head of IHA layers
   int64_t layers = 5;  // blocks
@@ -51,6 +52,7 @@ struct ModelConfig {
   // DESIGN.md section 1 window rule; n_train is the training context in tokens, checkpoint_wv
   // the Wv stored in a checkpoint the model is loaded from (if any).
   void resolve_window(int64_t n_train, std::optional<int64_t> checkpoint_wv);
+  int64_t kv_heads_or_H() const { return kv_heads > 0 ? kv_heads : H; }
   char block_kind(int64_t i) const { return pattern[static_cast<size_t>(i) % pattern.size()]; }
   bool has_window_blocks() const { return pattern.find('L') != std::string::npos; }
   // Whether block i is an IHA layer (has mixing and collapse parameters).
@@ -63,7 +65,7 @@ struct ModelConfig {
   std::string describe() const;
 };
 
-// Reads the `model:` section. Keys: vocab_size, D, H, d, P, layers, ffn, pattern, global_kind,
+// Reads the `model:` section. Keys: vocab_size, D, H, kv_heads, d, P, layers, ffn, pattern, global_kind,
 // window_kind, collapse, mask, rope, rope_base, rope_scale | rope_scaling, window | window_virtual, allow_window_change,
 // norm_eps, init_std. The window is not resolved here.
 ModelConfig parse_model_config(const ConfigNode& node);

@@ -43,6 +43,7 @@ CheckpointModel inspect_train_checkpoint(Communicator& world, const std::string&
     m.vocab = info.get<int64_t>("model/vocab_size");
     m.D = info.get<int64_t>("model/D");
     m.H = info.get<int64_t>("model/H");
+    m.kv_heads = info.has_meta("model/kv_heads") ? info.get<int64_t>("model/kv_heads") : m.H;  // older: MHA
     m.d = info.get<int64_t>("model/d");
     m.P = info.get<int64_t>("model/P");
     m.layers = info.get<int64_t>("model/layers");
@@ -95,6 +96,7 @@ void check_same_architecture(const ModelConfig& c, const CheckpointModel& ck) {
   same_int("vocab_size", c.vocab, m.vocab);
   same_int("D", c.D, m.D);
   same_int("H", c.H, m.H);
+  same_int("kv_heads", c.kv_heads_or_H(), m.kv_heads_or_H());
   same_int("d", c.d, m.d);
   same_int("P", c.P, m.P);
   same_int("layers", c.layers, m.layers);
@@ -147,6 +149,7 @@ std::string TrainCheckpoints<T>::save(const std::string& root) {
   ckpt_.set_meta("model/vocab_size", m.vocab);
   ckpt_.set_meta("model/D", m.D);
   ckpt_.set_meta("model/H", m.H);
+  ckpt_.set_meta("model/kv_heads", m.kv_heads_or_H());
   ckpt_.set_meta("model/d", m.d);
   ckpt_.set_meta("model/P", m.P);
   ckpt_.set_meta("model/layers", m.layers);

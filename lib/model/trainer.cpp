@@ -30,7 +30,8 @@ int64_t count_visible_pairs(const LayerConfig& layer, int64_t N) {
 
 double model_flops_per_step(const ModelConfig& m, int64_t N, int64_t sequences) {
   const double Hd = static_cast<double>(m.H * m.d), D = static_cast<double>(m.D);
-  const double per_block = 4 * D * Hd + 3 * D * static_cast<double>(m.ffn);
+  const double Kd = static_cast<double>(m.kv_heads_or_H() * m.d);
+  const double per_block = 2 * D * Hd + 2 * D * Kd + 3 * D * static_cast<double>(m.ffn);
   const double dense = per_block * static_cast<double>(m.layers) + D * static_cast<double>(m.vocab);
   double attn = 0;
   for (int64_t i = 0; i < m.layers; ++i) {
@@ -48,14 +49,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 void check_mesh_fits_model(const RunConfig& cfg) {
-  const int64_t hp = cfg.mesh.hp, H = cfg.model.H;
-  if (hp == 1 || H % hp == 0) return;
+  const int64_t hp = cfg.mesh.hp, H = cfg.model.H, Hkv = cfg.model.kv_heads_or_H();
+  if (hp == 1 || (H % hp == 0 && Hkv % hp == 0)) return;
   for (int64_t i = 0; i < cfg.model.layers; ++i) {
     const LayerConfig lc = cfg.model.layer_config(i);
     if (cfg.schemes.for_layer(lc) != ParallelScheme::head) continue;
     const char* kind = lc.windowed() ? "window" : "global";
     throw ConfigError("config key 'mesh.hp': the head-parallel degree " + std::to_string(hp) +
-                      " must divide model.H = " + std::to_string(H) + " because " + kind +
+                      " must divide model.H = " + std::to_string(H) +
+                      (Hkv != H ? " and model.kv_heads = " + std::to_string(Hkv) : std::string()) + " because " + kind +
                       " layers use the head scheme (mesh.schemes." + kind +
                       ": head); choose an hp that divides H or set mesh.schemes." + kind +
                       ": sequence");

@@ -31,19 +31,19 @@ Tensor host_tensor(const std::vector<uint8_t>& v) {
 
 std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c) {
   auto L = std::make_shared<ParamLayout>();
-  const int64_t Hd = c.H * c.d;
+  const int64_t Hd = c.H * c.d, Hkv = c.kv_heads_or_H(), Kd = Hkv * c.d;
   L->add("embed", {c.vocab, c.D}, true);
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string p = block_prefix(i);
     L->add(p + "norm1", {c.D}, false);
     L->add(p + "attn.wq", {c.D, Hd}, true);
-    L->add(p + "attn.wk", {c.D, Hd}, true);
-    L->add(p + "attn.wv", {c.D, Hd}, true);
+    L->add(p + "attn.wk", {c.D, Kd}, true);
+    L->add(p + "attn.wv", {c.D, Kd}, true);
     L->add(p + "attn.wo", {Hd, c.D}, true);
     if (c.block_is_iha(i)) {
       L->add(p + "attn.aq", {c.H, c.H, c.P}, false);
-      L->add(p + "attn.ak", {c.H, c.H, c.P}, false);
-      L->add(p + "attn.av", {c.H, c.H, c.P}, false);
+      L->add(p + "attn.ak", {Hkv, Hkv, c.P}, false);
+      L->add(p + "attn.av", {Hkv, Hkv, c.P}, false);
       L->add(p + "attn.collapse", {c.H, c.collapse == Collapse::global ? c.H * c.P : c.P}, false);
     }
     L->add(p + "norm2", {c.D}, false);
@@ -171,9 +171,10 @@ void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* fla
       for (int64_t i = 0; i < n; ++i) p[i] = T(1);
     } else if (ends_with(s.name, "attn.aq") || ends_with(s.name, "attn.ak") ||
                ends_with(s.name, "attn.av")) {
-      for (int64_t m = 0; m < H; ++m)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t j = 0; j < P; ++j) p[(m * H + h) * P + j] = m == h ? T(1) : T(0);
+      const int64_t heads = s.shape[0];  // H for aq, kv_heads for ak, av
+      for (int64_t m = 0; m < heads; ++m)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t j = 0; j < P; ++j) p[(m * heads + h) * P + j] = m == h ? T(1) : T(0);
     } else if (ends_with(s.name, "attn.collapse")) {
       const int64_t cols = s.shape[1];
       for (int64_t h = 0; h < H; ++h)

@@ -6,17 +6,18 @@ template <class T>
 void PremixCodec<T>::decode(int64_t B, const Tensor& payload, int64_t n, int64_t a,
                             const std::vector<int64_t>& tokens, KVBlock& out) const {
   const LayerConfig& c = cfg_;
+  const int64_t Hkv = c.kv_heads();
   const int64_t w = row_width(), m = static_cast<int64_t>(tokens.size()), mP = m * c.P, hs = mP * c.d;
   const auto rope = be_.rope_rows(RopeSpec::from(c), c.d, virtual_positions(tokens, c.P));
   out.pos = rope->positions();
-  out.kv = be_.alloc_compute({B, c.H, mP, c.d});
-  out.vv = be_.alloc_compute({B, c.H, mP, c.d});
+  out.kv = be_.alloc_compute({B, Hkv, mP, c.d});
+  out.vv = be_.alloc_compute({B, Hkv, mP, c.d});
   if (m == 0) return;
   for (int64_t b = 0; b < B; ++b) {
-    be_.mix_rope_forward(CBuf(payload).at((b * n + a) * w), w, m, c.H, c.d, c.P, mv_.ak, 0, c.H, *rope, true,
-                         Buf(out.kv).at(b * c.H * hs), hs);
-    be_.mix_rope_forward(CBuf(payload).at(((B + b) * n + a) * w), w, m, c.H, c.d, c.P, mv_.av, 0, c.H, *rope, false,
-                         Buf(out.vv).at(b * c.H * hs), hs);
+    be_.mix_rope_forward(CBuf(payload).at((b * n + a) * w), w, m, Hkv, c.d, c.P, mv_.ak, 0, Hkv, *rope, true,
+                         Buf(out.kv).at(b * Hkv * hs), hs);
+    be_.mix_rope_forward(CBuf(payload).at(((B + b) * n + a) * w), w, m, Hkv, c.d, c.P, mv_.av, 0, Hkv, *rope, false,
+                         Buf(out.vv).at(b * Hkv * hs), hs);
   }
 }
 
@@ -25,6 +26,7 @@ void PremixCodec<T>::decode_backward(int64_t B, const Tensor& payload, int64_t n
                                      const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
                                      Tensor& dpayload) const {
   const LayerConfig& c = cfg_;
+  const int64_t Hkv = c.kv_heads();
   const int64_t w = row_width(), m = static_cast<int64_t>(tokens.size()), mP = m * c.P, hs = mP * c.d;
   if (m == 0) return;
   const auto rope = be_.rope_rows(RopeSpec::from(c), c.d, virtual_positions(tokens, c.P));
@@ -32,9 +34,9 @@ void PremixCodec<T>::decode_backward(int64_t B, const Tensor& payload, int64_t n
   const Buf dav = c.mixing && grads_ ? Buf(grads_->av) : Buf();
   for (int64_t b = 0; b < B; ++b) {
     const int64_t ko = (b * n + a) * w, vo = ((B + b) * n + a) * w;
-    be_.mix_rope_backward(Buf(dkv).at(b * c.H * hs), hs, CBuf(payload).at(ko), w, m, c.H, c.d, c.P, mv_.ak, 0, c.H,
+    be_.mix_rope_backward(Buf(dkv).at(b * Hkv * hs), hs, CBuf(payload).at(ko), w, m, Hkv, c.d, c.P, mv_.ak, 0, Hkv,
                           *rope, true, Buf(dpayload).at(ko), w, dak);
-    be_.mix_rope_backward(Buf(dvv).at(b * c.H * hs), hs, CBuf(payload).at(vo), w, m, c.H, c.d, c.P, mv_.av, 0, c.H,
+    be_.mix_rope_backward(Buf(dvv).at(b * Hkv * hs), hs, CBuf(payload).at(vo), w, m, Hkv, c.d, c.P, mv_.av, 0, Hkv,
                           *rope, false, Buf(dpayload).at(vo), w, dav);
   }
 }

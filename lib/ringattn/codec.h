@@ -1,6 +1,6 @@
 // Internal: the unit of exchange of ring and halo steps, and how a receiver turns it into
 // pseudo-head rows (DESIGN.md section 5).
-//   - PremixCodec: pre-mix K_m, V_m rows (2*H*d values a token, all heads local). The receiver
+//   - PremixCodec: pre-mix K_m, V_m rows (2*Hkv*d values a token, all key/value heads local). The receiver
 //     re-mixes and applies RoPE at the tokens' global virtual positions; backward un-rotates,
 //     un-mixes back to pre-mix and accumulates daK, daV locally.
 //   - PseudoCodec: the rank's pseudo-head K/V rows (2*Hl*P*d values a token, Hl local heads),
@@ -23,7 +23,7 @@
 namespace iha::detail {
 
 // Pseudo-head rows of some tokens for all B sequences, on the backend's device: kv, vv are
-// [B, heads, n*P, d] (the backend's kv dtype); pos holds their n*P virtual positions (i64,
+// [B, kv heads, n*P, d] (the backend's kv dtype; query head h of a group of G reads kv head h / G); pos holds their n*P virtual positions (i64,
 // ascending, same device).
 struct KVBlock {
   Tensor pos;
@@ -50,7 +50,7 @@ class PremixCodec final : public KVCodec {
   // grads (daK, daV accumulate there) may be null in forward.
   PremixCodec(const Backend& be, const LayerConfig& cfg, const MixView& mv, IhaWeights<T>* grads)
       : be_(be), cfg_(cfg), mv_(mv), grads_(grads) {}
-  int64_t row_width() const override { return cfg_.H * cfg_.d; }
+  int64_t row_width() const override { return cfg_.kv_heads() * cfg_.d; }
   void decode(int64_t B, const Tensor& payload, int64_t n, int64_t a,
               const std::vector<int64_t>& tokens, KVBlock& out) const override;
   void decode_backward(int64_t B, const Tensor& payload, int64_t n, int64_t a,

@@ -145,7 +145,7 @@ class PremixCore final : public AttentionCore<T> {
     cache.ov = Tensor();
     const Tensor payload = payload_of(B, n, k, v);
     // dK | dV adjacent (as IhaLayer allocates them): the engine writes the gradient there.
-    const int64_t m = B * n * Hd;
+    const int64_t m = B * n * c.kv_heads() * c.d;
     const bool adjacent = dv.t == dk.t && dv.p == dk.at(m).p;
     Tensor dpayload = adjacent ? Tensor::view(dk.p, {2 * m}, dk.t, be.device()) : Tensor();
     engine_->backward(B, cache.qv, payload, PremixCodec<T>(be, c, mv, &grads), dov, cache.lse, drow, dqv, dpayload,
@@ -154,7 +154,7 @@ class PremixCore final : public AttentionCore<T> {
       be.cast(dpayload, dk, m);
       be.cast(CBuf(dpayload).at(m), dv, m);
     }
-    be.fill(dq, m, 0);
+    be.fill(dq, B * n * Hd, 0);
     for (int64_t b = 0; b < B; ++b)
       be.mix_rope_backward(Buf(dqv).at(b * c.H * hs), hs, q.at(b * n * Hd), Hd, n, c.H, c.d, c.P, mv.aq, 0, c.H,
                            *rope_, true, dq.at(b * n * Hd), Hd, this->mix_grad(grads.aq));
@@ -165,10 +165,10 @@ class PremixCore final : public AttentionCore<T> {
   }
 
  private:
-  // The [2][B][n][H*d] payload of this rank's K and V: a view when V follows K in memory (as
+  // The [2][B][n][Hkv*d] payload of this rank's K and V: a view when V follows K in memory (as
   // IhaLayer allocates them; the engine only reads and sends it), else a packed copy.
   Tensor payload_of(int64_t B, int64_t n, CBuf k, CBuf v) const {
-    const int64_t m = B * n * this->cfg_.H * this->cfg_.d;
+    const int64_t m = B * n * this->cfg_.kv_heads() * this->cfg_.d;
     if (v.t == k.t && v.p == k.at(m).p) return Tensor::view(const_cast<void*>(k.p), {2 * m}, k.t, this->be_->device());
     Tensor buf = this->be_->alloc({2 * m}, k.t);
     this->be_->cast(k, buf, m);
@@ -204,7 +204,10 @@ class UlyssesCore final : public AttentionCore<T> {
     check_agreement(*seq_, this->cfg_, N, opt.layout);
     IHA_CONFIG_CHECK(this->cfg_.H % T_ == 0, "head-parallel degree hp = ", T_,
                      " must divide the head count H = ", this->cfg_.H);
+    IHA_CONFIG_CHECK(this->cfg_.kv_heads() % T_ == 0, "head-parallel degree hp = ", T_,
+                     " must divide the key/value head count kv_heads = ", this->cfg_.kv_heads());
     Hl_ = this->cfg_.H / T_;
+    Hkvl_ = this->cfg_.kv_heads() / T_;  // rank t holds query heads [t Hl, (t+1) Hl) and their groups' kv heads
     const ReplicaLayout layout(opt.layout, N, g.S, g.T);
     mine_ = layout.tokens_of(g.sp_index, t_);
     std::vector<std::vector<int64_t>> groups;
@@ -229,30 +232,38 @@ class UlyssesCore final : public AttentionCore<T> {
     const Backend& be = *this->be_;
     const LayerConfig& c = this->cfg_;
     const MixView mv = this->mix_view(w);
-    const int64_t n = local_tokens(), nP = n * c.P, H = c.H, d = c.d, P = c.P, Hd = H * d;
-    const int64_t ng = group_n(), hs = nP * d;
+    const int64_t n = local_tokens(), nP = n * c.P, H = c.H, Hkv = c.kv_heads(), d = c.d, P = c.P, Hd = H * d;
+    const int64_t Kd = Hkv * d, ng = group_n(), hs = nP * d;
     const DType ct = be.compute_dtype(), at = be.acc_dtype();
-    // Mix every head in the sequence-sharded layout, rope at the tokens' virtual positions.
-    Tensor qkv = be.alloc_compute({3, B, H, nP, d});
-    const CBuf pre[3] = {q, k, v};
-    const CBuf alpha[3] = {mv.aq, mv.ak, mv.av};
-    for (int64_t x = 0; x < 3; ++x)
-      for (int64_t b = 0; b < B; ++b)
-        be.mix_rope_forward(pre[x].at(b * n * Hd), Hd, n, H, d, P, alpha[x], 0, H, *rope_, x < 2,
-                            Buf(qkv).at((x * B + b) * H * hs), hs);
-    // All-to-all: rank u receives its heads of my tokens, for Q, K and V.
-    std::vector<Tensor> recv;
-    all_to_all_heads(ct, [&](int64_t u) { return head_slice(qkv, 3 * B, H, hs, u); },
-                     [&](int64_t u) { return 3 * B * Hl_ * part_n(u) * P * d; }, recv, "a2a.fwd");
-    cache.qv_g = be.alloc_compute({B, Hl_, ng * P, d});
-    Tensor kv_g = be.alloc_compute({B, Hl_, ng * P, d}), vv_g = be.alloc_compute({B, Hl_, ng * P, d});
-    Tensor* dst[3] = {&cache.qv_g, &kv_g, &vv_g};
-    for (int64_t u = 0; u < T_; ++u) {
-      const int64_t m = part_n(u), blk = B * Hl_ * m * P * d;
-      for (int64_t x = 0; x < 3; ++x)
-        be.scatter_rows(CBuf(recv[u]).at(x * blk), part_idx_[u], ng, B * Hl_, P * d, *dst[x], false);
+    // Mix every head in the sequence-sharded layout, rope at the tokens' virtual positions:
+    // Q [B][H][nP][d], K | V [2][B][Hkv][nP][d].
+    Tensor ql = be.alloc_compute({B, H, nP, d}), kvl = be.alloc_compute({2, B, Hkv, nP, d});
+    for (int64_t b = 0; b < B; ++b) {
+      be.mix_rope_forward(q.at(b * n * Hd), Hd, n, H, d, P, mv.aq, 0, H, *rope_, true, Buf(ql).at(b * H * hs), hs);
+      be.mix_rope_forward(k.at(b * n * Kd), Kd, n, Hkv, d, P, mv.ak, 0, Hkv, *rope_, true,
+                          Buf(kvl).at(b * Hkv * hs), hs);
+      be.mix_rope_forward(v.at(b * n * Kd), Kd, n, Hkv, d, P, mv.av, 0, Hkv, *rope_, false,
+                          Buf(kvl).at((B + b) * Hkv * hs), hs);
     }
-    const PseudoCodec codec(be, Hl_, P, d);
+    // All-to-all: rank u receives its query heads and their key/value heads of my tokens.
+    std::vector<Tensor> recv;
+    all_to_all_heads(ct, [&](int64_t u) {
+      Tensor buf = be.alloc_compute({B * (Hl_ + 2 * Hkvl_) * hs});
+      be.copy_strided(CBuf(ql).at(u * Hl_ * hs), buf, columns(B, Hl_ * hs, H * hs, true), false);
+      be.copy_strided(CBuf(kvl).at(u * Hkvl_ * hs), Buf(buf).at(B * Hl_ * hs), columns(2 * B, Hkvl_ * hs, Hkv * hs, true),
+                      false);
+      return buf;
+    }, [&](int64_t u) { return B * (Hl_ + 2 * Hkvl_) * part_n(u) * P * d; }, recv, "a2a.fwd");
+    ql = kvl = Tensor();
+    cache.qv_g = be.alloc_compute({B, Hl_, ng * P, d});
+    Tensor kv_g = be.alloc_compute({B, Hkvl_, ng * P, d}), vv_g = be.alloc_compute({B, Hkvl_, ng * P, d});
+    for (int64_t u = 0; u < T_; ++u) {
+      const int64_t m = part_n(u), qblk = B * Hl_ * m * P * d, kblk = B * Hkvl_ * m * P * d;
+      be.scatter_rows(recv[u], part_idx_[u], ng, B * Hl_, P * d, cache.qv_g, false);
+      be.scatter_rows(CBuf(recv[u]).at(qblk), part_idx_[u], ng, B * Hkvl_, P * d, kv_g, false);
+      be.scatter_rows(CBuf(recv[u]).at(qblk + kblk), part_idx_[u], ng, B * Hkvl_, P * d, vv_g, false);
+    }
+    const PseudoCodec codec(be, Hkvl_, P, d);
     cache.payload_g = be.alloc_compute({2 * B * ng * codec.row_width()});
     codec.from_rows(B, ng, kv_g, cache.payload_g, false);
     codec.from_rows(B, ng, vv_g, Buf(cache.payload_g).at(B * ng * codec.row_width()), false);
@@ -287,8 +298,8 @@ class UlyssesCore final : public AttentionCore<T> {
     const Backend& be = *this->be_;
     const LayerConfig& c = this->cfg_;
     const MixView mv = this->mix_view(w);
-    const int64_t n = local_tokens(), nP = n * c.P, H = c.H, d = c.d, P = c.P, Hd = H * d;
-    const int64_t ng = group_n(), hsg = ng * P * d, hs = nP * d;
+    const int64_t n = local_tokens(), nP = n * c.P, H = c.H, Hkv = c.kv_heads(), d = c.d, P = c.P, Hd = H * d;
+    const int64_t Kd = Hkv * d, ng = group_n(), hsg = ng * P * d, hs = nP * d;
     const DType ct = be.compute_dtype(), at = be.acc_dtype();
     const Buf dC = this->mix_grad(grads.collapse);
     Tensor dov_g = be.alloc_compute({B, Hl_, ng * P, d});
@@ -317,30 +328,36 @@ class UlyssesCore final : public AttentionCore<T> {
     }
     Tensor drow = be.alloc_acc({B, Hl_, ng * P}), dqv_g;
     be.flash_drow(cache.ov_g, dov_g, B * Hl_ * ng * P, d, drow);
-    const PseudoCodec codec(be, Hl_, P, d);
+    const PseudoCodec codec(be, Hkvl_, P, d);
     Tensor dpayload;
     engine_->backward(B, cache.qv_g, cache.payload_g, codec, dov_g, cache.lse_g, drow, dqv_g, dpayload, cache.engine);
-    // Back to the sequence-sharded layout: dQ, dK, dV of my heads for each owner's tokens.
-    const int64_t g_numel = dqv_g.numel();
-    Tensor dqkv_g = be.alloc_acc({3, B, Hl_, ng * P, d});
-    be.cast(dqv_g, dqkv_g, g_numel);
-    codec.to_rows(B, ng, dpayload, Buf(dqkv_g).at(g_numel));
-    codec.to_rows(B, ng, CBuf(dpayload).at(B * ng * codec.row_width()), Buf(dqkv_g).at(2 * g_numel));
+    // Back to the sequence-sharded layout: dQ of my query heads, dK, dV of my key/value heads,
+    // for each owner's tokens: [B][Hl] | [2][B][Hkvl] head blocks of ng*P*d.
+    const int64_t q_numel = B * Hl_ * hsg, kv_numel = B * Hkvl_ * hsg;
+    Tensor dqkv_g = be.alloc_acc({q_numel + 2 * kv_numel});
+    be.cast(dqv_g, dqkv_g, q_numel);
+    codec.to_rows(B, ng, dpayload, Buf(dqkv_g).at(q_numel));
+    codec.to_rows(B, ng, CBuf(dpayload).at(B * ng * codec.row_width()), Buf(dqkv_g).at(q_numel + kv_numel));
     std::vector<Tensor> recv;
-    all_to_all_heads(at, [&](int64_t u) { return gather_tokens(dqkv_g, 3 * B * Hl_, ng, P * d, part_idx_[u]); },
-                     [&](int64_t) { return 3 * B * Hl_ * nP * d; }, recv, "a2a.bwd");
-    Tensor dqkv_l = be.alloc_acc({3, B, H, nP, d});
-    for (int64_t u = 0; u < T_; ++u)
-      be.copy_strided(recv[u], Buf(dqkv_l).at(u * Hl_ * hs), columns(3 * B, Hl_ * hs, H * hs, false), false);
-    const Buf dpre[3] = {dq, dk, dv};
-    const CBuf pre[3] = {q, k, v};
-    const CBuf alpha[3] = {mv.aq, mv.ak, mv.av};
-    const Buf dalpha[3] = {this->mix_grad(grads.aq), this->mix_grad(grads.ak), this->mix_grad(grads.av)};
-    for (int64_t x = 0; x < 3; ++x) {
-      be.fill(dpre[x], B * n * Hd, 0);
-      for (int64_t b = 0; b < B; ++b)
-        be.mix_rope_backward(Buf(dqkv_l).at((x * B + b) * H * hs), hs, pre[x].at(b * n * Hd), Hd, n, H, d, P, alpha[x],
-                             0, H, *rope_, x < 2, dpre[x].at(b * n * Hd), Hd, dalpha[x]);
+    all_to_all_heads(at, [&](int64_t u) { return gather_tokens(dqkv_g, B * (Hl_ + 2 * Hkvl_), ng, P * d, part_idx_[u]); },
+                     [&](int64_t) { return B * (Hl_ + 2 * Hkvl_) * nP * d; }, recv, "a2a.bwd");
+    dqkv_g = Tensor();
+    Tensor dq_l = be.alloc_acc({B, H, nP, d}), dkv_l = be.alloc_acc({2, B, Hkv, nP, d});
+    for (int64_t u = 0; u < T_; ++u) {
+      be.copy_strided(recv[u], Buf(dq_l).at(u * Hl_ * hs), columns(B, Hl_ * hs, H * hs, false), false);
+      be.copy_strided(CBuf(recv[u]).at(B * Hl_ * hs), Buf(dkv_l).at(u * Hkvl_ * hs),
+                      columns(2 * B, Hkvl_ * hs, Hkv * hs, false), false);
+    }
+    be.fill(dq, B * n * Hd, 0);
+    be.fill(dk, B * n * Kd, 0);
+    be.fill(dv, B * n * Kd, 0);
+    for (int64_t b = 0; b < B; ++b) {
+      be.mix_rope_backward(Buf(dq_l).at(b * H * hs), hs, q.at(b * n * Hd), Hd, n, H, d, P, mv.aq, 0, H, *rope_, true,
+                           dq.at(b * n * Hd), Hd, this->mix_grad(grads.aq));
+      be.mix_rope_backward(Buf(dkv_l).at(b * Hkv * hs), hs, k.at(b * n * Kd), Kd, n, Hkv, d, P, mv.ak, 0, Hkv, *rope_,
+                           true, dk.at(b * n * Kd), Kd, this->mix_grad(grads.ak));
+      be.mix_rope_backward(Buf(dkv_l).at((B + b) * Hkv * hs), hs, v.at(b * n * Kd), Kd, n, Hkv, d, P, mv.av, 0, Hkv,
+                           *rope_, false, dv.at(b * n * Kd), Kd, this->mix_grad(grads.av));
     }
   }
 
@@ -402,7 +419,7 @@ class UlyssesCore final : public AttentionCore<T> {
   }
 
   std::shared_ptr<Communicator> head_, seq_;
-  int64_t T_, t_, Hl_ = 0;
+  int64_t T_, t_, Hl_ = 0, Hkvl_ = 0;
   std::vector<int64_t> mine_;
   std::vector<std::vector<int64_t>> part_idx_;  // per head rank u: indices of its tokens among the group's
   std::unique_ptr<SeqEngine> engine_;

@@ -38,22 +38,23 @@ void EngineBackend::attend(const MaskSpec& m, int64_t B, int64_t heads, int64_t 
   if (nq <= 0 || nk == 0) return;
   const Backend& be = *be_;
   const CBuf qp = CBuf(qpos).at(q0);
+  const int64_t G = heads / blk.kv.dim(1);  // query heads per key/value head of the block
   // All heads in one call when the backend prefers it and the rows are every local row (heads
   // are then contiguous); otherwise one call per head on its row range.
   const bool batched = be.batches_heads() && q0 == 0 && q1 == nP;
-  const int64_t calls = batched ? 1 : BH, per_call = batched ? BH : 1;
+  const int64_t calls = batched ? 1 : BH, per_call = batched ? BH : 1, group = batched ? G : 1;
   Tensor o_part, l_part;
   if (!first) {
     o_part = be.alloc_acc({per_call * nq * d});
     l_part = be.alloc_acc({per_call * nq});
   }
   for (int64_t bh = 0; bh < calls; ++bh) {
-    const int64_t qoff = (bh * nP + q0) * d, loff = bh * nP + q0;
-    const CBuf q = CBuf(qv).at(qoff), k = CBuf(blk.kv).at(bh * nk * d), v = CBuf(blk.vv).at(bh * nk * d);
+    const int64_t qoff = (bh * nP + q0) * d, loff = bh * nP + q0, koff = (bh / G) * nk * d;
+    const CBuf q = CBuf(qv).at(qoff), k = CBuf(blk.kv).at(koff), v = CBuf(blk.vv).at(koff);
     if (first) {
-      be.flash_forward(m, d, per_call, q, qp, nq, k, v, blk.pos, nk, Buf(ov).at(qoff), Buf(lse).at(loff));
+      be.flash_forward(m, d, per_call, q, qp, nq, k, v, blk.pos, nk, Buf(ov).at(qoff), Buf(lse).at(loff), group);
     } else {
-      be.flash_forward(m, d, per_call, q, qp, nq, k, v, blk.pos, nk, o_part, l_part);
+      be.flash_forward(m, d, per_call, q, qp, nq, k, v, blk.pos, nk, o_part, l_part, group);
       be.merge_partial(Buf(ov).at(qoff), Buf(lse).at(loff), o_part, l_part, per_call * nq, d);
     }
     if (progress) progress->test();
@@ -64,19 +65,21 @@ void EngineBackend::attend_backward(const MaskSpec& m, int64_t B, int64_t heads,
                                     const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk, const Tensor& dov,
                                     const Tensor& lse, const Tensor& drow, Tensor& dqv, Tensor& dkv, Tensor& dvv,
                                     PendingExchange* progress) const {
-  const int64_t nq = q1 - q0, nP = qpos.numel(), nk = blk.rows(), BH = B * heads;
+  const int64_t nq = q1 - q0, nP = qpos.numel(), nk = blk.rows(), BH = B * heads, kvh = blk.kv.dim(1),
+                G = heads / kvh;
   const Backend& be = *be_;
-  dkv = be.alloc_acc({B, heads, nk, d});
-  dvv = be.alloc_acc({B, heads, nk, d});
+  dkv = be.alloc_acc({B, kvh, nk, d});
+  dvv = be.alloc_acc({B, kvh, nk, d});
   if (nq <= 0 || nk == 0) return;
   const CBuf qp = CBuf(qpos).at(q0);
   const bool batched = be.batches_heads() && q0 == 0 && q1 == nP;
-  const int64_t calls = batched ? 1 : BH, per_call = batched ? BH : 1;
+  const int64_t calls = batched ? 1 : BH, per_call = batched ? BH : 1, group = batched ? G : 1;
+  // The G query heads of a key/value head accumulate into its dK, dV, in head order.
   for (int64_t bh = 0; bh < calls; ++bh) {
-    const int64_t qoff = (bh * nP + q0) * d, loff = bh * nP + q0, koff = bh * nk * d;
+    const int64_t qoff = (bh * nP + q0) * d, loff = bh * nP + q0, koff = (bh / G) * nk * d;
     be.flash_backward(m, d, per_call, CBuf(qv).at(qoff), qp, nq, CBuf(blk.kv).at(koff), CBuf(blk.vv).at(koff),
                       blk.pos, nk, CBuf(dov).at(qoff), CBuf(lse).at(loff), CBuf(drow).at(loff), Buf(dqv).at(qoff),
-                      Buf(dkv).at(koff), Buf(dvv).at(koff));
+                      Buf(dkv).at(koff), Buf(dvv).at(koff), group);
     if (progress) progress->test();
   }
 }

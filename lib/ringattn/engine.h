@@ -145,14 +145,14 @@ class SeqEngine {
   std::string site_;
 };
 
-// pieces: how many transfer granules each round's block is cut into (>= 1; the same on every
-// rank of the group, checked). More pieces hold smaller buffers; each piece is one transfer
-// overlapped with the previous piece's compute.
+// pieces: how many transfer granules each round's block is cut into (SeqParallelOptions::
+// ring_pieces: >= 1 and the same on every rank of the group, checked). More pieces hold
+// smaller buffers; each piece is one transfer overlapped with the previous piece's compute.
 std::unique_ptr<SeqEngine> make_ring_engine(const LayerConfig& cfg, int64_t heads,
                                             std::shared_ptr<Communicator> comm,
                                             std::vector<std::vector<int64_t>> tokens_per_rank,
                                             std::shared_ptr<const EngineBackend> backend,
-                                            const std::string& site, int64_t pieces = 4);
+                                            const std::string& site, int64_t pieces);
 std::unique_ptr<SeqEngine> make_halo_engine(const LayerConfig& cfg, int64_t heads,
                                             std::shared_ptr<Communicator> comm,
                                             std::vector<std::vector<int64_t>> tokens_per_rank,

@@ -52,8 +52,9 @@ class RingEngine final : public SeqEngine {
              std::string site, int64_t pieces)
       : SeqEngine(cfg, heads, std::move(comm), std::move(tokens_per_rank), std::move(backend), std::move(site)),
         pieces_(pieces) {
-    IHA_CHECK(pieces_ >= 1, "ring engine: pieces per round must be >= 1, got ", pieces_);
+    // Agreement first: then a bad value fails on every rank alike, and none waits for the others.
     check_same_on_all_ranks(*comm_, pieces_, "the ring's pieces per round");
+    IHA_CONFIG_CHECK(pieces_ >= 1, "ring engine: pieces per round (ring_pieces) must be >= 1, got ", pieces_);
     for (int64_t i = 0; i < R_; ++i) {
       Round rd;
       rd.in = (rank_ - i + R_) % R_;
@@ -104,23 +105,19 @@ class RingEngine final : public SeqEngine {
     // The own K/V's gradient, in the caller's memory when it lent it: own pieces write into it,
     // the other ranks' contributions are added as they arrive.
     Tensor grad = own_payload_grad(dpayload, 2 * B * n * w, true);
-    // Backward of one piece: writes its payload gradient (accumulated) into `dst` at row `a`.
-    const auto backward_piece = [&](const Tensor& src, int64_t src_n, int64_t a, const Piece& p, Tensor& dst,
-                                    PendingExchange* progress) {
+    // An own piece's gradient goes straight into `grad` at its rows.
+    const std::vector<Piece>& own = rounds_[0].recv;
+    const auto own_piece = [&](size_t j, PendingExchange* progress) {
+      const Piece& p = own[j];
       const auto [q0, q1] = query_rows_seeing_tokens(p.tokens);
       if (p.empty() || q0 >= q1) return;
       Tensor dkv, dvv;
       {
         KVBlock blk;
-        codec.decode(B, src, src_n, a, p.tokens, blk);
+        codec.decode(B, payload, n, p.rows.front(), p.tokens, blk);
         attend_backward(B, qv, blk, q0, q1, dov, lse, drow, dqv, dkv, dvv, progress);
       }
-      codec.decode_backward(B, src, src_n, a, p.tokens, dkv, dvv, dst);
-    };
-    const std::vector<Piece>& own = rounds_[0].recv;
-    const auto own_piece = [&](size_t j, PendingExchange* progress) {
-      const Piece& p = own[j];
-      backward_piece(payload, n, p.empty() ? 0 : p.rows.front(), p, grad, progress);
+      codec.decode_backward(B, payload, n, p.rows.front(), p.tokens, dkv, dvv, grad);
     };
     // The own block is split around the visiting pieces: all but its last piece hide the first
     // K/V transfer, the last one hides the last gradient's trip home.
@@ -141,7 +138,9 @@ class RingEngine final : public SeqEngine {
         if (q0 < q1) {
           KVBlock blk;
           codec.decode(B, cur.recv, p.size(), 0, p.tokens, blk);
-          attend_backward(B, qv, blk, q0, q1, dov, lse, drow, dqv, dkv, dvv, next.pending.get());
+          // Testing either pending exchange drives both (the last slot has no next K/V piece).
+          attend_backward(B, qv, blk, q0, q1, dov, lse, drow, dqv, dkv, dvv,
+                          next.pending ? next.pending.get() : grads.pending.get());
         }
         contrib = be.zeros({2 * B * p.size() * w}, be.acc_dtype());
         if (q0 < q1) codec.decode_backward(B, cur.recv, p.size(), 0, p.tokens, dkv, dvv, contrib);

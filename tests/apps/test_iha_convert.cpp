@@ -114,7 +114,7 @@ TEST(IhaConvert, ConfigFieldsWeCannotHonourAreNamed) {
                                              {"high_freq_factor", 4.0}, {"rope_theta", 1e4}}; },
        {"'rope_parameters.high_freq_factor'"}},
       {[](json& j) { j["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", 1e4}}; }, {"'factor'", "missing"}},
-      {[](json& j) { j["num_key_value_heads"] = 2; }, {"'num_key_value_heads'"}},
+      {[](json& j) { j["num_key_value_heads"] = 3; }, {"'num_key_value_heads'", "must divide"}},
       {[](json& j) { j["hidden_size"] = 30; j.erase("head_dim"); }, {"'num_attention_heads'", "does not divide"}},
       {[](json& j) { j["vocab_size"] = "many"; }, {"'vocab_size'", "expected an integer"}},
       {[](json& j) { j.erase("num_hidden_layers"); }, {"'num_hidden_layers'", "missing"}},
@@ -205,7 +205,7 @@ TEST(IhaConvert, BadExportsWriteNothing) {
   EXPECT_NE(r.output.find("--P"), std::string::npos) << r.output;
   r = convert("import " + kFixtures + "mha_untied " + tmp("x") + " --P 2 --kind mha");
   EXPECT_EQ(r.code, 2) << r.output;
-  r = iha::test::run_command(std::string(IHA_MPIEXEC) + " -n 2 --oversubscribe " + IHA_CONVERT_BIN + " import " +
+  r = iha::test::run_command(std::string(IHA_MPI_LAUNCH) + " -n 2 " + IHA_CONVERT_BIN + " import " +
                              kFixtures + "mha_untied " + tmp("x"));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("runs as one process"), std::string::npos) << r.output;
@@ -216,7 +216,6 @@ TEST(IhaConvert, BadExportsWriteNothing) {
 // iha-train finetune from imported checkpoints: the HF model at P = 1 with a new RoPE scaling,
 // and the same model upcycled to P = 2, on 2 sequence-parallel ranks.
 TEST(IhaConvert, FinetuneStartsFromAnImportedCheckpoint) {
-  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
   for (const std::string P : {"1", "2"}) {
     const std::string ck = tmp("ft" + P), run = tmp("ft" + P + "-run");
     fs::remove_all(ck);
@@ -231,14 +230,14 @@ TEST(IhaConvert, FinetuneStartsFromAnImportedCheckpoint) {
             "eval: {sequences: 2, batch: 1}\nfinetune: {from: " + ck + "}\ncheckpoint: {dir: " + run + "}\n";
     const std::string cfg = tmp("ft" + P + ".yaml");
     std::ofstream(cfg) << yaml;
-    r = iha::test::run_command(std::string(IHA_MPIEXEC) + " -n 2 --oversubscribe " + IHA_TRAIN_BIN + " finetune --config " +
+    r = iha::test::run_command(std::string(IHA_MPI_LAUNCH) + " -n 2 " + IHA_TRAIN_BIN + " finetune --config " +
                                cfg + " --set 'model.rope_scaling={type: yarn, factor: 2, original_length: 16}'");
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("loaded the weights of " + ck), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("rope_scaling=yarn"), std::string::npos) << r.output;
     EXPECT_TRUE(fs::exists(run + "/latest")) << r.output;
     // Another architecture than the checkpoint's is refused naming the key.
-    r = iha::test::run_command(std::string(IHA_MPIEXEC) + " -n 2 --oversubscribe " + IHA_TRAIN_BIN + " finetune --config " +
+    r = iha::test::run_command(std::string(IHA_MPI_LAUNCH) + " -n 2 " + IHA_TRAIN_BIN + " finetune --config " +
                                cfg + " --set model.ffn=64 --set checkpoint.dir=" + run + "-other");
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_NE(r.output.find("'model.ffn'"), std::string::npos) << r.output;

@@ -319,6 +319,14 @@ TEST_F(IhaLayerBadFile, BadConfigAttributeIsNamed) {
   write_problem(in, p);
   expect_rejected(args(in), "'P'");
 
+  // A head dim whose products overflow 64 bits: refused naming it, never SIGFPE/SIGSEGV.
+  in = temp_file("huge_d");
+  write_problem(in, problem, "", [](H5File& f) {
+    H5Adelete(f.id(), "d");
+    write_int_attr(f, "d", int64_t(1) << 62);
+  });
+  expect_rejected(args(in), "'d' = 4611686018427387904 is too large");
+
   in = temp_file("typo");
   write_problem(in, problem, "", [](H5File& f) { write_int_attr(f, "windw", 3); });
   expect_rejected(args(in), "unknown config attribute 'windw'");

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -25,12 +26,10 @@ std::string tmp(const std::string& name) {
   return "/tmp/iha_app_test_" + std::to_string(::getpid()) + "_" + name;
 }
 
-// The command line that starts iha-train under mpiexec with `ranks` processes.
+// The command line that starts iha-train under mpiexec (scripts/mpiexec.sh, which execs the
+// launcher in its own process) with `ranks` processes.
 std::string launch(int ranks) {
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-  return std::string(IHA_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe " + IHA_TRAIN_BIN;
+  return std::string(IHA_MPI_LAUNCH) + " -n " + std::to_string(ranks) + " " + IHA_TRAIN_BIN;
 }
 
 // Runs iha-train under mpiexec with `ranks` processes.
@@ -107,6 +106,18 @@ TEST(IhaTrain, HelpPrintsTheUsageOnce) {
   }
 }
 
+// The CPU level comes from the environment (core/cpu_level.h): a bad one stops every rank
+// with exit code 2 naming the variable; a good one trains.
+TEST(IhaTrain, CpuLevelFromTheEnvironment) {
+  const Result bad = iha::test::run_command("IHA_CPU_LEVEL=avx1024 " + std::string(IHA_MPI_LAUNCH) +
+                                            " -n 2 " + IHA_TRAIN_BIN + " " + demo());
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("IHA_CPU_LEVEL='avx1024'"), std::string::npos) << bad.output;
+  const Result good = iha::test::run_command("IHA_CPU_LEVEL=avx2 " + std::string(IHA_MPI_LAUNCH) +
+                                             " -n 2 " + IHA_TRAIN_BIN + " " + demo());
+  EXPECT_EQ(good.code, 0) << good.output;
+}
+
 TEST(IhaTrain, BadConfigsNameTheKey) {
   expect_config_error(demo("--set model.heads=4"), "unknown config key 'model.heads'");
   expect_config_error(demo("--set optim.lr=fast"), "'optim.lr'");
@@ -115,6 +126,8 @@ TEST(IhaTrain, BadConfigsNameTheKey) {
   expect_config_error(demo("--set mesh.schemes.global=ring"), "'mesh.schemes.global'");
   // H = 4 heads over 3 head-parallel ranks: the head scheme (default for global layers) cannot.
   expect_config_error(demo("--set mesh.hp=3 --set mesh.sp=1"), "must divide model.H = 4", 3);
+  // Grouped-query attention: the head scheme also splits the key/value heads.
+  expect_config_error(demo("--set mesh.hp=2 --set mesh.sp=1 --set model.kv_heads=1"), "and model.kv_heads = 1");
   expect_config_error(demo("--set sequence.layout=spiral"), "'sequence.layout'");
   expect_config_error(demo("--set mesh.sp=1"), "world size");  // 1 rank of mesh, 2 launched
   expect_config_error(demo("--set badoverride"), "expected key=value");
@@ -392,8 +405,7 @@ TEST(IhaTrain, UnwritableCheckpointDirFailsBeforeTraining) {
 TEST(IhaTrain, FileSizeLimitIsAnErrorNotASignal) {
   const std::string dir = tmp("fsize_ckpt");
   std::filesystem::remove_all(dir);
-  const Result r = shell("timeout 300 bash -c 'ulimit -f 16384; export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; " +
-                         std::string(IHA_MPIEXEC) + " -n 2 --oversubscribe " + IHA_TRAIN_BIN + " " +
+  const Result r = shell("timeout 300 bash -c 'ulimit -f 16384; " + launch(2) + " " +
                          demo("--set eval.sequences=0 --set train.steps=2 --set model.D=512 --set model.ffn=1024 --set checkpoint.dir=" + dir) + "'");
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.code, -1) << "killed by a signal:\n" << r.output;
@@ -443,6 +455,38 @@ TEST(IhaTrain, EvalAndFinetuneFromACheckpoint) {
   for (const auto& p : {dir, ft_dir, log, ev_log}) std::filesystem::remove_all(p);
 }
 
+// The "reading without our code" example of docs/checkpoint.md, run as written against a
+// checkpoint iha-train just wrote.
+TEST(IhaTrain, DocsReadingExampleRuns) {
+  const std::string dir = tmp("doc_ckpt"), script = tmp("doc_example.py");
+  ASSERT_EQ(run(demo("--set train.steps=1 --set eval.sequences=0 --set checkpoint.dir=" + dir)).code, 0);
+  std::ifstream doc(std::string(IHA_SOURCE_DIR) + "/docs/checkpoint.md");
+  const std::string text((std::istreambuf_iterator<char>(doc)), std::istreambuf_iterator<char>());
+  const size_t at = text.find("```python", text.find("### Reading a checkpoint without our code"));
+  ASSERT_NE(at, std::string::npos);
+  std::string code = text.substr(at + 10, text.find("```", at + 10) - (at + 10));
+  const std::string path = "runs/demo/checkpoints/step_800/state.h5";
+  ASSERT_NE(code.find(path), std::string::npos) << code;
+  code.replace(code.find(path), path.size(), dir + "/step_1/state.h5");
+  std::ofstream(script) << code << "\nassert wq.shape == (64, 64) and m.shape == wq.shape and step == 1\n"
+                        << "assert 'param/blocks.0.attn.wq' in names and 'mesh:' in config\n";
+  const Result r = shell(std::string(IHA_PYTHON3) + " " + script);
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(script);
+}
+
+// A float64 checkpoint resumed by a float32 config names the config key, not a C++ option.
+TEST(IhaTrain, Float64CheckpointIntoFloat32NamesTrainDtype) {
+  const std::string dir = tmp("f64_ckpt");
+  ASSERT_EQ(run(demo("--set train.steps=1 --set eval.sequences=0 --set train.dtype=float64 --set checkpoint.dir=" + dir)).code, 0);
+  const Result r = run(demo("--set train.steps=2 --set eval.sequences=0 --resume --set checkpoint.dir=" + dir));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("config key 'train.dtype' is float32"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("LoadOptions"), std::string::npos) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(IhaTrain, NumpyReferenceComputesTheSameLoss) {
   // docs/reference_loss.py reads only the checkpoint and the token file (docs/model.md).
   ASSERT_EQ(shell(std::string(IHA_PYTHON3) + " -c 'import numpy, h5py'").code, 0)
@@ -489,9 +533,18 @@ TEST(IhaData, TextBecomesByteTokensThatTrain) {
   const Result info = shell(std::string(IHA_DATA_BIN) + " info " + h5 + " --seq-len 64");
   ASSERT_EQ(info.code, 0) << info.output;
   EXPECT_NE(info.output.find("ids in sequences: [10, 233]"), std::string::npos) << info.output;  // '\n', 0xE9
+  const std::string log = tmp("corpus.jsonl");
   const Result train = run(demo("--set model.vocab_size=256 --set 'eval={path: " + h5 +
-                                ", sequences: 4}' --set 'data={kind: hdf5, path: " + h5 + "}'"));
+                                ", sequences: 4}' --set 'data={kind: hdf5, path: " + h5 + "}'"
+                                " --set logging.jsonl=" + log));
   EXPECT_EQ(train.code, 0) << train.output;
+  {  // text has no answer tokens: the answer figures are omitted, not logged as 0
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("\"event\":\"eval\""), std::string::npos) << text;
+    EXPECT_EQ(text.find("answer_loss"), std::string::npos) << text;
+  }
+  std::filesystem::remove(log);
   EXPECT_NE(train.output.find("eval  step 4 | loss"), std::string::npos) << train.output;
   // Bad input: a missing text file, and a text file given to `info`.
   EXPECT_EQ(shell(std::string(IHA_DATA_BIN) + " text /tmp/iha_no_such.txt " + h5).code, 2);

@@ -8,6 +8,8 @@
 
 #include "attention/flash.h"
 #include "attention/merge.h"
+#include "attention/tile_kernels.h"
+#include "core/cpu_level.h"
 #include "core/rng.h"
 #include "reference/compare.h"
 #include "reference/naive_attention.h"
@@ -41,7 +43,7 @@ struct FlashCase {
   int64_t P;
   int64_t window;  // Wv; 0 = none
   FlashTiles tiles;
-  int64_t d = 6;   // head dim; multiples of 16 take the AVX-512 tile kernels (float) when built
+  int64_t d = 6;   // head dim; multiples of 16 take the AVX-512 tile kernels (float) at that level
   int64_t N = 13;  // tokens
 };
 
@@ -295,6 +297,14 @@ TEST(Merge, BothEmptyStaysEmptyWithoutNaN) {
   merge_partial_row(o, lse, p2, 0.5, 3);
   EXPECT_EQ(lse, 0.5);
   EXPECT_EQ(o[2], 3.0);
+}
+
+// The AVX-512 tile kernels run exactly at CPU level avx512 (the tests run at every level).
+TEST(Flash, TileKernelsFollowTheCpuLevel) {
+  const bool avx512 = cpu_level() == CpuLevel::avx512;
+  EXPECT_EQ(detail::tile_kernels_available(64), avx512);
+  EXPECT_EQ(detail::tile_kernels_available(16), avx512);
+  EXPECT_FALSE(detail::tile_kernels_available(24));
 }
 
 // Tiles the mask hides are never computed: a window layer costs about N*P*Wv pairs.

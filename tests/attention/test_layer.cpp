@@ -9,6 +9,7 @@
 #include "core/blas.h"
 #include "reference/compare.h"
 #include "reference/fixtures.h"
+#include "reference/layer_checks.h"
 #include "reference/naive_iha.h"
 
 namespace iha {
@@ -264,6 +265,93 @@ TEST(Layer, WrongInputShapeIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("layer input x has shape [1, 6, 8], expected [1, 5, 8]"),
               std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace iha
+
+namespace iha {
+namespace {
+
+// Grouped-query attention (DESIGN.md section 13): Hkv < H key/value heads mixed among
+// themselves, each serving H / Hkv query heads, against the plain-loop reference (1e-12) and
+// finite differences of every gradient; with Hkv = H, P = 1 and identity mixing it is the
+// standard GQA of an mha layer.
+struct GqaCase {
+  int64_t Hkv, P;
+  bool window;
+  Collapse collapse;
+};
+
+class GqaLayer : public ::testing::TestWithParam<GqaCase> {};
+
+TEST_P(GqaLayer, ForwardMatchesReferenceAndGradientsMatchFiniteDifferences) {
+  const GqaCase c = GetParam();
+  LayerConfig cfg;
+  cfg.D = 8; cfg.H = 4; cfg.Hkv = c.Hkv; cfg.d = 4; cfg.P = c.P;
+  cfg.collapse = c.collapse;
+  cfg.rope_base = 100.0;
+  cfg.window_virtual = c.window ? 2 * c.P + 1 : 0;
+  const IhaWeights<double> w = IhaWeights<double>::zeros(cfg);
+  EXPECT_EQ(w.wk.shape(), (Shape{cfg.D, c.Hkv * cfg.d}));
+  EXPECT_EQ(w.ak.shape(), (Shape{c.Hkv, c.Hkv, c.P}));
+  test::check_layer_against_reference(cfg, 2, 7, 41, FlashTiles{4, 3});
+}
+
+std::vector<GqaCase> gqa_cases() {
+  std::vector<GqaCase> out;
+  for (int64_t Hkv : {1, 2})
+    for (int64_t P : {1, 2, 3})
+      for (bool w : {false, true})
+        for (Collapse c : {Collapse::global, Collapse::per_head}) out.push_back({Hkv, P, w, c});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, GqaLayer, ::testing::ValuesIn(gqa_cases()), [](const auto& info) {
+  const GqaCase& c = info.param;
+  return "Hkv" + std::to_string(c.Hkv) + "_P" + std::to_string(c.P) + (c.window ? "_win_" : "_global_") +
+         collapse_name(c.collapse);
+});
+
+// An mha layer (no mixing parameters) with Hkv < H is standard GQA: equal to an IHA layer at
+// P = 1 with identity mixing and collapse, and to a plain MHA layer whose key/value heads are
+// repeated for their query heads.
+TEST(GqaLayer, MhaKindIsStandardGqa) {
+  LayerConfig gqa;
+  gqa.D = 8; gqa.H = 4; gqa.Hkv = 2; gqa.d = 4; gqa.P = 1; gqa.rope_base = 100.0;
+  gqa.mixing = false;
+  gqa.collapse = Collapse::per_head;
+  LayerConfig mha = gqa;
+  mha.Hkv = 0;
+  const int64_t B = 2, N = 9;
+  auto w = test::random_weights<double>(gqa, 51);
+  auto wm = IhaWeights<double>::zeros(mha);
+  wm.wq = w.wq; wm.wo = w.wo;
+  for (const auto& [src, dst] : {std::pair{&w.wk, &wm.wk}, {&w.wv, &wm.wv}})
+    for (int64_t e = 0; e < gqa.D; ++e)
+      for (int64_t h = 0; h < gqa.H; ++h)
+        for (int64_t c = 0; c < gqa.d; ++c)
+          dst->data<double>()[e * gqa.H * gqa.d + h * gqa.d + c] = src->data<double>()[e * 2 * gqa.d + (h / 2) * gqa.d + c];
+  const Tensor x = test::random_tensor<double>({B, N, gqa.D}, 52, "x");
+  IhaLayer<double> a(gqa, make_local_core<double>(gqa, N)), b(mha, make_local_core<double>(mha, N));
+  IhaLayer<double>::Cache ca, cb;
+  Tensor za, zb;
+  a.forward(w, x, za, ca);
+  b.forward(wm, x, zb, cb);
+  EXPECT_TRUE(test::close_normwise(za, zb, 1e-12, "z"));
+  LayerConfig iha = gqa;
+  iha.mixing = true;
+  IhaWeights<double> wi = IhaWeights<double>::zeros(iha);
+  wi.init(iha, 1, 0.1);
+  wi.wq = w.wq; wi.wk = w.wk; wi.wv = w.wv; wi.wo = w.wo;
+  IhaLayer<double> c(iha, make_local_core<double>(iha, N));
+  IhaLayer<double>::Cache cc;
+  Tensor zc;
+  c.forward(wi, x, zc, cc);
+  EXPECT_TRUE(test::close_normwise(zc, za, 1e-12, "z (iha, identity)"));
+  LayerConfig bad = gqa;
+  bad.Hkv = 3;
+  EXPECT_THROW(bad.validate(), ConfigError);
 }
 
 }  // namespace

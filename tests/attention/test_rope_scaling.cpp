@@ -10,7 +10,7 @@
 #include "attention/rope.h"
 #include "reference/compare.h"
 #include "reference/fixtures.h"
-#include "reference/naive_iha.h"
+#include "reference/layer_checks.h"
 
 namespace iha {
 namespace {
@@ -114,30 +114,7 @@ TEST_P(ScaledLayer, ForwardMatchesReferenceAndGradientsMatchFiniteDifferences) {
   const auto [s, P] = GetParam();
   const LayerConfig cfg = scaled_layer(s, P);
   cfg.validate();
-  const int64_t B = 2, N = 9;
-  auto w = test::random_weights<double>(cfg, 31);
-  Tensor x = test::random_tensor<double>({B, N, cfg.D}, 32, "x");
-  const Tensor g = test::random_tensor<double>({B, N, cfg.D}, 33, "dz");
-  IhaLayer<double> layer(cfg, make_local_core<double>(cfg, N, FlashTiles{4, 3}));
-  IhaLayer<double>::Cache cache;
-  Tensor z, dx;
-  layer.forward(w, x, z, cache);
-  EXPECT_TRUE(close_normwise(test::flat(z), test::naive_iha_forward(cfg, test::to_naive(w), test::flat(x), B, N),
-                             1e-12, "z"));
-  auto loss = [&]() {
-    IhaLayer<double>::Cache c;
-    Tensor zz;
-    layer.forward(w, x, zz, c);
-    double acc = 0;
-    for (int64_t i = 0; i < zz.numel(); ++i) acc += zz.data<double>()[i] * g.data<double>()[i];
-    return acc;
-  };
-  auto grads = IhaWeights<double>::zeros(cfg);
-  layer.backward(w, g, cache, dx, grads);
-  test::fd_check(x, dx, loss, "dX");
-  auto gn = grads.named();
-  auto wn = w.named();
-  for (size_t i = 0; i < wn.size(); ++i) test::fd_check(*wn[i].second, *gn[i].second, loss, "d" + wn[i].first);
+  test::check_layer_against_reference(cfg, 2, 9, 31, FlashTiles{4, 3});
 }
 
 INSTANTIATE_TEST_SUITE_P(Methods, ScaledLayer,

@@ -2,7 +2,7 @@
 # checkpoint loadable and `latest` naming a complete one; the next run, opening the root as
 # every command does (root.h), recovers: a complete step left unnamed by `latest` (crash after
 # its rename) is verified and adopted; its save succeeds despite the leftovers and removes them.
-# Run as: cmake -DMPIEXEC=.. -DNP=2 -DHELPER=ckpt_helper -DROOT=dir -P crash_test.cmake
+# Run as: cmake -DMPIEXEC=scripts/mpiexec.sh -DNP=2 -DHELPER=ckpt_helper -DROOT=dir -P crash_test.cmake
 cmake_minimum_required(VERSION 3.24)
 
 function(helper expect)
@@ -15,15 +15,16 @@ function(helper expect)
   endif()
 endfunction()
 
-set(mpi ${MPIEXEC} -n ${NP} --oversubscribe)
+set(mpi ${MPIEXEC} -n ${NP})
 file(REMOVE_RECURSE ${ROOT})
 helper(ok ${mpi} ${HELPER} save ${ROOT} 1 1 2)
 helper(ok ${mpi} ${HELPER} save ${ROOT} 2 1 2)
 set(committed 2)
 set(next 3)
-# <phase>:<rank>. Data phases crash a non-zero rank (or rank 0); commit phases run on rank 0.
-foreach(case begin:1 created:1 data_half:0 data_half:1 data_done:1 manifest:0 renamed:0
-             latest_renamed:0 latest:0)
+# <phase>:<rank>: every phase on every rank that reaches it (the commit phases run on rank 0
+# only: rank 0 alone writes the manifest, renames and replaces `latest`).
+foreach(case begin:0 begin:1 created:0 created:1 data_half:0 data_half:1 data_done:0 data_done:1
+             manifest:0 renamed:0 latest_renamed:0 latest:0)
   string(REPLACE ":" ";" parts ${case})
   list(GET parts 0 phase)
   helper(crash ${CMAKE_COMMAND} -E env IHA_CKPT_CRASH=${case} ${mpi} ${HELPER} save ${ROOT} ${next} 1 2)

@@ -110,10 +110,13 @@ CheckpointInfo load_and_check(const std::string& path, int64_t step, const Layou
 }
 
 // A root's entries, without the lock file every writer of the root creates (root.h).
+// Collective: every rank lists root, then all wait, so that no rank's next step (a save or a
+// CheckpointRoot, which writes a probe file) can appear in a slower rank's listing.
 std::set<std::string> entries(const std::string& root) {
   std::set<std::string> s;
   for (const auto& e : fs::directory_iterator(root))
     if (e.path().filename() != "lock") s.insert(e.path().filename().string());
+  world().barrier();
   return s;
 }
 
@@ -799,6 +802,7 @@ TEST(CheckpointRoot, StepsWithoutLatestAreRefusedFreshAndAdoptedOnResume) {
   save_state(root, 4, Layout{1, 2});
   set_latest(root, "");  // a crash during the first commit
   const std::set<std::string> before = entries(root);
+  world().barrier();  // every rank has looked before rank 0 opens the root
   const std::string msg = expect_same_error(
       [&] { CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::fresh); });
   expect_contains(msg, {"config key 'checkpoint.dir' = '" + root + "'", "step_4, no 'latest'",

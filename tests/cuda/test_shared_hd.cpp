@@ -85,7 +85,7 @@ void expect_identical(const HdResults& a, const HdResults& b, const char* who) {
     EXPECT_TRUE(same_bits(a.bf16_back[i], b.bf16_back[i])) << who << " bf16 round trip " << i;
 }
 
-// Merged rows agree to rounding: the C++ build contracts a*x + b*y into FMAs (-march=native),
+// Merged rows agree to rounding: the C++ build contracts a*x + b*y into FMAs (x86-64-v3 has them),
 // nvcc's host pass and the GPU may round differently. Empty rows (-inf) must agree exactly.
 void expect_merges_close(const HdResults& a, const HdResults& b, float rel, const char* who) {
   ASSERT_EQ(a.merges.size(), b.merges.size()) << who;

@@ -8,4 +8,4 @@ cmake --install "$build" --prefix "$scratch/prefix" >/dev/null
 cmake -S "$src/tests/install/consumer" -B "$scratch/consumer" -DCMAKE_PREFIX_PATH="$scratch/prefix" \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$scratch/consumer" -j 2 >/dev/null
-mpiexec -n 2 --oversubscribe "$scratch/consumer/consumer"
+"$src/scripts/mpiexec.sh" -n 2 "$scratch/consumer/consumer"

@@ -21,7 +21,7 @@ except ImportError as e:  # a machine without torch/transformers (CI: Debian's p
     print(f"SKIPPED: {e}; pip install torch transformers safetensors to run this check")
     sys.exit(77)
 
-MODELS = ["mha_untied", "mha_tied_bf16", "mha_sharded_fp16", "linear", "ntk", "yarn", "llama3"]
+MODELS = ["mha_untied", "mha_tied_bf16", "mha_sharded_fp16", "gqa_h8_kv2", "linear", "ntk", "yarn", "llama3"]
 
 
 def main():

@@ -225,6 +225,46 @@ TEST_F(TokenFiles, RoundTripShardsAndLabels) {
     }
 }
 
+// A token file truncated, rewritten or replaced while a run reads it is an error naming the
+// file and dataset, never zeros or another file's tokens.
+TEST_F(TokenFiles, AFileChangedDuringTheRunIsAnError) {
+  std::vector<int64_t> tokens(4001);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(1 + i % 200);
+  auto write = [&](const std::string& f) {
+    TokenFileWriter w(f, "tokens", 256, "bytes");
+    w.append(tokens.data(), static_cast<int64_t>(tokens.size()));
+  };
+  const int64_t N = 10;
+  for (const std::string how : {"truncate", "rewrite", "replace"}) {
+    SCOPED_TRACE(how);
+    const std::string f = path("changed_" + how);
+    write(f);
+    auto src = open_token_file(f, "tokens", N, 256);
+    DataLoader loader(src, SequenceLayout(LayoutKind::contiguous, N, 1), 0);
+    loader.batch(0, 2);
+    if (how == "truncate") {
+      std::filesystem::resize_file(f, std::filesystem::file_size(f) / 2);
+    } else if (how == "rewrite") {
+      ::usleep(20000);  // a later modification time even on coarse clocks
+      std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(-100, std::ios::end);
+      io.write("xxxx", 4);
+    } else {
+      const std::string other = path("other_" + how);
+      write(other);
+      std::filesystem::rename(other, f);
+    }
+    try {
+      loader.batch(300, 2);  // sequences in the part a truncation removed
+      ADD_FAILURE() << "a changed token file was read";
+    } catch (const ConfigError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("token file '" + f + "', dataset 'tokens'"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("changed during the run"), std::string::npos) << msg;
+    }
+  }
+}
+
 TEST_F(TokenFiles, WriterPicksTheNarrowTypeAndRefusesBadIds) {
   const std::string f = path("narrow");
   {
@@ -382,6 +422,8 @@ TEST(RunConfig, BadKeysTypesAndValuesNameTheKey) {
       {"model.d=5", "model.d"},                          // RoPE needs an even head dim
       {"model.vocab_size=1", "model.vocab_size"},
       {"model.rope_scale=0", "model.rope_scale"},
+      {"model.kv_heads=3", "model.kv_heads"},               // must divide H = 2
+      {"model.kv_heads=0", "model.kv_heads"},
       {"model.rope_scaling={type: stretch, factor: 2}", "model.rope_scaling.type"},
       {"model.rope_scaling={factor: 2}", "model.rope_scaling.type"},  // required
       {"model.rope_scaling={type: ntk, factor: 0.5}", "model.rope_scaling.factor"},

@@ -164,6 +164,26 @@ TEST(Resume, FinetuneLoadsWeightsAtALongerContextAndKeepsTheWindow) {
   Trainer<double> ok(allowed, test::world_ptr(), info.model.window_virtual);
   EXPECT_EQ(ok.model_config().window_virtual, 10);
 
+  // A model with grouped-query attention stores its key/value heads; another count is refused.
+  {
+    test::SharedDir gqa_dir("finetune_gqa");
+    RunConfig gqa = tiny(W, 1, "float64", 16, {"model.kv_heads=1"});
+    Trainer<double> g(gqa, test::world_ptr());
+    g.init();
+    EXPECT_TRUE(std::isfinite(g.train_step().loss));
+    TrainCheckpoints<double>(g, 2).save(gqa_dir.str());
+    const CheckpointModel gi = inspect_train_checkpoint(world(), gqa_dir.str(), "finetune.from");
+    EXPECT_EQ(gi.model.kv_heads, 1);
+    EXPECT_EQ(info.model.kv_heads, 2);  // MHA: kv_heads = H
+    check_same_architecture(gqa.model, gi);
+    try {
+      check_same_architecture(long_cfg.model, gi);
+      ADD_FAILURE() << "no error";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("'model.kv_heads'"), std::string::npos) << e.what();
+    }
+  }
+
   // Another architecture is refused, naming the key.
   RunConfig wider = tiny(W, 1, "float64", 32, {"model.ffn=32"});
   try {

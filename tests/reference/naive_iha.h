@@ -13,8 +13,8 @@
 namespace iha::test {
 
 struct NaiveWeights {
-  std::vector<double> wq, wk, wv, wo;  // [D][H*d], wo [H*d][D]
-  std::vector<double> aq, ak, av;      // [H][H][P]
+  std::vector<double> wq, wk, wv, wo;  // wq [D][H*d], wk, wv [D][Hkv*d], wo [H*d][D]
+  std::vector<double> aq, ak, av;      // aq [H][H][P], ak, av [Hkv][Hkv][P]
   std::vector<double> c;               // [H][H*P] or [H][P]
 };
 
@@ -32,46 +32,55 @@ inline void naive_rope(std::vector<double>& x, int64_t rows, int64_t d, const st
     }
 }
 
-// x [B][N][D] -> z [B][N][D]
+// x [B][N][D] -> z [B][N][D]. Grouped-query attention (DESIGN.md section 13): keys and values
+// have Hkv heads mixed among themselves; query head h reads key/value head h / (H / Hkv).
 inline std::vector<double> naive_iha_forward(const LayerConfig& cfg, const NaiveWeights& w,
                                              const std::vector<double>& x, int64_t B, int64_t N) {
   const int64_t D = cfg.D, H = cfg.H, d = cfg.d, P = cfg.P, Hd = H * d;
+  const int64_t Hkv = cfg.Hkv > 0 ? cfg.Hkv : H, Kd = Hkv * d;
   const MaskSpec mask{cfg.mask, P, cfg.window_virtual};
   std::vector<double> z(B * N * D, 0.0);
   std::vector<int64_t> pos(N * P);
   for (int64_t t = 0; t < N * P; ++t) pos[t] = t;
   for (int64_t b = 0; b < B; ++b) {
-    // 1. project: Q[n][m*d + c]
-    std::vector<double> Q(N * Hd, 0), K(N * Hd, 0), V(N * Hd, 0);
+    // 1. project: Q[n][m*d + c], K, V [n][g*d + c]
+    std::vector<double> Q(N * Hd, 0), K(N * Kd, 0), V(N * Kd, 0);
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t col = 0; col < Hd; ++col)
-        for (int64_t e = 0; e < D; ++e) {
-          const double xv = x[(b * N + n) * D + e];
-          Q[n * Hd + col] += xv * w.wq[e * Hd + col];
-          K[n * Hd + col] += xv * w.wk[e * Hd + col];
-          V[n * Hd + col] += xv * w.wv[e * Hd + col];
+      for (int64_t e = 0; e < D; ++e) {
+        const double xv = x[(b * N + n) * D + e];
+        for (int64_t col = 0; col < Hd; ++col) Q[n * Hd + col] += xv * w.wq[e * Hd + col];
+        for (int64_t col = 0; col < Kd; ++col) {
+          K[n * Kd + col] += xv * w.wk[e * Kd + col];
+          V[n * Kd + col] += xv * w.wv[e * Kd + col];
         }
+      }
+    // 2-4. mix, interleave and rope the key/value heads: kvs[g], vvs[g] [N*P][d]
+    std::vector<std::vector<double>> kvs(Hkv, std::vector<double>(N * P * d, 0)), vvs = kvs;
+    for (int64_t g = 0; g < Hkv; ++g) {
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < P; ++j)
+          for (int64_t m = 0; m < Hkv; ++m)
+            for (int64_t c = 0; c < d; ++c) {
+              const int64_t a = (m * Hkv + g) * P + j;
+              kvs[g][(n * P + j) * d + c] += w.ak[a] * K[n * Kd + m * d + c];
+              vvs[g][(n * P + j) * d + c] += w.av[a] * V[n * Kd + m * d + c];
+            }
+      if (cfg.rope) naive_rope(kvs[g], N * P, d, pos, cfg);
+    }
     std::vector<double> Y(H * N * P * d, 0);  // Y[h'][n*P + j][c] = Ov_h'[n*P + j]
     for (int64_t h = 0; h < H; ++h) {
       // 2-3. mix and interleave: Qv_h[n*P + j] = sum_m a[m][h][j] Q_m[n]
-      std::vector<double> qv(N * P * d, 0), kv(N * P * d, 0), vv(N * P * d, 0);
+      std::vector<double> qv(N * P * d, 0);
       for (int64_t n = 0; n < N; ++n)
         for (int64_t j = 0; j < P; ++j)
           for (int64_t m = 0; m < H; ++m)
-            for (int64_t c = 0; c < d; ++c) {
-              const int64_t a = (m * H + h) * P + j;
-              qv[(n * P + j) * d + c] += w.aq[a] * Q[n * Hd + m * d + c];
-              kv[(n * P + j) * d + c] += w.ak[a] * K[n * Hd + m * d + c];
-              vv[(n * P + j) * d + c] += w.av[a] * V[n * Hd + m * d + c];
-            }
+            for (int64_t c = 0; c < d; ++c) qv[(n * P + j) * d + c] += w.aq[(m * H + h) * P + j] * Q[n * Hd + m * d + c];
       // 4. RoPE at virtual positions
-      if (cfg.rope) {
-        naive_rope(qv, N * P, d, pos, cfg, naive_logit_multiplier(cfg.rope_scaling));
-        naive_rope(kv, N * P, d, pos, cfg);
-      }
-      // 5. attention
+      if (cfg.rope) naive_rope(qv, N * P, d, pos, cfg, naive_logit_multiplier(cfg.rope_scaling));
+      // 5. attention against the group's key/value head
+      const int64_t g = h / (H / Hkv);
       std::vector<double> o, lse;
-      naive_attention_forward(mask, d, qv, pos, kv, vv, pos, o, lse);
+      naive_attention_forward(mask, d, qv, pos, kvs[g], vvs[g], pos, o, lse);
       std::copy(o.begin(), o.end(), Y.begin() + h * N * P * d);
     }
     // 6-7. de-interleave and collapse; 8. output projection

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "attention/layer.h"
@@ -185,12 +186,15 @@ bool owns(const std::vector<std::pair<int64_t, int64_t>>& ch, int64_t t) {
 TEST(SeqParallelBytes, RingAndHaloMoveExactlyThePreMixTokensTheyNeed) {
   Communicator& comm = world();
   const int64_t R = comm.size(), r = comm.rank(), B = 2;
+  // With grouped-query attention the pre-mix K/V of Hkv heads travel: H / Hkv times fewer bytes.
+  std::map<int64_t, uint64_t> ring_bytes_by_kv, halo_bytes_by_kv;
   for (LayoutKind L : {LayoutKind::contiguous, LayoutKind::zigzag}) {
-    for (int64_t P : {2, 3}) {
+    for (int64_t P : {2, 3})
+    for (int64_t Hkv : {4, 2, 1}) {
       const int64_t N = 29, W = 4 * P + 1;
       LayerConfig cfg;
-      cfg.D = 8; cfg.H = 2; cfg.d = 4; cfg.P = P;
-      const int64_t token_bytes = 2 * cfg.H * cfg.d * sizeof(double) * B;  // pre-mix K and V, all batches
+      cfg.D = 8; cfg.H = 4; cfg.Hkv = Hkv; cfg.d = 4; cfg.P = P;
+      const int64_t token_bytes = 2 * Hkv * cfg.d * sizeof(double) * B;  // pre-mix K and V, all batches
       auto w = test::random_weights<double>(cfg, 1);
       auto run = [&](const LayerConfig& lc, const std::shared_ptr<AttentionCore<double>>& core, int64_t n) {
         IhaLayer<double> layer(lc, core);
@@ -247,6 +251,7 @@ TEST(SeqParallelBytes, RingAndHaloMoveExactlyThePreMixTokensTheyNeed) {
                                      " pieces=" + std::to_string(pieces);
             EXPECT_EQ(comm.counters().bytes("ring.fwd"), static_cast<uint64_t>(fwd * token_bytes)) << what;
             EXPECT_EQ(comm.counters().bytes("ring.bwd"), static_cast<uint64_t>((fwd + back) * token_bytes)) << what;
+            ring_bytes_by_kv[Hkv] += comm.counters().bytes("ring.fwd") + comm.counters().bytes("ring.bwd");
           }
 
       // Halo forward: each token of mine in another rank's halo, once per such rank. Halo
@@ -275,8 +280,186 @@ TEST(SeqParallelBytes, RingAndHaloMoveExactlyThePreMixTokensTheyNeed) {
       const int64_t returned_tokens = static_cast<int64_t>(halo_of(r).size());
       EXPECT_EQ(comm.counters().bytes("halo.fwd"), static_cast<uint64_t>(sent_tokens * token_bytes));
       EXPECT_EQ(comm.counters().bytes("halo.bwd"), static_cast<uint64_t>(returned_tokens * token_bytes));
+      halo_bytes_by_kv[Hkv] += comm.counters().bytes("halo.fwd") + comm.counters().bytes("halo.bwd");
     }
   }
+  if (R > 1) {
+    EXPECT_GT(ring_bytes_by_kv[4], 0u);
+    EXPECT_EQ(ring_bytes_by_kv[4], 2 * ring_bytes_by_kv[2]);
+    EXPECT_EQ(ring_bytes_by_kv[4], 4 * ring_bytes_by_kv[1]);
+    EXPECT_EQ(halo_bytes_by_kv[4], 4 * halo_bytes_by_kv[1]);
+  }
+}
+
+// ---- the engines' message order under the Communicator's rules (ordered, grouped, no tags) ----
+
+// Forwards everything to the world communicator and records every grouped exchange this rank
+// posts: per group, its receives and sends as (peer, bytes).
+class RecordingComm final : public Communicator {
+ public:
+  struct Op { int64_t peer, bytes; };
+  struct Group { std::vector<Op> recvs, sends; };
+  explicit RecordingComm(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  std::vector<Group> groups;
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Device device() const override { return inner_->device(); }
+  std::unique_ptr<PendingExchange> start_exchange(const std::vector<SendOp>& sends, const std::vector<RecvOp>& recvs,
+                                                  const std::string& site) override {
+    Group g;
+    for (const RecvOp& r : recvs) g.recvs.push_back({r.peer, static_cast<int64_t>(r.bytes)});
+    for (const SendOp& o : sends) g.sends.push_back({o.peer, static_cast<int64_t>(o.bytes)});
+    groups.push_back(std::move(g));
+    return inner_->start_exchange(sends, recvs, site);
+  }
+  void all_reduce(void* b, int64_t n, DType t, ReduceOp op, const std::string& s) override { inner_->all_reduce(b, n, t, op, s); }
+  std::unique_ptr<PendingExchange> start_all_reduce(void* b, int64_t n, DType t, ReduceOp op, const std::string& s) override {
+    return inner_->start_all_reduce(b, n, t, op, s);
+  }
+  void all_gather(const void* a, void* b, int64_t n, DType t, const std::string& s) override { inner_->all_gather(a, b, n, t, s); }
+  void reduce_scatter(const void* a, void* b, int64_t n, DType t, const std::string& s) override { inner_->reduce_scatter(a, b, n, t, s); }
+  void all_to_all(const void* a, void* b, int64_t n, DType t, const std::string& s) override { inner_->all_to_all(a, b, n, t, s); }
+  void broadcast(void* b, int64_t n, DType t, int root, const std::string& s) override { inner_->broadcast(b, n, t, root, s); }
+  void barrier() override { inner_->barrier(); }
+  std::shared_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
+
+ private:
+  std::shared_ptr<Communicator> inner_;
+};
+
+// Every rank's groups, gathered: flattened as [groups, then per group: recvs, sends, then
+// (peer, bytes) pairs].
+std::vector<std::vector<RecordingComm::Group>> gather_groups(const std::vector<RecordingComm::Group>& mine) {
+  std::vector<int64_t> flat = {static_cast<int64_t>(mine.size())};
+  for (const auto& g : mine) {
+    flat.push_back(static_cast<int64_t>(g.recvs.size()));
+    flat.push_back(static_cast<int64_t>(g.sends.size()));
+    for (const auto* ops : {&g.recvs, &g.sends})
+      for (const auto& o : *ops) {
+        flat.push_back(o.peer);
+        flat.push_back(o.bytes);
+      }
+  }
+  const int R = world().size();
+  int64_t len = static_cast<int64_t>(flat.size()), max_len = len;
+  world().all_reduce(&max_len, 1, DType::i64, ReduceOp::max, "test");
+  flat.resize(max_len);
+  std::vector<int64_t> all(max_len * R);
+  world().all_gather(flat.data(), all.data(), max_len, DType::i64, "test");
+  std::vector<std::vector<RecordingComm::Group>> out(R);
+  for (int r = 0; r < R; ++r) {
+    const int64_t* p = all.data() + r * max_len;
+    const int64_t n = *p++;
+    for (int64_t i = 0; i < n; ++i) {
+      RecordingComm::Group g;
+      const int64_t nr = *p++, ns = *p++;
+      for (int64_t j = 0; j < nr + ns; ++j, p += 2) (j < nr ? g.recvs : g.sends).push_back({p[0], p[1]});
+      out[r].push_back(std::move(g));
+    }
+  }
+  return out;
+}
+
+// The first problem with the groups all ranks posted, or "" if none: (1) for every ordered
+// pair (a, b), the k-th message a sends to b must have the size of the k-th receive b posts
+// from a (no tags: messages match in posting order); (2) executing every rank's groups one at a
+// time in posting order, as a communicator that serialises groups on one stream does (NCCL),
+// must finish: a message moves once both its groups are running, a group ends when all its
+// messages have moved.
+std::string schedule_problem(const std::vector<std::vector<RecordingComm::Group>>& groups) {
+  const int64_t R = static_cast<int64_t>(groups.size());
+  // Per ordered pair: the group index and size of the k-th send and of the k-th receive.
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, int64_t>>> sends, recvs;
+  for (int64_t r = 0; r < R; ++r)
+    for (size_t gi = 0; gi < groups[r].size(); ++gi) {
+      for (const auto& o : groups[r][gi].sends) sends[{r, o.peer}].push_back({static_cast<int64_t>(gi), o.bytes});
+      for (const auto& o : groups[r][gi].recvs) recvs[{o.peer, r}].push_back({static_cast<int64_t>(gi), o.bytes});
+    }
+  struct Msg { int64_t a, ga, b, gb; bool moved = false; };
+  std::vector<Msg> msgs;
+  std::vector<std::vector<int64_t>> pending(R);
+  for (int64_t r = 0; r < R; ++r) pending[r].assign(groups[r].size(), 0);
+  for (const auto* side : {&sends, &recvs})
+    for (const auto& [pair, ops] : *side) {
+      const auto& s_ops = sends[pair];
+      const auto& r_ops = recvs[pair];
+      if (s_ops.size() != r_ops.size())
+        return std::to_string(pair.first) + " -> " + std::to_string(pair.second) + ": " +
+               std::to_string(s_ops.size()) + " sends, " + std::to_string(r_ops.size()) + " receives";
+      for (size_t k = 0; k < s_ops.size(); ++k)
+        if (s_ops[k].second != r_ops[k].second)
+          return std::to_string(pair.first) + " -> " + std::to_string(pair.second) + ": message " +
+                 std::to_string(k) + " has " + std::to_string(s_ops[k].second) + " bytes sent, " +
+                 std::to_string(r_ops[k].second) + " expected";
+      if (side != &sends) continue;
+      for (size_t k = 0; k < s_ops.size(); ++k) {
+        msgs.push_back({pair.first, s_ops[k].first, pair.second, r_ops[k].first});
+        ++pending[pair.first][s_ops[k].first];
+        ++pending[pair.second][r_ops[k].first];
+      }
+    }
+  std::vector<int64_t> head(R, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (Msg& m : msgs)
+      if (!m.moved && head[m.a] == m.ga && head[m.b] == m.gb) {
+        m.moved = true;
+        --pending[m.a][m.ga];
+        --pending[m.b][m.gb];
+        progress = true;
+      }
+    for (int64_t r = 0; r < R; ++r)
+      while (head[r] < static_cast<int64_t>(groups[r].size()) && pending[r][head[r]] == 0) {
+        ++head[r];
+        progress = true;
+      }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    if (head[r] < static_cast<int64_t>(groups[r].size()))
+      return "rank " + std::to_string(r) + " stuck at group " + std::to_string(head[r]) + " of " +
+             std::to_string(groups[r].size());
+  return "";
+}
+
+// The checker itself: each rank sending first and receiving in a later group deadlocks when
+// groups run one at a time, one group with both does not, and swapped sizes are caught.
+TEST(SeqParallelSchedule, CheckerFindsDeadlocksAndMismatches) {
+  using G = RecordingComm::Group;
+  EXPECT_EQ(schedule_problem({{G{{}, {{1, 8}}}, G{{{1, 8}}, {}}}, {G{{}, {{0, 8}}}, G{{{0, 8}}, {}}}}),
+            "rank 0 stuck at group 0 of 2");
+  EXPECT_EQ(schedule_problem({{G{{{1, 8}}, {{1, 8}}}}, {G{{{0, 8}}, {{0, 8}}}}}), "");
+  EXPECT_EQ(schedule_problem({{G{{}, {{1, 8}, {1, 4}}}}, {G{{{0, 4}, {0, 8}}, {}}}}),
+            "0 -> 1: message 0 has 8 bytes sent, 4 expected");
+}
+
+TEST(SeqParallelSchedule, MessagesMatchInOrderAndGroupsCannotDeadlock) {
+  const int64_t B = 2;
+  for (LayoutKind L : {LayoutKind::contiguous, LayoutKind::zigzag})
+    for (int64_t N : {5, 29})
+      for (int64_t Wv : {int64_t(0), int64_t(7)})
+        for (int64_t pieces : {1, 3, 4}) {
+          LayerConfig cfg;
+          cfg.D = 8; cfg.H = 2; cfg.d = 4; cfg.P = 2;
+          cfg.window_virtual = Wv;
+          auto comm = std::make_shared<RecordingComm>(test::world_ptr());
+          const SeqParallelOptions opt{L, {}, pieces};
+          for (bool halo : {false, true}) {
+            if (halo && Wv == 0) continue;
+            auto core = halo ? make_halo_core<double>(cfg, N, comm, opt) : make_ring_core<double>(cfg, N, comm, opt);
+            comm->groups.clear();
+            IhaLayer<double> layer(cfg, core);
+            IhaLayer<double>::Cache cache;
+            const Tensor x = test::random_tensor<double>({B, core->local_tokens(), cfg.D}, 2, "x");
+            Tensor z, dx;
+            auto grads = IhaWeights<double>::zeros(cfg);
+            layer.forward(test::random_weights<double>(cfg, 1), x, z, cache);
+            layer.backward(test::random_weights<double>(cfg, 1), x, cache, dx, grads);
+            const std::string what = std::string(halo ? "halo " : "ring ") + layout_name(L) + " N=" + std::to_string(N) +
+                                     " Wv=" + std::to_string(Wv) + " pieces=" + std::to_string(pieces);
+            EXPECT_EQ(schedule_problem(gather_groups(comm->groups)), "") << what;
+          }
+        }
 }
 
 TEST(SeqParallelErrors, RanksDisagreeingOnNGetTheSameErrorEverywhere) {
@@ -298,6 +481,19 @@ TEST(SeqParallelErrors, RanksDisagreeingOnNGetTheSameErrorEverywhere) {
   cfg.P = 2;
   const LayoutKind L = world().rank() == 0 ? LayoutKind::zigzag : LayoutKind::contiguous;
   EXPECT_THROW(make_ring_core<double>(cfg, 16, test::world_ptr(), {L, {}}), ConfigError);
+}
+
+TEST(SeqParallelErrors, RingPiecesMustAgreeAndBePositive) {
+  LayerConfig cfg;
+  cfg.D = 8; cfg.H = 2; cfg.d = 4; cfg.P = 2;
+  EXPECT_THROW(make_ring_core<double>(cfg, 16, test::world_ptr(), {LayoutKind::zigzag, {}, 0}), ConfigError);
+  if (world().size() < 2) return;
+  try {
+    make_ring_core<double>(cfg, 16, test::world_ptr(), {LayoutKind::zigzag, {}, world().rank() == 1 ? 3 : 4});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "ranks disagree on the ring's pieces per round: rank 0 has 4, rank 1 has 3");
+  }
 }
 
 TEST(SeqParallelErrors, HaloNeedsAWindow) {

@@ -2,8 +2,9 @@
 # The README's batch script (scripts/iha-train.sbatch) on a real one-node Slurm cluster (Debian's
 # munge, slurmctld, slurmd; srun --mpi=pmix), checked against an uninterrupted run:
 #   1. which launcher passes which signal to the ranks: --signal=USR1@T (srun tasks only),
-#      --signal=B:USR1@T (the batch shell only; with `exec mpiexec` mpirun forwards it), and
-#      scancel's SIGTERM, then SIGKILL KillWait seconds later;
+#      --signal=B:USR1@T (the batch shell only; with `exec mpiexec` mpirun forwards it),
+#      scancel's SIGTERM, then SIGKILL KillWait seconds later, and SIGTERM to mpirun (it kills
+#      the ranks a second or two later);
 #   2. a reference run under mpiexec inside an allocation;
 #   3. the batch script stopped by SIGUSR1 at a random step (it saves, exits 4 and requeues
 #      itself), and the batch script hit by `scontrol requeue` (a preemption: SIGTERM, then
@@ -27,7 +28,7 @@ done
   { echo "FAIL: Slurm's pmix plugin (mpi_pmix.so) is missing: run scripts/install-deps.sh"; exit 1; }
 
 source "$src/scripts/env.sh"
-export SLURM_TEST_KILL_WAIT=5 SLURM_TEST_CPUS=6  # KillWait short, so its probe takes seconds
+export SLURM_TEST_KILL_WAIT=5 SLURM_TEST_CPUS=8  # KillWait short, so its probe takes seconds
 source "$here/one_node_cluster.sh"
 slurm_cluster_stop "$work/cluster"   # one a killed earlier run left behind
 rm -rf "$work"; mkdir -p "$work"; cd "$work" || exit 1
@@ -67,10 +68,11 @@ wait_for_text() {
 }
 
 # ---------------------------------------------------------------- 1. which signal reaches whom
-# Probe jobs (1 CPU each, sleeping) run beside the training jobs (2 CPUs) on the 6-CPU node.
+# Probe jobs (1 CPU each, sleeping) run beside the training jobs (2 CPUs) on the 8-CPU node.
 probe=$here/signal_probe.sh
-# --time=1 with a warning at 59 s: slurmctld sends it at its first time-limit check after the
-# start (it checks every 30 s or so), long before the limit.
+# --time=2 with a warning at 110 s: due 10 s after the start, when the probes are up (a warning
+# due before the step exists would be lost); slurmctld sends it at its next time-limit check
+# (about every 30 s), long before the limit.
 cat > probe_job.sh <<JOB
 #!/bin/bash
 # \$1: probe prefix, \$2: srun or mpiexec, \$3: seconds the probe lingers after a signal
@@ -79,11 +81,14 @@ if [ "\$2" = mpiexec ]; then exec mpiexec -n 1 $probe \$1 75 \$3; fi
 srun --mpi=pmix -n 1 $probe \$1 75 \$3 &
 while kill -0 \$! 2>/dev/null; do wait \$!; done
 JOB
-p1=$(sbatch --parsable -n 1 --time=1 --signal=USR1@59 -o p1.out probe_job.sh "$work/p1" srun 3)
-p2=$(sbatch --parsable -n 1 --time=1 --signal=B:USR1@59 -o p2.out probe_job.sh "$work/p2" srun 3)
-p3=$(sbatch --parsable -n 1 --time=1 --signal=B:USR1@59 -o p3.out probe_job.sh "$work/p3" mpiexec 3)
+p1=$(sbatch --parsable -n 1 --time=2 --signal=USR1@110 -o p1.out probe_job.sh "$work/p1" srun 3)
+p2=$(sbatch --parsable -n 1 --time=2 --signal=B:USR1@110 -o p2.out probe_job.sh "$work/p2" srun 3)
+p3=$(sbatch --parsable -n 1 --time=2 --signal=B:USR1@110 -o p3.out probe_job.sh "$work/p3" mpiexec 3)
 p4=$(sbatch --parsable -n 1 -o p4.out probe_job.sh "$work/p4" srun 60)
+p5=$(sbatch --parsable -n 1 -o p5.out probe_job.sh "$work/p5" mpiexec 60)
 wait_for_text "$work/p4.0" start 30 && sleep 1 && scancel "$p4"
+# SIGTERM to mpirun alone (it is the batch shell): its own kill sequence, not Slurm's.
+wait_for_text "$work/p5.0" start 30 && sleep 1 && scancel --batch --signal=TERM "$p5"
 
 # ---------------------------------------------------------------- 2. the reference run
 # The demo model, shortened to 40 steps (0.05-0.4 s each on 2 cores, by load); a checkpoint every 16.
@@ -122,8 +127,8 @@ interrupted_run() {
 }
 scancel_usr1() { scancel --signal=USR1 "$1"; }
 preempt() { scontrol requeue "$1"; }
-at_a=${IHA_SLURM_SIGNAL_STEP:-$((RANDOM % 30 + 3))}
-at_b=$((RANDOM % 30 + 3))
+at_a=${IHA_SLURM_SIGNAL_STEP:-$((RANDOM % 20 + 3))}
+at_b=$((RANDOM % 20 + 3))
 echo "SIGUSR1 after step $at_a, scontrol requeue after step $at_b"
 interrupted_run usr1 scancel_usr1 "$at_a" SIGUSR1
 echo "SIGUSR1 + self-requeue done ($((SECONDS - t0)) s)"
@@ -131,7 +136,7 @@ interrupted_run requeue preempt "$at_b" SIGTERM
 echo "scontrol requeue (SIGTERM) done ($((SECONDS - t0)) s)"
 
 # ---------------------------------------------------------------- the probes' results
-for p in $p1 $p2 $p3 $p4; do wait_gone "$p" 100; done
+for p in $p1 $p2 $p3 $p4 $p5; do wait_gone "$p" 100; done
 got() { grep -q " $2\$" "$work/$1" 2>/dev/null; }
 got p1.0 USR1 || fail "--signal=USR1@T: the srun task got no SIGUSR1"
 got p1.shell USR1 && fail "--signal=USR1@T: the batch shell got SIGUSR1 too"
@@ -140,10 +145,15 @@ got p2.0 USR1 && fail "--signal=B:USR1@T: the srun task got SIGUSR1 too"
 got p3.0 USR1 || fail "--signal=B:USR1@T, exec mpiexec: the rank got no SIGUSR1 (mpirun did not forward it)"
 got p4.0 TERM || fail "scancel: the srun task got no SIGTERM"
 got p4.0 end && fail "scancel: the task that ignores SIGTERM was not killed"
-if got p4.0 TERM; then
-  echo "scancel: SIGTERM reached the task; it was killed $(python3 -c "import sys; print('%.1f' % (float(sys.argv[1]) - float(sys.argv[2])))" \
-    "$(cat "$work/p4.0.alive")" "$(awk '$2 == "TERM" {print $1; exit}' "$work/p4.0")") s later (KillWait=$SLURM_TEST_KILL_WAIT)"
-fi
+got p5.0 TERM || fail "SIGTERM to mpiexec: the rank got no SIGTERM"
+got p5.0 end && fail "SIGTERM to mpiexec: the rank that ignores SIGTERM was not killed"
+# Seconds from the probe's SIGTERM to its last sign of life.
+term_to_kill() {
+  python3 -c "import sys; print('%.1f' % (float(sys.argv[1]) - float(sys.argv[2])))" \
+    "$(cat "$work/$1.alive")" "$(awk '$2 == "TERM" {print $1; exit}' "$work/$1")"
+}
+got p4.0 TERM && echo "scancel: the srun task got SIGTERM and was killed $(term_to_kill p4.0) s later (KillWait=$SLURM_TEST_KILL_WAIT)"
+got p5.0 TERM && echo "SIGTERM to mpiexec: the rank got SIGTERM and was killed $(term_to_kill p5.0) s later"
 echo "signal probes done ($((SECONDS - t0)) s)"
 
 
