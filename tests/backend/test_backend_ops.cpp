@@ -410,6 +410,54 @@ TEST_P(BackendOps, FlashForwardDrowBackwardMerge) {
   }
 }
 
+// Grouped-query heads (DESIGN.md section 13): query head h reads key/value head h / group, and a
+// key/value head's gradient sums its group's query heads.
+TEST_P(BackendOps, FlashGroupedQueryHeads) {
+  const MaskSpec mask{MaskKind::token_causal, 2, 5};
+  const std::vector<int64_t> qpos = range(10, 34), kpos = range(0, 30);
+  const int64_t nq = qpos.size(), nk = kpos.size(), d = 8, Hh = 4;
+  for (int64_t group : {int64_t(2), int64_t(4)}) {
+    SCOPED_TRACE("group " + std::to_string(group));
+    const int64_t Hk = Hh / group;
+    const auto q = rounded(randn(Hh * nq * d, 31), ct()), k = rounded(randn(Hk * nk * d, 32), ct()),
+               v = rounded(randn(Hk * nk * d, 33), ct()), dout = rounded(randn(Hh * nq * d, 34), ct());
+    std::vector<double> o_ref, dq_ref, dk_ref(Hk * nk * d, 0.0), dv_ref(Hk * nk * d, 0.0);
+    auto part = [&](const std::vector<double>& x, int64_t i, int64_t rows) {
+      return std::vector<double>(x.begin() + i * rows * d, x.begin() + (i + 1) * rows * d);
+    };
+    for (int64_t h = 0; h < Hh; ++h) {
+      const int64_t g = h / group;
+      std::vector<double> o, lse, dq, dk, dv;
+      test::naive_attention_forward(mask, d, part(q, h, nq), qpos, part(k, g, nk), part(v, g, nk), kpos, o, lse);
+      test::naive_attention_backward(mask, d, part(q, h, nq), qpos, part(k, g, nk), part(v, g, nk), kpos,
+                                     part(dout, h, nq), dq, dk, dv);
+      o_ref.insert(o_ref.end(), o.begin(), o.end());
+      dq_ref.insert(dq_ref.end(), dq.begin(), dq.end());
+      for (int64_t i = 0; i < nk * d; ++i) {
+        dk_ref[g * nk * d + i] += dk[i];
+        dv_ref[g * nk * d + i] += dv[i];
+      }
+    }
+    const Tensor Q = put(q, ct()), K = put(k, ct()), V = put(v, ct()), G = put(dout, ct());
+    const Tensor qp = put_i64(qpos), kp = put_i64(kpos);
+    Tensor O = be_->alloc_acc({Hh * nq * d}), L = be_->alloc_acc({Hh * nq});
+    if (be_->device() != Device::cpu) {
+      // The CUDA kernels pair query head h with key/value head h: grouped heads are refused.
+      EXPECT_THROW(be_->flash_forward(mask, d, Hh, Q, qp, nq, K, V, kp, nk, O, L, group), Error);
+      continue;
+    }
+    be_->flash_forward(mask, d, Hh, Q, qp, nq, K, V, kp, nk, O, L, group);
+    EXPECT_TRUE(close_normwise(get(O), o_ref, tau(at()), "grouped flash o"));
+    Tensor drow = be_->alloc_acc({Hh * nq});
+    be_->flash_drow(O, G, Hh * nq, d, drow);
+    Tensor dQ = be_->alloc_acc({Hh * nq * d}), dK = be_->alloc_acc({Hk * nk * d}), dV = be_->alloc_acc({Hk * nk * d});
+    be_->flash_backward(mask, d, Hh, Q, qp, nq, K, V, kp, nk, G, L, drow, dQ, dK, dV, group);
+    EXPECT_TRUE(close_normwise(get(dQ), dq_ref, 5 * tau(at()), "grouped flash dq"));
+    EXPECT_TRUE(close_normwise(get(dK), dk_ref, 5 * tau(at()), "grouped flash dk"));
+    EXPECT_TRUE(close_normwise(get(dV), dv_ref, 5 * tau(at()), "grouped flash dv"));
+  }
+}
+
 // ---------------------------------------------------------------- model ops
 
 TEST_P(BackendOps, RmsnormAndSwiglu) {
