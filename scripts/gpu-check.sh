@@ -8,6 +8,10 @@
 #   3. the whole-layer and whole-step benchmark at 16k and 64k context (bench_model.txt);
 #   4. the attention benchmark (TFLOP/s on visible pairs next to cuBLAS, bench.txt);
 #   5. if compute-sanitizer is installed, a few kernel tests under memcheck and racecheck.
+# With --fast (first argument) the run fits in under 8 minutes on one GPU, build excluded (it
+# is incremental: a cached build-gpu/ costs seconds): the backend conformance suite, the GPU
+# layer and model tests, one short training run against the CPU float64 losses (5 steps, one
+# rank), and one benchmark row set (bench_cuda_model at 16k context).
 # Results go to the folder given as $1, else $OUT, else ./gpu-check-results: build and test
 # logs, ctest JUnit XML, bench.txt / bench.jsonl, bench_model.txt / bench_model.jsonl, and
 # summary.txt with every step's status.
@@ -15,6 +19,11 @@
 # always leaves a complete record. Exit status: 0 if every step passed, else 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+fast=0
+if [ "${1:-}" = "--fast" ]; then
+  fast=1
+  shift
+fi
 out=${1:-${OUT:-gpu-check-results}}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -59,7 +68,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 
 gpu_targets="test_cuda_shared_hd test_cuda_kernels test_cuda_model test_nccl_comm test_seq_parallel_cuda
-  test_train_cuda test_device_config bench_cuda_attention bench_cuda_model"
+  test_train_cuda test_device_config test_backend_ops bench_cuda_attention bench_cuda_model"
 step configure 180 "$out/configure.log" \
   cmake -S . -B build-gpu -DIHA_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DIHA_BUILD_APPS=OFF
 step build 360 "$out/build.log" cmake --build build-gpu -j "$jobs" --target $gpu_targets
@@ -69,8 +78,25 @@ if [ $? -ne 0 ]; then
   exit 1
 fi
 
+if [ $fast -eq 1 ]; then
+  t_fast=$(date +%s)
+  step conformance 60 "$out/conformance.log" build-gpu/tests/backend/test_backend_ops
+  grep -E "PASSED|FAILED|SKIPPED" "$out/conformance.log" | tail -20 >> "$summary"
+  step layer-model 150 "$out/layer-model.log" build-gpu/tests/cuda/test_cuda_model \
+    --gtest_filter='LayerCuda.*:TransformerCuda.*'
+  grep -E "PASSED|FAILED|SKIPPED" "$out/layer-model.log" | tail -20 >> "$summary"
+  step train-vs-cpu 150 "$out/train.log" mpiexec -n 1 build-gpu/tests/cuda/test_train_cuda \
+    --gtest_filter='TrainCuda.FiveStepsMatchCpuFloat64FromOneCheckpoint'
+  grep -E "PASSED|FAILED|SKIPPED|Failure|step" "$out/train.log" | tail -20 >> "$summary"
+  step bench-row 100 "$out/bench_model.txt" build-gpu/bench/cuda/bench_cuda_model --contexts 16384 \
+    --json "$out/bench_model.jsonl"
+  cat "$out/bench_model.txt" >> "$summary"
+  note "fast mode: $(( $(date +%s) - t_fast ))s after the build; total $(( $(date +%s) - start ))s, status $status"
+  exit $status
+fi
+
 # GPU tests: every test of the CUDA test binaries, the MPI GPU tests and the bench smoke runs.
-gpu_tests='SharedHostDevice|FlashCuda|OpsCuda|CudaAllocator|GemmCuda|CudaOps|ModelOpsCuda|LayerCuda'
+gpu_tests='BackendOps|SharedHostDevice|FlashCuda|OpsCuda|CudaAllocator|GemmCuda|CudaOps|ModelOpsCuda|LayerCuda'
 gpu_tests+='|TransformerCuda|DeviceConfig|test_nccl_comm|test_seq_parallel_cuda|test_train_cuda|bench_cuda'
 step gpu-tests 300 "$out/ctest-gpu.log" \
   ctest --test-dir build-gpu -R "$gpu_tests" --output-on-failure --timeout 240 -j 4 \

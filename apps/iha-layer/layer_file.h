@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/layer_config.h"
 #include "core/config.h"
 #include "core/tensor.h"
 

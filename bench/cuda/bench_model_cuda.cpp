@@ -23,12 +23,13 @@
 #include <string>
 #include <vector>
 
-#include "attention/layer_cuda.h"
+#include "attention/layer.h"
 #include "core/cuda_blas.h"
 #include "core/cuda_device.h"
 #include "core/rng.h"
 #include "model/trainer.h"
-#include "model/transformer_cuda.h"
+#include "model/backend_cuda.h"
+#include "model/transformer.h"
 
 namespace {
 
@@ -108,27 +109,33 @@ void bench_layer(const ModelConfig& m, int64_t block, int64_t N, int warmup, int
         id.data<float>()[(mm * lc.H + h) * lc.P + j] = mm == h ? 1.f : 0.f;
         col.data<float>()[mm * lc.H * lc.P + h * lc.P + j] = mm == h ? 1.f / lc.P : 0.f;
       }
-  Tensor id_d = id.to(Device::cuda), col_d = col.to(Device::cuda);
-  DeviceLayerWeights<bf16> dw;
-  dw.wq = w[0].data<bf16>();
-  dw.wk = w[1].data<bf16>();
-  dw.wv = w[2].data<bf16>();
-  dw.wo = w[3].data<bf16>();
-  dw.aq = dw.ak = dw.av = id_d.data<float>();
-  dw.collapse = col_d.data<float>();
-  std::vector<Tensor> g;
-  for (int i = 0; i < 4; ++i) g.push_back(Tensor({D * Hd}, DType::f32, Device::cuda));
-  for (int i = 0; i < 4; ++i) g.push_back(Tensor({lc.H * lc.H * lc.P}, DType::f32, Device::cuda));
-  const DeviceLayerGrads dg{g[0].data<float>(), g[1].data<float>(), g[2].data<float>(), g[3].data<float>(),
-                            g[4].data<float>(), g[5].data<float>(), g[6].data<float>(), g[7].data<float>()};
-  Tensor x = random_device(rows * D, DType::bf16, 30, 1.0), dz = random_device(rows * D, DType::f32, 31, 1.0);
-  Tensor z({rows * D}, DType::f32, Device::cuda), dx({rows * D}, DType::f32, Device::cuda);
-  DeviceIhaLayer<bf16> layer(lc, make_local_core_cuda<bf16>(lc, N));
-  typename DeviceIhaLayer<bf16>::Cache cache;
-  const double fwd = time_s(warmup, iters, [&] { layer.forward(dw, 1, x.data<bf16>(), z.data<float>(), cache); });
+  Tensor id_d = id.to(Device::cuda).reshape({lc.H, lc.H, lc.P});
+  Tensor col_d = col.to(Device::cuda).reshape({lc.H, lc.H * lc.P});
+  IhaWeights<float> dw;
+  dw.wq = w[0];
+  dw.wk = w[1];
+  dw.wv = w[2];
+  dw.wo = w[3];
+  dw.aq = dw.ak = dw.av = id_d;
+  dw.collapse = col_d;
+  IhaWeights<float> dg;
+  dg.wq = Tensor({D * Hd}, DType::f32, Device::cuda);
+  dg.wk = Tensor({D * Hd}, DType::f32, Device::cuda);
+  dg.wv = Tensor({D * Hd}, DType::f32, Device::cuda);
+  dg.wo = Tensor({D * Hd}, DType::f32, Device::cuda);
+  dg.aq = Tensor({lc.H * lc.H * lc.P}, DType::f32, Device::cuda);
+  dg.ak = Tensor({lc.H * lc.H * lc.P}, DType::f32, Device::cuda);
+  dg.av = Tensor({lc.H * lc.H * lc.P}, DType::f32, Device::cuda);
+  dg.collapse = Tensor({lc.H * lc.H * lc.P}, DType::f32, Device::cuda);
+  const Tensor x = random_device(rows * D, DType::bf16, 30, 1.0).reshape({1, rows, D});
+  const Tensor dz = random_device(rows * D, DType::f32, 31, 1.0).reshape({1, rows, D});
+  Tensor z, dx;
+  IhaLayer<float> layer(lc, make_local_core<float>(lc, N, cuda_backend(DType::bf16)));
+  IhaLayer<float>::Cache cache;
+  const double fwd = time_s(warmup, iters, [&] { layer.forward(dw, x, z, cache); });
   const double both = time_s(warmup, iters, [&] {
-    layer.forward(dw, 1, x.data<bf16>(), z.data<float>(), cache);
-    layer.backward(dw, dz.data<float>(), cache, dx.data<float>(), dg);
+    layer.forward(dw, x, z, cache);
+    layer.backward(dw, dz, cache, dx, dg);
   });
   const double pairs = static_cast<double>(count_visible_pairs(lc, N)) * lc.H;
   const double proj = 2.0 * rows * D * Hd * 4;
@@ -147,11 +154,9 @@ void bench_layer(const ModelConfig& m, int64_t block, int64_t N, int warmup, int
 }
 
 void bench_step(const ModelConfig& m, int64_t N, int warmup, int iters, double gemm, std::ofstream& js) {
-  CudaModelOptions opt;
-  opt.compute = DType::bf16;
-  opt.seq_len = N;
-  opt.recompute = true;
-  auto model = make_cuda_transformer(m, opt);
+  const auto be = cuda_model_backend(DType::bf16);
+  auto model = std::make_unique<Transformer<float>>(
+      m, [&](const LayerConfig& lc, int64_t) { return make_local_core<float>(lc, N, be); }, true, 1, be);
   model->init(1);
   TokenBatch b;
   b.B = 1;
@@ -170,7 +175,7 @@ void bench_step(const ModelConfig& m, int64_t N, int warmup, int iters, double g
   const double flops = model_flops_per_step(m, N, 1);
   std::printf("step   N=%-6lld %8.2f s/step %9.0f tokens/s %7.1f TFLOP/s (%.3f of GEMM), loss %.4f, params %lld\n",
               static_cast<long long>(N), s, N / s, flops / s / 1e12, flops / s / 1e12 / gemm, loss,
-              static_cast<long long>(model->params().numel()));
+              static_cast<long long>(model->params().flat().numel()));
   std::fflush(stdout);
   std::ostringstream os;
   os << "{\"bench\":\"step\",\"N\":" << N << ",\"step_s\":" << s << ",\"tokens_per_s\":" << N / s

@@ -73,33 +73,37 @@ void IhaWeights<T>::zero() {
 }
 
 template <class T>
-AttentionCore<T>::AttentionCore(LayerConfig cfg) : cfg_(std::move(cfg)) {
+AttentionCore<T>::AttentionCore(LayerConfig cfg, std::shared_ptr<const Backend> backend)
+    : cfg_(std::move(cfg)), be_(std::move(backend)) {
   cfg_.validate();
+  IHA_CHECK(be_ != nullptr, "attention core needs a backend");
+  IHA_CHECK(be_->acc_dtype() == dtype_of<T>(), "attention core of ", dtype_name(dtype_of<T>()),
+            " on backend ", be_->name(), " whose accumulation dtype is ", dtype_name(be_->acc_dtype()));
+  // The CUDA kernels and exchanges pair query head h with key/value head h (MHA).
+  IHA_CONFIG_CHECK(cfg_.kv_heads() == cfg_.H || be_->device() == Device::cpu, "config key 'kv_heads': grouped-query "
+                   "attention (kv_heads = ", cfg_.kv_heads(), " < H = ", cfg_.H, ") runs on the CPU only (train.device: cpu)");
   if (!cfg_.mixing) {
     const DType dt = dtype_of<T>();
     const int64_t Hkv = cfg_.kv_heads();
-    identity_alpha_ = Tensor({cfg_.H, cfg_.H, 1}, dt);
-    identity_kv_alpha_ = Tensor({Hkv, Hkv, 1}, dt);
-    identity_collapse_ = Tensor({cfg_.H, 1}, dt);
-    T* a = identity_alpha_.template data<T>();
-    T* c = identity_collapse_.template data<T>();
+    Tensor a({cfg_.H, cfg_.H, 1}, dt), akv({Hkv, Hkv, 1}, dt), c({cfg_.H, 1}, dt);
     for (int64_t h = 0; h < cfg_.H; ++h) {
-      a[h * cfg_.H + h] = T(1);
-      c[h] = T(1);
+      a.template data<T>()[h * cfg_.H + h] = T(1);
+      c.template data<T>()[h] = T(1);
     }
-    for (int64_t g = 0; g < Hkv; ++g) identity_kv_alpha_.template data<T>()[g * Hkv + g] = T(1);
+    for (int64_t g = 0; g < Hkv; ++g) akv.template data<T>()[g * Hkv + g] = T(1);
+    identity_alpha_ = be_->upload(a);
+    identity_kv_alpha_ = be_->upload(akv);
+    identity_collapse_ = be_->upload(c);
   }
 }
 
 template <class T>
-MixView<T> AttentionCore<T>::mix_view(const IhaWeights<T>& w) const {
-  if (!cfg_.mixing) {
-    const T* a = identity_alpha_.template data<T>();
-    const T* akv = identity_kv_alpha_.template data<T>();
-    return {a, akv, akv, identity_collapse_.template data<T>(), Collapse::per_head};
-  }
-  return {w.aq.template data<T>(), w.ak.template data<T>(), w.av.template data<T>(),
-          w.collapse.template data<T>(), cfg_.collapse};
+MixView AttentionCore<T>::mix_view(const IhaWeights<T>& w) const {
+  if (!cfg_.mixing)
+    return {identity_alpha_, identity_kv_alpha_, identity_kv_alpha_, identity_collapse_, Collapse::per_head};
+  IHA_CHECK(w.aq.numel() > 0 && w.ak.numel() > 0 && w.av.numel() > 0 && w.collapse.numel() > 0,
+            "an iha layer needs aq, ak, av and collapse weights");
+  return {w.aq, w.ak, w.av, w.collapse, cfg_.collapse};
 }
 
 template <class T>
@@ -114,69 +118,76 @@ void check_shape(const Tensor& t, const Shape& want, const char* what) {
   IHA_CHECK(t.shape() == want, what, " has shape ", shape_str(t.shape()), ", expected ",
             shape_str(want));
 }
+void check_placed(const Tensor& t, const Backend& be, DType dtype, const char* what) {
+  IHA_CHECK(t.device() == be.device() && t.dtype() == dtype, what, " is ", dtype_name(t.dtype()), " on ",
+            device_name(t.device()), "; the layer's backend ", be.name(), " expects ", dtype_name(dtype), " on ",
+            device_name(be.device()));
+}
 }  // namespace
 
 template <class T>
 void IhaLayer<T>::forward(const IhaWeights<T>& w, const Tensor& x, Tensor& z, Cache& cache) const {
+  const Backend& be = core_->backend();
   const int64_t D = cfg_.D, Hd = cfg_.H * cfg_.d, Kd = cfg_.kv_heads() * cfg_.d, n = core_->local_tokens();
   IHA_CHECK(x.ndim() == 3, "layer input x must be [B, n_local, D], got ", shape_str(x.shape()));
-  const int64_t B = x.dim(0);
+  const int64_t B = x.dim(0), rows = B * n;
   check_shape(x, {B, n, D}, "layer input x");
-  const DType dt = dtype_of<T>();
+  check_placed(x, be, be.compute_dtype(), "layer input x");
   cache.B = B;
   cache.x = x;
-  cache.q = Tensor({B, n, Hd}, dt);
+  cache.q = be.alloc_compute({B, n, Hd});
   // K and V in one allocation, V right after K: a sequence-parallel core sends them as its
   // exchange payload in place instead of packing a copy.
-  const Tensor kv({2, B, n, Kd}, dt);
+  const Tensor kv = be.alloc_compute({2, B, n, Kd});
   cache.k = kv.slice(0, 1).reshape({B, n, Kd});
   cache.v = kv.slice(1, 2).reshape({B, n, Kd});
-  cache.o = Tensor({B, n, Hd}, dt);
-  const T* xp = x.template data<T>();
-  gemm<T>(false, false, B * n, Hd, D, T(1), xp, D, w.wq.template data<T>(), Hd, T(0), cache.q.template data<T>(), Hd);
-  gemm<T>(false, false, B * n, Kd, D, T(1), xp, D, w.wk.template data<T>(), Kd, T(0), cache.k.template data<T>(), Kd);
-  gemm<T>(false, false, B * n, Kd, D, T(1), xp, D, w.wv.template data<T>(), Kd, T(0), cache.v.template data<T>(), Kd);
+  cache.o = be.alloc_compute({B, n, Hd});
+  be.gemm(false, false, rows, Hd, D, x, D, w.wq, Hd, 0, cache.q, Hd);
+  be.gemm(false, false, rows, Kd, D, x, D, w.wk, Kd, 0, cache.k, Kd);
+  be.gemm(false, false, rows, Kd, D, x, D, w.wv, Kd, 0, cache.v, Kd);
   cache.core = core_->make_cache();
-  core_->forward(w, B, cache.q.template data<T>(), cache.k.template data<T>(), cache.v.template data<T>(), cache.o.template data<T>(),
-                 *cache.core);
-  if (z.numel() == 0 || z.shape() != x.shape() || z.dtype() != dt) z = Tensor({B, n, D}, dt);
-  gemm<T>(false, false, B * n, D, Hd, T(1), cache.o.template data<T>(), Hd, w.wo.template data<T>(), D, T(0),
-          z.template data<T>(), D);
+  core_->forward(w, B, CBuf(cache.q), CBuf(cache.k), CBuf(cache.v), Buf(cache.o), *cache.core);
+  if (z.numel() == 0 || z.shape() != x.shape() || z.dtype() != be.acc_dtype() || z.device() != be.device())
+    z = be.alloc_acc({B, n, D});
+  be.gemm(false, false, rows, D, Hd, cache.o, Hd, w.wo, D, 0, z, D);
 }
 
 template <class T>
 void IhaLayer<T>::backward(const IhaWeights<T>& w, const Tensor& dz, Cache& cache, Tensor& dx,
                            IhaWeights<T>& grads) const {
   IHA_CHECK(cache.core != nullptr, "IhaLayer::backward called without a forward");
+  const Backend& be = core_->backend();
   const int64_t D = cfg_.D, Hd = cfg_.H * cfg_.d, Kd = cfg_.kv_heads() * cfg_.d, n = core_->local_tokens(),
-                B = cache.B;
+                B = cache.B, rows = B * n;
   check_shape(dz, {B, n, D}, "upstream gradient dz");
-  const DType dt = dtype_of<T>();
+  check_placed(dz, be, be.acc_dtype(), "upstream gradient dz");
+  // GEMM inputs in the compute dtype (dz itself on the CPU).
+  const Tensor dz_c = be.to_compute(dz);
   // Output projection: dW_O += O^T dZ; dO = dZ W_O^T.
-  gemm<T>(true, false, Hd, D, B * n, T(1), cache.o.template data<T>(), Hd, dz.template data<T>(), D, T(1),
-          grads.wo.template data<T>(), D);
+  be.gemm(true, false, Hd, D, rows, cache.o, Hd, dz_c, D, 1, grads.wo, D);
   cache.o = Tensor();  // last use: released before the core's backward buffers
-  Tensor d_o({B, n, Hd}, dt);
-  gemm<T>(false, true, B * n, Hd, D, T(1), dz.template data<T>(), D, w.wo.template data<T>(), D, T(0),
-          d_o.template data<T>(), Hd);
+  Tensor d_o = be.alloc_compute({B, n, Hd});
+  be.gemm(false, true, rows, Hd, D, dz_c, D, w.wo, D, 0, d_o, Hd);
   // dK and dV adjacent, like K and V: a sequence-parallel core receives its gradient there.
-  Tensor dq({B, n, Hd}, dt), dkv({2, B, n, Kd}, dt);
+  Tensor dq = be.alloc_acc({B, n, Hd}), dkv = be.alloc_acc({2, B, n, Kd});
   const Tensor dk = dkv.slice(0, 1).reshape({B, n, Kd}), dv = dkv.slice(1, 2).reshape({B, n, Kd});
-  core_->backward(w, B, cache.q.template data<T>(), cache.k.template data<T>(), cache.v.template data<T>(), d_o.template data<T>(),
-                  dq.template data<T>(), dkv.template data<T>(), dkv.template data<T>() + B * n * Kd, grads, *cache.core);
+  core_->backward(w, B, CBuf(cache.q), CBuf(cache.k), CBuf(cache.v), CBuf(d_o), Buf(dq), Buf(dk), Buf(dv), grads,
+                  *cache.core);
   // The cache is consumed: the core may have released parts of it; a second backward needs a
   // new forward.
   cache.core.reset();
   cache.q = cache.k = cache.v = Tensor();
-  const T* xp = cache.x.template data<T>();
-  gemm<T>(true, false, D, Hd, B * n, T(1), xp, D, dq.template data<T>(), Hd, T(1), grads.wq.template data<T>(), Hd);
-  gemm<T>(true, false, D, Kd, B * n, T(1), xp, D, dk.template data<T>(), Kd, T(1), grads.wk.template data<T>(), Kd);
-  gemm<T>(true, false, D, Kd, B * n, T(1), xp, D, dv.template data<T>(), Kd, T(1), grads.wv.template data<T>(), Kd);
-  if (dx.numel() == 0 || dx.shape() != cache.x.shape() || dx.dtype() != dt) dx = Tensor({B, n, D}, dt);
-  T* dxp = dx.template data<T>();
-  gemm<T>(false, true, B * n, D, Hd, T(1), dq.template data<T>(), Hd, w.wq.template data<T>(), Hd, T(0), dxp, D);
-  gemm<T>(false, true, B * n, D, Kd, T(1), dk.template data<T>(), Kd, w.wk.template data<T>(), Kd, T(1), dxp, D);
-  gemm<T>(false, true, B * n, D, Kd, T(1), dv.template data<T>(), Kd, w.wv.template data<T>(), Kd, T(1), dxp, D);
+  d_o = Tensor();
+  const Tensor dq_c = be.to_compute(dq), dk_c = be.to_compute(dk), dv_c = be.to_compute(dv);
+  const Tensor& x = cache.x;
+  be.gemm(true, false, D, Hd, rows, x, D, dq_c, Hd, 1, grads.wq, Hd);
+  be.gemm(true, false, D, Kd, rows, x, D, dk_c, Kd, 1, grads.wk, Kd);
+  be.gemm(true, false, D, Kd, rows, x, D, dv_c, Kd, 1, grads.wv, Kd);
+  if (dx.numel() == 0 || dx.shape() != x.shape() || dx.dtype() != be.acc_dtype() || dx.device() != be.device())
+    dx = be.alloc_acc({B, n, D});
+  be.gemm(false, true, rows, D, Hd, dq_c, Hd, w.wq, Hd, 0, dx, D);
+  be.gemm(false, true, rows, D, Kd, dk_c, Kd, w.wk, Kd, 1, dx, D);
+  be.gemm(false, true, rows, D, Kd, dv_c, Kd, w.wv, Kd, 1, dx, D);
 }
 
 template struct IhaWeights<float>;

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "core/config.h"
+#include "attention/layer_config.h"
 #include "core/hd.h"
 
 namespace iha {

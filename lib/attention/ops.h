@@ -2,30 +2,17 @@
 // backward (section 2), CPU, float and double. "pre" rows are per-token projections, H*d wide
 // (head m in columns [m*d, (m+1)*d)); "virtual" rows are per-head pseudo-token rows, d wide,
 // row i*P + j holding pseudo-token j of local token i.
-// defines: iha::mix_forward, iha::mix_backward, iha::RopeSpec, iha::RopeTable,
+// defines: iha::mix_rope_forward, iha::mix_rope_backward, iha::mix_forward, iha::mix_backward,
+//          iha::RopeSpec, iha::RopeTable,
 //          iha::collapse_forward, iha::collapse_backward, iha::virtual_positions
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "core/config.h"
+#include "attention/layer_config.h"
 
 namespace iha {
-
-// virt[h - h_begin][i*P + j][:] = sum_m alpha[m][h][j] * pre[i][m*d : (m+1)*d]
-// for heads h in [h_begin, h_end); alpha is H x H x P; pre has row stride ld_pre; virt has
-// head stride head_stride (elements).
-template <class T>
-void mix_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
-                 const T* alpha, int64_t h_begin, int64_t h_end, T* virt, int64_t head_stride);
-
-// Backward of mix_forward: dpre[i][m] += sum_{h,j} alpha[m][h][j] dvirt[h][i*P+j];
-// dalpha[m][h][j] += sum_i <pre[i][m], dvirt[h][i*P+j]> (dalpha may be null).
-template <class T>
-void mix_backward(const T* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre, int64_t n_tok,
-                  int64_t H, int64_t d, int64_t P, const T* alpha, int64_t h_begin, int64_t h_end,
-                  T* dpre, int64_t ld_dpre, T* dalpha);
 
 struct RopeSpec {
   bool on = true;
@@ -51,6 +38,8 @@ class RopeTable {
   RopeTable(const RopeSpec& spec, int64_t d, const int64_t* pos, int64_t rows);
   // Rotates rows (stride d) in place by +angle, or by -angle when inverse (the backward).
   void apply(T* x, int64_t rows, bool inverse) const;
+  // Rotates one row x (d values) at table row r: the fused mix + RoPE passes use it.
+  void rotate_row(T* x, int64_t r, bool inverse) const;
   int64_t rows() const { return rows_; }
 
  private:
@@ -58,6 +47,37 @@ class RopeTable {
   bool on_ = false;
   std::vector<T> cos_, sin_;
 };
+
+// virt[h - h_begin][i*P + j][:] = RoPE_r(sum_m alpha[m][h][j] * pre[i][m*d : (m+1)*d]) with r =
+// i*P + j the row of `rope` (no rotation when rope is null), for heads h in [h_begin, h_end),
+// in one pass: each pseudo-head row is mixed and rotated while it is in cache. alpha is
+// H x H x P; pre has row stride ld_pre; virt has head stride head_stride (elements).
+template <class T>
+void mix_rope_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
+                      const T* alpha, int64_t h_begin, int64_t h_end, const RopeTable<T>* rope,
+                      T* virt, int64_t head_stride);
+// Backward, one pass: g = RoPE^-1(dvirt) (in place in dvirt; untouched when rope is null),
+// dpre[i][m] += sum_{h,j} alpha[m][h][j] g[h][i*P+j];
+// dalpha[m][h][j] += sum_i <pre[i][m], g[h][i*P+j]> (dalpha may be null).
+template <class T>
+void mix_rope_backward(T* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre, int64_t n_tok,
+                       int64_t H, int64_t d, int64_t P, const T* alpha, int64_t h_begin,
+                       int64_t h_end, const RopeTable<T>* rope, T* dpre, int64_t ld_dpre,
+                       T* dalpha);
+// The mixing alone (no RoPE).
+template <class T>
+void mix_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
+                 const T* alpha, int64_t h_begin, int64_t h_end, T* virt, int64_t head_stride) {
+  mix_rope_forward<T>(pre, ld_pre, n_tok, H, d, P, alpha, h_begin, h_end, nullptr, virt, head_stride);
+}
+template <class T>
+void mix_backward(const T* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre, int64_t n_tok,
+                  int64_t H, int64_t d, int64_t P, const T* alpha, int64_t h_begin, int64_t h_end,
+                  T* dpre, int64_t ld_dpre, T* dalpha) {
+  // Without a rotation dvirt is only read.
+  mix_rope_backward<T>(const_cast<T*>(dvirt), head_stride, pre, ld_pre, n_tok, H, d, P, alpha, h_begin,
+                       h_end, nullptr, dpre, ld_dpre, dalpha);
+}
 
 // out[i][h*d : (h+1)*d] = sum_{h',j} C[h][h'*P + j] y[h'][i*P + j]   (global, C is H x HP)
 //                       = sum_j     C[h][j]        y[h ][i*P + j]   (per_head, C is H x P)

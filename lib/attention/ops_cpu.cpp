@@ -7,8 +7,9 @@
 namespace iha {
 
 template <class T>
-void mix_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
-                 const T* alpha, int64_t h_begin, int64_t h_end, T* virt, int64_t head_stride) {
+void mix_rope_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
+                      const T* alpha, int64_t h_begin, int64_t h_end, const RopeTable<T>* rope, T* virt,
+                      int64_t head_stride) {
   for (int64_t h = h_begin; h < h_end; ++h) {
     T* vh = virt + (h - h_begin) * head_stride;
     for (int64_t i = 0; i < n_tok; ++i) {
@@ -21,22 +22,24 @@ void mix_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t
           const T* src = row + m * d;
           for (int64_t c = 0; c < d; ++c) out[c] += a * src[c];
         }
+        if (rope) rope->rotate_row(out, i * P + j, false);
       }
     }
   }
 }
 
 template <class T>
-void mix_backward(const T* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre, int64_t n_tok,
-                  int64_t H, int64_t d, int64_t P, const T* alpha, int64_t h_begin, int64_t h_end,
-                  T* dpre, int64_t ld_dpre, T* dalpha) {
+void mix_rope_backward(T* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H,
+                       int64_t d, int64_t P, const T* alpha, int64_t h_begin, int64_t h_end,
+                       const RopeTable<T>* rope, T* dpre, int64_t ld_dpre, T* dalpha) {
   for (int64_t h = h_begin; h < h_end; ++h) {
-    const T* dvh = dvirt + (h - h_begin) * head_stride;
+    T* dvh = dvirt + (h - h_begin) * head_stride;
     for (int64_t i = 0; i < n_tok; ++i) {
       const T* row = pre + i * ld_pre;
       T* drow = dpre + i * ld_dpre;
       for (int64_t j = 0; j < P; ++j) {
-        const T* g = dvh + (i * P + j) * d;
+        T* g = dvh + (i * P + j) * d;
+        if (rope) rope->rotate_row(g, i * P + j, true);
         for (int64_t m = 0; m < H; ++m) {
           const int64_t ai = (m * H + h) * P + j;
           const T a = alpha[ai];
@@ -77,18 +80,22 @@ template <class T>
 void RopeTable<T>::apply(T* x, int64_t rows, bool inverse) const {
   if (!on_) return;
   IHA_CHECK(rows == rows_, "RoPE table has ", rows_, " rows, applied to ", rows);
+  for (int64_t r = 0; r < rows; ++r) rotate_row(x + r * d_, r, inverse);
+}
+
+template <class T>
+void RopeTable<T>::rotate_row(T* x, int64_t r, bool inverse) const {
+  if (!on_) return;
   const int64_t half = d_ / 2;
-  for (int64_t r = 0; r < rows; ++r) {
-    T* lo = x + r * d_;
-    T* hi = lo + half;
-    const T* cs = cos_.data() + r * half;
-    const T* sn = sin_.data() + r * half;
-    for (int64_t i = 0; i < half; ++i) {
-      const T s = inverse ? -sn[i] : sn[i];
-      const T a = lo[i], b = hi[i];
-      lo[i] = a * cs[i] - b * s;
-      hi[i] = b * cs[i] + a * s;
-    }
+  T* lo = x;
+  T* hi = lo + half;
+  const T* cs = cos_.data() + r * half;
+  const T* sn = sin_.data() + r * half;
+  for (int64_t i = 0; i < half; ++i) {
+    const T s = inverse ? -sn[i] : sn[i];
+    const T a = lo[i], b = hi[i];
+    lo[i] = a * cs[i] - b * s;
+    hi[i] = b * cs[i] + a * s;
   }
 }
 
@@ -151,10 +158,11 @@ std::vector<int64_t> virtual_positions(const std::vector<int64_t>& tokens, int64
 }
 
 #define IHA_OPS_INSTANTIATE(T)                                                                  \
-  template void mix_forward<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t, const T*, \
-                               int64_t, int64_t, T*, int64_t);                                  \
-  template void mix_backward<T>(const T*, int64_t, const T*, int64_t, int64_t, int64_t, int64_t, \
-                                int64_t, const T*, int64_t, int64_t, T*, int64_t, T*);          \
+  template void mix_rope_forward<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t,      \
+                                    const T*, int64_t, int64_t, const RopeTable<T>*, T*, int64_t); \
+  template void mix_rope_backward<T>(T*, int64_t, const T*, int64_t, int64_t, int64_t, int64_t,  \
+                                     int64_t, const T*, int64_t, int64_t, const RopeTable<T>*, T*, \
+                                     int64_t, T*);                                              \
   template class RopeTable<T>;                                                                  \
   template void collapse_forward<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t,      \
                                     Collapse, const T*, T*, int64_t);                           \

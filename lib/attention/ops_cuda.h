@@ -25,7 +25,7 @@
 
 #include "attention/ops.h"
 #include "core/bf16.h"
-#include "core/config.h"
+#include "attention/layer_config.h"
 
 namespace iha {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/config.h"
+#include "attention/layer_config.h"
 #include "core/hd.h"
 
 namespace iha {

@@ -1,9 +1,6 @@
-// Layer configuration, its validation, the window rules of DESIGN.md section 1, and a strict
-// YAML reader that names the key at fault (unknown keys, wrong types, invalid values).
-// defines: iha::Collapse, iha::MaskKind, iha::collapse_name, iha::mask_name, iha::parse_collapse,
-//          iha::parse_mask, iha::RopeScalingType, iha::YarnRamp, iha::RopeScaling,
-//          iha::rope_scaling_type_name, iha::yarn_ramp_name, iha::parse_rope_scaling, iha::LayerConfig, iha::WindowSpec, iha::resolve_window_virtual,
-//          iha::ConfigNode, iha::parse_layer_config, iha::parse_window_spec
+// A strict YAML reader that names the key at fault (unknown keys, wrong types, invalid values).
+// (The layer configuration it reads is attention/layer_config.h.)
+// defines: iha::ConfigNode
 #pragma once
 
 #include <cstdint>
@@ -18,86 +15,6 @@
 #include "core/error.h"
 
 namespace iha {
-
-enum class Collapse : uint8_t { global, per_head };
-enum class MaskKind : uint8_t { flat_causal, token_causal };
-
-const char* collapse_name(Collapse c);
-const char* mask_name(MaskKind m);
-Collapse parse_collapse(const std::string& s, const std::string& key = "collapse");
-MaskKind parse_mask(const std::string& s, const std::string& key = "mask");
-
-// RoPE scaling for context extension (DESIGN.md section 11). Plain data, so kernels take it by
-// value; the angle arithmetic is attention/rope.h. original_length is L in original tokens (the
-// angle code works with M = L * P virtual positions); factor is s.
-enum class RopeScalingType : uint8_t { none, linear, ntk, yarn, llama3 };
-enum class YarnRamp : uint8_t { index, ratio };
-
-struct RopeScaling {
-  RopeScalingType type = RopeScalingType::none;
-  double factor = 1.0;
-  int64_t original_length = 0;                 // yarn, llama3
-  double beta_fast = 32.0, beta_slow = 1.0;    // yarn
-  YarnRamp ramp = YarnRamp::index;             // yarn
-  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-
-  bool on() const { return type != RopeScalingType::none; }
-  // The multiplier of the attention logits: YaRN's m^2 with m = 0.1 ln(s) + 1, else 1.
-  double logit_multiplier() const;
-  // Throws ConfigError naming `key`.<field> (key is e.g. "model.rope_scaling").
-  void validate(const std::string& key) const;
-  bool operator==(const RopeScaling& o) const;
-  bool operator!=(const RopeScaling& o) const { return !(*this == o); }
-};
-
-const char* rope_scaling_type_name(RopeScalingType t);
-const char* yarn_ramp_name(YarnRamp r);
-RopeScalingType parse_rope_scaling_type(const std::string& s, const std::string& key);
-YarnRamp parse_yarn_ramp(const std::string& s, const std::string& key);
-
-// One attention layer. `mixing == false` is a plain MHA layer: P must be 1 and the layer has no
-// aQ/aK/aV/C parameters. window_virtual is Wv in virtual tokens; 0 means no window (global).
-struct LayerConfig {
-  int64_t D = 0;   // model width
-  int64_t H = 0;   // heads
-  // Key/value heads (DESIGN.md section 13, grouped-query attention): query head h reads
-  // key/value head h / (H / Hkv); aK, aV mix among the Hkv heads. 0 means H (MHA).
-  int64_t Hkv = 0;
-  int64_t d = 0;   // head dim
-  int64_t P = 1;   // pseudo-heads per head
-  bool mixing = true;
-  Collapse collapse = Collapse::global;
-  MaskKind mask = MaskKind::flat_causal;
-  int64_t window_virtual = 0;
-  bool rope = true;
-  double rope_base = 500000.0;
-  double rope_scale = 1.0;  // legacy position scale (linear interpolation is 1/s); not with rope_scaling
-  RopeScaling rope_scaling;
-
-  // Throws ConfigError naming the first invalid field (prefix is prepended to field names).
-  void validate(const std::string& prefix = "") const;
-  bool windowed() const { return window_virtual > 0; }
-  int64_t collapse_cols() const { return collapse == Collapse::global ? H * P : P; }
-  int64_t kv_heads() const { return Hkv > 0 ? Hkv : H; }
-  // Query heads per key/value head.
-  int64_t group() const { return H / kv_heads(); }
-  // Multiplier of the 1/sqrt(d) softmax scale (YaRN's m^2; 1 otherwise).
-  double logit_scale() const { return rope ? rope_scaling.logit_multiplier() : 1.0; }
-};
-
-// How a config states the window. At most one of window (original tokens, Wv = W*P) and
-// window_virtual (Wv) may be given.
-struct WindowSpec {
-  std::optional<int64_t> window;
-  std::optional<int64_t> window_virtual;
-  bool allow_window_change = false;
-};
-
-// DESIGN.md section 1: explicit value if given; else the checkpoint's Wv if loading; else
-// W = ceil(n_train / (2 P^2)), Wv = W * P. An explicit value that differs from the
-// checkpoint's is an error naming both unless allow_window_change. `key` prefixes messages.
-int64_t resolve_window_virtual(const WindowSpec& spec, int64_t P, int64_t n_train,
-                               std::optional<int64_t> checkpoint_wv, const std::string& key = "");
 
 // A YAML mapping read strictly: every key must be consumed; finish() reports the first key
 // nobody asked for. Type and value errors name the full dotted key.
@@ -130,15 +47,5 @@ class ConfigNode {
   std::shared_ptr<std::set<std::string>> used_ = std::make_shared<std::set<std::string>>();
   std::shared_ptr<std::vector<ConfigNode>> children_ = std::make_shared<std::vector<ConfigNode>>();
 };
-
-// Reads `key` (e.g. rope_scaling) of `parent`: a mapping {type, factor, original_length,
-// beta_fast, beta_slow, ramp, low_freq_factor, high_freq_factor}; absent: none. A parent that also
-// gives rope_scale (the legacy position scale) is an error naming both. Validated.
-RopeScaling parse_rope_scaling(const ConfigNode& parent, const std::string& key = "rope_scaling");
-
-// Reads the layer-level keys (D, H, d, P, mixing kind, collapse, mask, rope*) from a node.
-LayerConfig parse_layer_config(const ConfigNode& node);
-// Reads window, window_virtual and allow_window_change.
-WindowSpec parse_window_spec(const ConfigNode& node);
 
 }  // namespace iha

@@ -6,8 +6,8 @@
 //     backward.
 //   - Errors (error.h): iha::Error carries file:line and a message naming the thing at fault;
 //     iha::ConfigError is bad user input. Library code throws; only apps exit.
-//   - Config (config.h): LayerConfig with validation naming the field, the window rules, and
-//     ConfigNode, a strict YAML reader (unknown keys and wrong types are errors).
+//   - Config (config.h): ConfigNode, a strict YAML reader (unknown keys and wrong types are
+//     errors). The layer configuration it reads lives in lib/attention (layer_config.h).
 //   - RNG (rng.h): counter-based, so values do not depend on the mesh or call order.
 //   - BLAS wrappers and thread settings (blas.h).
 //   - CUDA builds only (not included here): cuda_device.h (CUDA error checks, the device count

@@ -1,7 +1,10 @@
-// CUDA device runtime: error checks, device count, and the Device::cuda allocator.
+// CUDA device runtime: error checks, device count, and the Device::cuda allocator (stream-
+// ordered and caching).
 #include "core/cuda_device.h"
 
+#include <cstdint>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -38,12 +41,31 @@ int cuda_device_count() {
 
 namespace {
 
+// The allocator is stream-ordered and caching: blocks come from the device's default memory
+// pool with cudaMallocAsync and go back with cudaFreeAsync, both on the legacy default stream,
+// and the pool keeps freed memory (release threshold: never) so later allocations reuse it.
+// No call here synchronises the device, unlike cudaMalloc/cudaFree (cudaFree waits for all
+// work): freeing a ring step's buffers does not stall the transfers of the next one.
+void keep_pool_memory() {
+  static std::mutex m;
+  static std::set<int> done;
+  int dev = 0;
+  IHA_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(m);
+  if (!done.insert(dev).second) return;
+  cudaMemPool_t pool;
+  IHA_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t never = UINT64_MAX;
+  IHA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &never));
+}
+
 void* cuda_alloc(size_t bytes) {
+  keep_pool_memory();
   void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, bytes);
+  const cudaError_t err = cudaMallocAsync(&p, bytes, cudaStreamLegacy);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    IHA_FAIL("cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorName(err), " (",
+    IHA_FAIL("cudaMallocAsync of ", bytes, " bytes failed: ", cudaGetErrorName(err), " (",
              cudaGetErrorString(err), ")");
   }
   return p;
@@ -51,7 +73,7 @@ void* cuda_alloc(size_t bytes) {
 
 void cuda_free(void* p) {
   // Runs in Tensor destructors: never throws; a failure here means the context is gone.
-  if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+  if (cudaFreeAsync(p, cudaStreamLegacy) != cudaSuccess) cudaGetLastError();
 }
 
 void cuda_copy(void* dst, Device, const void* src, Device, size_t bytes) {
@@ -61,10 +83,9 @@ void cuda_copy(void* dst, Device, const void* src, Device, size_t bytes) {
   IHA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
-void cuda_zero(void* dst, size_t bytes) {
-  IHA_CUDA_CHECK(cudaMemset(dst, 0, bytes));
-  IHA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-}
+// Ordered on the legacy stream like the allocation: every kernel of the library runs on it
+// (or, like the NCCL stream, waits on it), so it sees the zeros without a host wait.
+void cuda_zero(void* dst, size_t bytes) { IHA_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cudaStreamLegacy)); }
 
 // Registration at load time, as tensor.h promises; no CUDA call happens here.
 const bool g_registered = (cuda_register_allocator(), true);

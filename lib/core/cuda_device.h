@@ -8,9 +8,14 @@
 //   - The allocator is registered when this library is loaded (and again, idempotently, by
 //     cuda_register_allocator()). On a machine without a GPU, creating a cuda tensor throws
 //     the CUDA error; has_device(Device::cuda) only says the build has GPU support.
-//   - Tensor operations on cuda memory (allocate + zero, copy, zero) are synchronous with the
-//     host: when they return, the bytes are in place for work on any stream. Kernels of the
-//     library are asynchronous on the stream they are given.
+//   - The allocator is stream-ordered and caching: cudaMallocAsync / cudaFreeAsync on the legacy
+//     default stream from the device's default memory pool, which keeps freed blocks for reuse
+//     (release threshold: never). Neither allocation nor free synchronises the device, so
+//     buffers released inside the ring do not stall it.
+//   - Allocation + zero and Tensor::zero are queued on the legacy default stream (every kernel
+//     of the library runs on it; the NCCL stream waits on it before each collective). Copies
+//     (Tensor::to, copy_from) are synchronous with the host. Kernels of the library are
+//     asynchronous on the stream they are given.
 //
 // Threads: the CUDA runtime is thread-safe; the current device is per host thread.
 // defines: IHA_CUDA_CHECK, iha::cuda_check, iha::cuda_device_count, iha::cuda_register_allocator,
@@ -32,7 +37,7 @@ void cuda_launch_check(const char* kernel, const char* file, int line);
 // Number of visible CUDA devices; 0 when there is no driver or no device.
 int cuda_device_count();
 
-// Registers the cudaMalloc-based allocator for Device::cuda with lib/core (idempotent).
+// Registers the stream-ordered caching allocator for Device::cuda with lib/core (idempotent).
 void cuda_register_allocator();
 
 // Stream-ordered temporary device memory (cudaMallocAsync / cudaFreeAsync on `stream`): for

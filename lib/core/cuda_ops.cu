@@ -92,7 +92,46 @@ __global__ void scatter_add_rows_kernel(const float* src, int64_t m, const int64
   }
 }
 
+template <class E, bool kAdd>
+__global__ void copy_strided_kernel(const E* src, E* dst, int64_t mid, int64_t rows, int64_t width,
+                                    int64_t total, int64_t s_o, int64_t s_m, int64_t s_r, int64_t d_o,
+                                    int64_t d_m, int64_t d_r) {
+  IHA_GRID_STRIDE(idx, total) {
+    const int64_t c = idx % width, r = idx / width % rows, m = idx / (width * rows) % mid,
+                  o = idx / (width * rows * mid);
+    const E v = src[o * s_o + m * s_m + r * s_r + c];
+    E& d = dst[o * d_o + m * d_m + r * d_r + c];
+    if (kAdd) d = d + v;
+    else d = v;
+  }
+}
+
 }  // namespace
+
+void copy_strided_cuda(const void* src, void* dst, const int64_t shape[4], const int64_t src_strides[3],
+                       const int64_t dst_strides[3], size_t elem_bytes, bool add, cudaStream_t stream) {
+  const int64_t total = shape[0] * shape[1] * shape[2] * shape[3];
+  if (total <= 0) return;
+  const int64_t* s = src_strides;
+  const int64_t* d = dst_strides;
+  if (add) {
+    IHA_CHECK(elem_bytes == 4, "copy_strided_cuda: adding needs f32 elements");
+    copy_strided_kernel<float, true><<<grid_for(total), kThreads, 0, stream>>>(
+        static_cast<const float*>(src), static_cast<float*>(dst), shape[1], shape[2], shape[3], total, s[0], s[1],
+        s[2], d[0], d[1], d[2]);
+  } else if (elem_bytes == 4) {
+    copy_strided_kernel<uint32_t, false><<<grid_for(total), kThreads, 0, stream>>>(
+        static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), shape[1], shape[2], shape[3], total, s[0],
+        s[1], s[2], d[0], d[1], d[2]);
+  } else if (elem_bytes == 2) {
+    copy_strided_kernel<uint16_t, false><<<grid_for(total), kThreads, 0, stream>>>(
+        static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), shape[1], shape[2], shape[3], total, s[0],
+        s[1], s[2], d[0], d[1], d[2]);
+  } else {
+    IHA_FAIL("copy_strided_cuda: elements of ", elem_bytes, " bytes (2 or 4)");
+  }
+  IHA_CUDA_LAUNCH_CHECK("copy_strided_kernel");
+}
 
 void cast_cuda(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;

@@ -6,7 +6,8 @@
 // sum_of_squares_cuda, which returns its value to the host (it synchronises the stream).
 // Determinism: every reduction has a fixed order for a given size (no atomics).
 // defines: iha::cast_cuda, iha::fill_cuda, iha::add_cuda, iha::scale_cuda,
-//          iha::sum_of_squares_cuda, iha::gather_rows_cuda, iha::scatter_rows_cuda
+//          iha::sum_of_squares_cuda, iha::gather_rows_cuda, iha::scatter_rows_cuda,
+//          iha::copy_strided_cuda
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -43,5 +44,10 @@ void gather_rows_cuda(const void* src, int64_t n, const int64_t* rows, int64_t m
                       int64_t w, size_t elem_bytes, void* dst, cudaStream_t stream = 0);
 void scatter_rows_cuda(const void* src, int64_t m, const int64_t* rows, int64_t n, int64_t G,
                        int64_t w, size_t elem_bytes, bool add, void* dst, cudaStream_t stream = 0);
+
+// Strided copy of shape[0] x shape[1] x shape[2] rows of shape[3] contiguous elements:
+// dst[o*d0 + m*d1 + r*d2 + c] = (or += when add; f32 only) src[o*s0 + m*s1 + r*s2 + c].
+void copy_strided_cuda(const void* src, void* dst, const int64_t shape[4], const int64_t src_strides[3],
+                       const int64_t dst_strides[3], size_t elem_bytes, bool add, cudaStream_t stream = 0);
 
 }  // namespace iha

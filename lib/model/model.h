@@ -16,8 +16,9 @@
 //     evaluation).
 //   - train_checkpoint.h: saving, resuming, fine-tuning and evaluating through lib/checkpoint.
 //   - model_math.h: the per-element formulas (SwiGLU, AdamW) shared by the CPU and GPU code.
-//   - CUDA builds only (not included here): ops_cuda.h, transformer_cuda.h and train_cuda.h,
-//     the GPU model and the device half of a `train.device: cuda` run.
+//   - backend.h: the model ops of the backend interface and the CPU backend; the same
+//     Transformer and Trainer run on the CUDA backend (CUDA builds only, not included here:
+//     backend_cuda.h, ops_cuda.h) with `train.device: cuda`.
 //
 // Invariants
 //   - Results do not depend on the mesh beyond summation order: float64 losses and parameters

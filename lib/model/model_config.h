@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "attention/layer_config.h"
 #include "core/config.h"
 
 namespace iha {

@@ -1,5 +1,7 @@
 #include "model/optim.h"
 
+#include "model/backend.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -54,7 +56,7 @@ double sum_of_squares(const T* x, int64_t n) {
 }
 
 template <class T>
-AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout) : AdamW(layout, 0, layout->total()) {}
+AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout) : AdamW(layout, 0, layout->total(), nullptr) {}
 
 template <class T>
 AdamWStep<T> adamw_step(const OptimConfig& c, int64_t t, double lr) {
@@ -72,25 +74,25 @@ AdamWStep<T> adamw_step(const OptimConfig& c, int64_t t, double lr) {
 }
 
 template <class T>
-AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout, int64_t begin, int64_t end)
-    : layout_(std::move(layout)), begin_(begin), end_(end) {
+AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout, int64_t begin, int64_t end,
+                std::shared_ptr<const ModelBackend> backend)
+    : layout_(std::move(layout)), be_(backend ? std::move(backend) : cpu_model_backend<T>()), begin_(begin), end_(end) {
+  IHA_CHECK(be_->acc_dtype() == dtype_of<T>(), "AdamW<", dtype_name(dtype_of<T>()), "> on backend ", be_->name());
   IHA_CHECK(0 <= begin && begin <= end && end <= layout_->total(), "AdamW range [", begin, ", ", end,
             ") outside the parameter buffer of ", layout_->total(), " elements");
-  m_ = Tensor({end - begin}, dtype_of<T>());
-  v_ = Tensor({end - begin}, dtype_of<T>());
+  m_ = be_->alloc_acc({end - begin});
+  v_ = be_->alloc_acc({end - begin});
 }
 
 template <class T>
-void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, T* p, const T* g) {
-  const AdamWStep<T> st = adamw_step<T>(c, t, lr);
-  T* m = m_.template data<T>();
-  T* v = v_.template data<T>();
+void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, Buf p, CBuf g) {
   // Local index i is buffer element begin + i; each parameter's piece of the range is one run.
   for (const ParamSpec& s : layout_->specs()) {
     const int64_t first = std::max(s.offset, begin_) - begin_;
     const int64_t last = std::min(s.offset + s.numel(), end_) - begin_;
+    if (last <= first) continue;
     const bool wd = s.decay && c.weight_decay > 0;
-    for (int64_t i = first; i < last; ++i) adamw_element(st, wd, p[i], g[i], m[i], v[i]);
+    be_->adamw(c, t, lr, wd, p.at(first), g.at(first), Buf(m_).at(first), Buf(v_).at(first), last - first);
   }
 }
 
@@ -101,7 +103,7 @@ void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, ParamSet<T>& p
                 grads.flat().numel() == end_,
             "AdamW::update(ParamSet): the optimizer holds the range [", begin_, ", ", end_,
             "), not the whole buffer");
-  update(c, t, lr, params.data(), grads.data());
+  update(c, t, lr, Buf(params.flat()), CBuf(grads.flat()));
 }
 
 template AdamWStep<float> adamw_step<float>(const OptimConfig&, int64_t, double);

@@ -9,11 +9,14 @@
 
 #include <cstdint>
 
+#include "attention/backend.h"
 #include "core/config.h"
 #include "model/model_math.h"
 #include "model/params.h"
 
 namespace iha {
+
+class ModelBackend;
 
 struct OptimConfig {
   double lr = 1e-3;           // peak learning rate
@@ -50,9 +53,9 @@ double sum_of_squares(const T* x, int64_t n);
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p = p - lr * wd * p (decay params only) - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // Element by element, so a sharded update gives the bits of the replicated one.
-// (Sharded bf16 compute: the fp32 master copy of the same range is the `p` updated here and
-// lives beside the moments, sharded the same way; the caller casts it back to bf16. The GPU
-// run (train_cuda.h) keeps whole fp32 masters and moments and has no ZeRO yet.)
+// The moments live on a ModelBackend's device and the step runs its adamw op (the CPU backend
+// of T unless given). With bf16 compute the fp32 masters are the `p` updated here; the model
+// refreshes its compute copy from them.
 template <class T>
 class AdamW {
  public:
@@ -60,9 +63,14 @@ class AdamW {
   // Moments for the whole buffer.
   explicit AdamW(std::shared_ptr<const ParamLayout> layout);
   // Moments for elements [begin, end) of the buffer (0 <= begin <= end <= total).
-  AdamW(std::shared_ptr<const ParamLayout> layout, int64_t begin, int64_t end);
-  // p and g point at element `begin` of the parameter and gradient buffers' range.
-  void update(const OptimConfig& c, int64_t t, double lr, T* p, const T* g);
+  AdamW(std::shared_ptr<const ParamLayout> layout, int64_t begin, int64_t end,
+        std::shared_ptr<const ModelBackend> backend = nullptr);
+  // p and g point at element `begin` of the parameter and gradient buffers' range (memory of
+  // the backend's device).
+  void update(const OptimConfig& c, int64_t t, double lr, Buf p, CBuf g);
+  void update(const OptimConfig& c, int64_t t, double lr, T* p, const T* g) {
+    update(c, t, lr, Buf(p), CBuf(g));
+  }
   // Whole-buffer form; the range must be the whole buffer.
   void update(const OptimConfig& c, int64_t t, double lr, ParamSet<T>& params,
               const ParamSet<T>& grads);
@@ -74,6 +82,7 @@ class AdamW {
 
  private:
   std::shared_ptr<const ParamLayout> layout_;
+  std::shared_ptr<const ModelBackend> be_;
   int64_t begin_ = 0, end_ = 0;
   Tensor m_, v_;
 };

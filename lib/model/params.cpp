@@ -28,19 +28,19 @@ bool ParamLayout::contains(const std::string& name) const {
 }
 
 template <class T>
-ParamSet<T>::ParamSet(std::shared_ptr<const ParamLayout> layout, int64_t pad_multiple)
+ParamSet<T>::ParamSet(std::shared_ptr<const ParamLayout> layout, int64_t pad_multiple, Device device)
     : layout_(std::move(layout)) {
   IHA_CHECK(pad_multiple >= 1, "ParamSet: pad multiple must be >= 1, got ", pad_multiple);
   const int64_t total = layout_->total();
-  storage_ = Tensor({(total + pad_multiple - 1) / pad_multiple * pad_multiple}, dtype_of<T>());
-  flat_ = Tensor::view(storage_.template data<T>(), {total}, dtype_of<T>());
+  storage_ = Tensor({(total + pad_multiple - 1) / pad_multiple * pad_multiple}, dtype_of<T>(), device);
+  flat_ = Tensor::view(storage_.template data<T>(), {total}, dtype_of<T>(), device);
 }
 
 template <class T>
 Tensor ParamSet<T>::view(size_t i) const {
   const ParamSpec& s = layout_->specs().at(i);
   T* base = const_cast<T*>(flat_.template data<T>());
-  return Tensor::view(base + s.offset, s.shape, dtype_of<T>());
+  return Tensor::view(base + s.offset, s.shape, dtype_of<T>(), flat_.device());
 }
 
 template class ParamSet<float>;

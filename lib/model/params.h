@@ -47,8 +47,10 @@ template <class T>
 class ParamSet {
  public:
   ParamSet() = default;
-  // pad_multiple: the buffer is zero-padded to a multiple of this many elements.
-  explicit ParamSet(std::shared_ptr<const ParamLayout> layout, int64_t pad_multiple = 1);
+  // pad_multiple: the buffer is zero-padded to a multiple of this many elements. device: where
+  // the buffer lives (a backend's device).
+  explicit ParamSet(std::shared_ptr<const ParamLayout> layout, int64_t pad_multiple = 1,
+                    Device device = Device::cpu);
   const ParamLayout& layout() const { return *layout_; }
   // The parameters' elements, [layout().total()].
   Tensor& flat() { return flat_; }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attention/flash.h"
+#include "attention/layer_config.h"
 #include "core/config.h"
 #include "core/tensor.h"
 #include "model/data.h"

@@ -10,26 +10,8 @@
 #include "core/blas.h"
 #include "ringattn/ringattn.h"
 #if defined(IHA_HAVE_CUDA)
-#include "model/train_cuda.h"
-#else
-namespace iha {
-// A CPU-only build never creates the device state (train.device: cuda is a ConfigError when
-// the config is parsed); this stand-in only lets the device branches below compile.
-class CudaTrainState {
- public:
-  [[noreturn]] static void absent() { IHA_FAIL("this build has no CUDA support"); }
-  int64_t num_params() const { absent(); }
-  int64_t local_tokens() const { absent(); }
-  void init(uint64_t) { absent(); }
-  void zero_grads() { absent(); }
-  CrossEntropyStats forward_backward(const TokenBatch&, double) { absent(); }
-  CrossEntropyStats evaluate(const TokenBatch&) { absent(); }
-  double reduce_gradients() { absent(); }
-  void scale_gradients(double) { absent(); }
-  void update(const OptimConfig&, int64_t, double) { absent(); }
-  std::vector<NamedTensor> state_tensors() { absent(); }
-};
-}  // namespace iha
+#include "model/backend_cuda.h"
+#include "parallel/nccl_comm.h"
 #endif
 
 namespace iha {
@@ -96,34 +78,35 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
   collective_check(*world_, [&] {
     cfg_.model.resolve_window(cfg_.seq_len, checkpoint_wv);
     check_mesh_fits_model(cfg_);
+    IHA_CONFIG_CHECK(cfg_.device == Device::cpu || (std::is_same<T, float>::value), "config key 'train.dtype': a "
+                     "train.device: cuda run keeps float32 master weights");
   });
+  compute_world_ = world_;
+  ProcessMesh* cmesh = mesh_.get();
+  if (cfg_.device == Device::cuda) {
+#if defined(IHA_HAVE_CUDA)
+    compute_world_ = make_device_world(world_);
+    device_mesh_ = std::make_unique<ProcessMesh>(compute_world_, cfg_.mesh);
+    cmesh = device_mesh_.get();
+    backend_ = cuda_model_backend(cfg_.compute_dtype);
+#else
+    IHA_FAIL("train.device: cuda in a build without CUDA support");
+#endif
+  } else {
+    backend_ = cpu_model_backend<T>(cfg_.tiles);
+  }
   const int64_t N = cfg_.seq_len, hp = cfg_.mesh.hp, sp = cfg_.mesh.sp;
   tokens_ = ReplicaLayout(cfg_.layout, N, sp, hp).tokens_of(mesh_->sp_index(), mesh_->hp_index());
-  const ReplicaGroups groups = ReplicaGroups::from(*mesh_);
-  const SeqParallelOptions opt{cfg_.layout, cfg_.tiles};
-  const FlashTiles tiles = cfg_.tiles;
+  const ReplicaGroups groups = ReplicaGroups::from(*cmesh);
+  const SeqParallelOptions opt{cfg_.layout, cfg_.tiles, backend_};
   // The one place that decides where attention runs: all tokens local, or spread over the
   // hp x sp replica with the scheme configured for the layer's kind.
   auto make_core = [&](const LayerConfig& lc, int64_t) -> std::shared_ptr<AttentionCore<T>> {
-    if (hp * sp == 1) return make_local_core<T>(lc, N, tiles);
+    if (hp * sp == 1) return make_local_core<T>(lc, N, backend_);
     return make_replica_core<T>(lc, N, groups, cfg_.schemes.for_layer(lc), opt);
   };
-  const int64_t R = world_->size(), rank = world_->rank();
-  const bool zero = cfg_.optim.zero;
-  if (cfg_.device == Device::cuda) {
-    collective_check(*world_, [&] {
-      IHA_CONFIG_CHECK((std::is_same<T, float>::value), "config key 'train.dtype': a train.device: cuda "
-                       "run keeps float32 master weights");
-      IHA_CONFIG_CHECK(!zero, "config key 'optim.zero': ZeRO-1 has no GPU implementation yet; with "
-                       "train.device: cuda set optim.zero: false");
-    });
-#if defined(IHA_HAVE_CUDA)
-    gpu_ = std::make_unique<CudaTrainState>(cfg_, cfg_.model, world_);
-#endif
-  } else {
-    build_cpu_state(make_core, R, rank);
-  }
-  const int64_t model_tokens = gpu_ ? gpu_->local_tokens() : model_->local_tokens();
+  build_state(make_core, world_->size(), world_->rank());
+  const int64_t model_tokens = model_->local_tokens();
   collective_check(*world_, [&] {
     train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), N, tokens_);
     auto held = make_data_source(cfg_, true);
@@ -135,25 +118,24 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
 }
 
 template <class T>
-void Trainer<T>::build_cpu_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R,
-                                 int64_t rank) {
+void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank) {
   const bool zero = cfg_.optim.zero;
-  model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute, zero ? R : 1);
+  model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute, zero ? R : 1, backend_);
   const auto layout = model_->layout();
   const int64_t L = layout->total();
   if (zero) {
     part_ = FlatPartition{L, R};
     const int64_t b = std::min(part_.begin(rank), L), e = std::max(b, part_.end(rank));
-    opt_ = AdamW<T>(layout, b, e);
-    grad_shard_ = Tensor({part_.per_rank()}, dtype_of<T>());
-    param_shard_ = Tensor({part_.per_rank()}, dtype_of<T>());
+    opt_ = AdamW<T>(layout, b, e, backend_);
+    grad_shard_ = backend_->alloc_acc({part_.per_rank()});
+    param_shard_ = backend_->alloc_acc({part_.per_rank()});
   } else {
     part_ = FlatPartition{L, 1};
-    opt_ = AdamW<T>(layout);
+    opt_ = AdamW<T>(layout, 0, L, backend_);
     if (R > 1) {
       std::vector<int64_t> sizes;
       for (const ParamSpec& s : layout->specs()) sizes.push_back(s.numel());
-      buckets_ = std::make_unique<GradientBuckets>(world_, sizes, dtype_of<T>(), cfg_.grad_bucket_kib * 1024,
+      buckets_ = std::make_unique<GradientBuckets>(compute_world_, sizes, dtype_of<T>(), cfg_.grad_bucket_kib * 1024,
                                                    "train.grad");
     }
   }
@@ -163,25 +145,15 @@ template <class T>
 Trainer<T>::~Trainer() = default;
 
 template <class T>
-Transformer<T>& Trainer<T>::model() {
-  IHA_CHECK(model_ != nullptr, "the model of a train.device: cuda run lives on the GPU (CudaTrainState)");
-  return *model_;
-}
-
-template <class T>
 int64_t Trainer<T>::num_params() const {
-  return gpu_ ? gpu_->num_params() : model_->params().flat().numel();
+  return model_->params().flat().numel();
 }
 
 template <class T>
 void Trainer<T>::init() {
-  if (gpu_) {
-    gpu_->init(cfg_.seed);
-  } else {
-    model_->init(cfg_.seed);
-    opt_.m().zero();
-    opt_.v().zero();
-  }
+  model_->init(cfg_.seed);
+  opt_.m().zero();
+  opt_.v().zero();
   scalars_ = TrainerScalars{};
   scalars_.rng = Rng{cfg_.seed, 0};
 }
@@ -211,7 +183,6 @@ StepStats Trainer<T>::train_step() {
 
   CrossEntropyStats local;
   const double scale = 1.0 / static_cast<double>(count);
-  if (gpu_) return gpu_step(batches, count, scale);
   ParamSet<T>& grads = model_->grads();
   ParamSet<T>& params = model_->params();
   grads.zero();
@@ -232,62 +203,43 @@ StepStats Trainer<T>::train_step() {
   }
 
   // The gradient sum over every rank (data x head x sequence), and its squared norm.
+  const ModelBackend& be = *backend_;
   const bool zero = cfg_.optim.zero;
-  T* g = nullptr;  // the reduced gradient this rank updates with: the whole buffer or its range
-  int64_t g_count = 0;
+  Tensor g;  // the reduced gradient this rank updates with: the whole buffer or its range
   double sq = 0;
   if (zero) {
     // Blocking collectives: their whole time is exposed, counted like a wait for the benchmarks.
     const auto t0 = std::chrono::steady_clock::now();
-    world_->reduce_scatter(grads.padded().raw(), grad_shard_.raw(), part_.per_rank(), dtype_of<T>(),
-                           "train.grad");
+    compute_world_->reduce_scatter(grads.padded().raw(), grad_shard_.raw(), part_.per_rank(), dtype_of<T>(),
+                                   "train.grad");
     world_->counters().add_wait("train.grad", seconds_since(t0));
-    g = grad_shard_.template data<T>();
-    g_count = part_.per_rank();  // the padding sums to zero
-    sq = global_sum(sum_of_squares(g, g_count), "train.norm");
+    g = grad_shard_;  // the padding sums to zero
+    sq = global_sum(be.sum_of_squares(g, g.numel()), "train.norm");
   } else {
     if (buckets_) buckets_->finish();
-    g = grads.data();
-    g_count = grads.flat().numel();
-    sq = sum_of_squares(g, g_count);
+    g = grads.flat();
+    sq = be.sum_of_squares(g, g.numel());
   }
   StepStats s = step_stats(local, count, sq);
-  if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) {
-    const T f = static_cast<T>(cfg_.optim.clip / s.grad_norm);
-    for (int64_t i = 0; i < g_count; ++i) g[i] *= f;
-  }
+  if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) be.scale(g, g.numel(), cfg_.optim.clip / s.grad_norm);
   s.lr = learning_rate(cfg_.optim, scalars_.step, cfg_.steps);
   if (zero) {
     // Update this rank's range (its gradient starts at partition begin; the optimizer's range
-    // is that, clipped to the real elements), then gather every rank's range. bf16 compute
-    // would update an fp32 master copy of the range here and gather its bf16 cast.
+    // is that, clipped to the real elements), then gather every rank's range. The fp32
+    // masters of a bf16 run are what is updated and gathered; the model refreshes its compute
+    // copy from them at the next forward.
     const int64_t b = part_.begin(world_->rank());
     if (opt_.end() > opt_.begin())  // a rank past the real elements holds only padding
-      opt_.update(cfg_.optim, scalars_.step + 1, s.lr, params.data() + opt_.begin(), g + (opt_.begin() - b));
-    const T* src = params.padded().template data<T>() + b;
-    std::copy(src, src + part_.per_rank(), param_shard_.template data<T>());
+      opt_.update(cfg_.optim, scalars_.step + 1, s.lr, Buf(params.flat()).at(opt_.begin()),
+                  CBuf(g).at(opt_.begin() - b));
+    be.cast(CBuf(params.padded()).at(b), param_shard_, part_.per_rank());
     const auto t0 = std::chrono::steady_clock::now();
-    world_->all_gather(param_shard_.raw(), params.padded().raw(), part_.per_rank(), dtype_of<T>(), "train.params");
+    compute_world_->all_gather(param_shard_.raw(), params.padded().raw(), part_.per_rank(), dtype_of<T>(),
+                               "train.params");
     world_->counters().add_wait("train.params", seconds_since(t0));
   } else {
     opt_.update(cfg_.optim, scalars_.step + 1, s.lr, params, grads);
   }
-  scalars_.step += 1;
-  scalars_.data_cursor += cfg_.batch_size;
-  s.step = scalars_.step;
-  return s;
-}
-
-template <class T>
-StepStats Trainer<T>::gpu_step(const std::vector<TokenBatch>& batches, int64_t count, double scale) {
-  CrossEntropyStats local;
-  gpu_->zero_grads();
-  for (const auto& b : batches) local.add(gpu_->forward_backward(b, scale));
-  const double sq = gpu_->reduce_gradients();
-  StepStats s = step_stats(local, count, sq);
-  if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) gpu_->scale_gradients(cfg_.optim.clip / s.grad_norm);
-  s.lr = learning_rate(cfg_.optim, scalars_.step, cfg_.steps);
-  gpu_->update(cfg_.optim, scalars_.step + 1, s.lr);
   scalars_.step += 1;
   scalars_.data_cursor += cfg_.batch_size;
   s.step = scalars_.step;
@@ -331,7 +283,7 @@ EvalStats Trainer<T>::evaluate() {
       batches.push_back(eval_loader_->batch(first, std::min(eb, total - first)));
   });
   CrossEntropyStats local;
-  for (const auto& b : batches) local.add(gpu_ ? gpu_->evaluate(b) : model_->evaluate(b));
+  for (const auto& b : batches) local.add(model_->evaluate(b));
   double sums[6] = {local.loss_sum,
                     static_cast<double>(local.count),
                     static_cast<double>(local.correct),
@@ -352,8 +304,8 @@ EvalStats Trainer<T>::evaluate() {
 
 template <class T>
 std::vector<NamedTensor> Trainer<T>::state_tensors() {
-  if (gpu_) return gpu_->state_tensors();
   std::vector<NamedTensor> out;
+  const Device dev = backend_->device();
   const auto& specs = model_->layout()->specs();
   for (size_t i = 0; i < specs.size(); ++i)
     out.push_back({"param/" + specs[i].name, model_->params().view(i), specs[i].shape});
@@ -364,15 +316,15 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
     for (const ParamSpec& s : specs) {
       NamedTensor nt{prefix + s.name, Tensor(), s.shape};
       if (!cfg_.optim.zero) {
-        nt.tensor = Tensor::view(base + s.offset, s.shape, dtype_of<T>());
+        nt.tensor = Tensor::view(base + s.offset, s.shape, dtype_of<T>(), dev);
       } else {
         // This rank's piece of the tensor: one flat range (possibly empty).
         auto [a, b] = part_.piece(rank, s.offset, s.offset + s.numel());
         if (b <= a) {
-          nt.tensor = Tensor::view(base, {0}, dtype_of<T>());
+          nt.tensor = Tensor::view(base, {0}, dtype_of<T>(), dev);
           nt.begin = nt.end = 0;
         } else {
-          nt.tensor = Tensor::view(base + (a - opt_.begin()), {b - a}, dtype_of<T>());
+          nt.tensor = Tensor::view(base + (a - opt_.begin()), {b - a}, dtype_of<T>(), dev);
           nt.begin = a - s.offset;
           nt.end = b - s.offset;
         }

@@ -31,10 +31,12 @@
 // cursor, RNG (seed, counter). The RNG is reserved for stochastic training features; nothing
 // draws from it yet.
 //
-// Device: with train.device: cuda (Trainer<float> only) the model, the gradient reduction and
-// AdamW run on one GPU per rank (CudaTrainState, train_cuda.h); the step's schedule, data, loss
-// count, statistics and checks are this class's, unchanged. model() is then unavailable (the
-// model lives on the GPU); num_params() and state_tensors() serve both.
+// Device: the model, the gradient reduction and AdamW run on the run's ModelBackend: the CPU
+// backend of T, or with train.device: cuda (Trainer<float>) the CUDA backend of
+// train.compute_dtype on one GPU per rank, fp32 masters, gradients and moments in device
+// memory, and the device world (NCCL with a GPU per rank, else MPI with host staging) for the
+// cores' and the gradients' traffic. The schedule, data, loss count, statistics and checks are
+// the same code for both; every mesh, ZeRO-1 and recomputation run on either.
 //
 // Errors: a configuration or data problem on any rank becomes the same ConfigError on every
 // rank (collective_check): a mesh that does not multiply to the world size, or hp not dividing
@@ -110,8 +112,6 @@ int64_t count_visible_pairs(const LayerConfig& layer, int64_t N);
 // visible pairs times 4d (forward) + 10d (backward) as in DESIGN.md section 1.
 double model_flops_per_step(const ModelConfig& m, int64_t N, int64_t sequences);
 
-class CudaTrainState;
-
 template <class T>
 class Trainer {
  public:
@@ -138,8 +138,8 @@ class Trainer {
   const std::vector<int64_t>& tokens() const { return tokens_; }
   // ZeRO-1: the split of the flat parameter buffer over the world (ranks = 1 without ZeRO).
   const FlatPartition& partition() const { return part_; }
-  // The CPU model (not with train.device: cuda).
-  Transformer<T>& model();
+  // The model (on the backend's device).
+  Transformer<T>& model() { return *model_; }
   int64_t num_params() const;
   AdamW<T>& optimizer() { return opt_; }
   TrainerScalars& scalars() { return scalars_; }
@@ -152,16 +152,19 @@ class Trainer {
  private:
   // Sum of one double per rank, added in rank order (the same bits on every rank).
   double global_sum(double local, const std::string& site);
-  // The CPU model, optimizer and gradient reduction (replicated or ZeRO-1).
-  void build_cpu_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank);
+  // The model, optimizer and gradient reduction (replicated or ZeRO-1) on the backend.
+  void build_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank);
   // The global loss statistics of a step and its gradient norm; NonFiniteLoss if not finite.
   StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
-  // train.device: cuda: the step after the data (CudaTrainState does model, reduction, AdamW).
-  StepStats gpu_step(const std::vector<TokenBatch>& batches, int64_t count, double scale);
 
   RunConfig cfg_;
   std::shared_ptr<Communicator> world_;
   std::unique_ptr<ProcessMesh> mesh_;
+  // The world and mesh whose communicators hold the backend's buffers: world_ and mesh_ on the
+  // CPU, the device world and a mesh over it on a GPU.
+  std::shared_ptr<Communicator> compute_world_;
+  std::unique_ptr<ProcessMesh> device_mesh_;
+  std::shared_ptr<const ModelBackend> backend_;
   std::vector<int64_t> tokens_;
   std::unique_ptr<Transformer<T>> model_;
   AdamW<T> opt_;
@@ -170,7 +173,6 @@ class Trainer {
   Tensor grad_shard_, param_shard_;           // with ZeRO: this rank's range
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
   TrainerScalars scalars_;
-  std::unique_ptr<CudaTrainState> gpu_;  // train.device: cuda
 };
 
 }  // namespace iha

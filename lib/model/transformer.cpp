@@ -1,8 +1,8 @@
 #include "model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 
-#include "core/blas.h"
 #include "core/rng.h"
 
 namespace iha {
@@ -15,12 +15,16 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 std::string block_prefix(int64_t i) { return "blocks." + std::to_string(i) + "."; }
 
-// Rows of logits computed at a time, so the [rows, V] logits never exist for a long sequence.
-constexpr int64_t kLogitRows = 1024;
+Tensor host_tensor(const std::vector<int32_t>& v) {
+  Tensor t({static_cast<int64_t>(v.size())}, DType::i32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
 
-template <class T>
-void add_into(T* dst, const T* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+Tensor host_tensor(const std::vector<uint8_t>& v) {
+  Tensor t({static_cast<int64_t>(v.size())}, DType::u8);
+  std::copy(v.begin(), v.end(), t.data<uint8_t>());
+  return t;
 }
 
 }  // namespace
@@ -58,7 +62,7 @@ struct Transformer<T>::Block {
   size_t first_param = 0, end_param = 0;  // the block's parameters: contiguous in the layout
   LayerConfig layer;
   std::unique_ptr<IhaLayer<T>> attn;
-  IhaWeights<T> w, gw;  // views into params / grads
+  IhaWeights<T> w, gw;  // views: projections in the compute dtype, the rest masters; grads
   Tensor norm1, norm2, w_gate, w_up, w_down;
   Tensor g_norm1, g_norm2, g_gate, g_up, g_down;
 };
@@ -67,27 +71,29 @@ struct Transformer<T>::Block {
 // forward; the rest is rebuilt just before the block's backward.
 template <class T>
 struct Transformer<T>::BlockActs {
-  Tensor x;           // block input [B, n, D]
-  Tensor a, inv1;     // RMSNorm(x), its 1/rms
+  Tensor x;           // block input [B, n, D] (acc)
+  Tensor a, inv1;     // RMSNorm(x) (compute), its 1/rms
   typename IhaLayer<T>::Cache attn;
-  Tensor y;           // x + attention
-  Tensor b, inv2;     // RMSNorm(y), its 1/rms
-  SwigluCache mlp;
+  Tensor y;           // x + attention (acc)
+  Tensor b, inv2;     // RMSNorm(y) (compute), its 1/rms
+  Tensor gate, up;    // SwiGLU pre-activations (acc)
   void keep_input_only() {
-    a = inv1 = y = b = inv2 = Tensor();
+    a = inv1 = y = b = inv2 = gate = up = Tensor();
     attn = typename IhaLayer<T>::Cache();
-    mlp = SwigluCache();
   }
 };
 
 template <class T>
 Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute,
-                            int64_t pad_multiple)
-    : cfg_(cfg), recompute_(recompute) {
+                            int64_t pad_multiple, std::shared_ptr<const ModelBackend> backend)
+    : cfg_(cfg), be_(backend ? std::move(backend) : cpu_model_backend<T>()), recompute_(recompute) {
   cfg_.validate();
+  IHA_CHECK(be_->acc_dtype() == dtype_of<T>(), "Transformer<", dtype_name(dtype_of<T>()), "> on backend ",
+            be_->name(), " whose accumulation dtype is ", dtype_name(be_->acc_dtype()));
   layout_ = make_param_layout(cfg_);
-  params_ = ParamSet<T>(layout_, pad_multiple);
-  grads_ = ParamSet<T>(layout_, pad_multiple);
+  params_ = ParamSet<T>(layout_, pad_multiple, be_->device());
+  grads_ = ParamSet<T>(layout_, pad_multiple, be_->device());
+  if (be_->compute_dtype() != dtype_of<T>()) compute_ = be_->alloc_compute({layout_->total()});
   embed_ = layout_->index("embed");
   norm_f_ = layout_->index("norm_f");
   lm_head_ = layout_->index("lm_head");
@@ -100,6 +106,8 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core
     blk->layer = cfg_.layer_config(i);
     auto core = make_core(blk->layer, i);
     IHA_CHECK(core != nullptr, "no attention core for block ", i);
+    IHA_CHECK(core->backend().device() == be_->device() && core->backend().compute_dtype() == be_->compute_dtype(),
+              "block ", i, " core computes on ", core->backend().name(), ", the model on ", be_->name());
     if (i == 0) n_local_ = core->local_tokens();
     IHA_CHECK(core->local_tokens() == n_local_, "block ", i, " core holds ", core->local_tokens(),
               " tokens, block 0's holds ", n_local_);
@@ -107,25 +115,27 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core
     const std::string p = block_prefix(i);
     blk->first_param = layout_->index(p + "norm1");
     blk->end_param = layout_->index(p + "mlp.w_down") + 1;
-    auto bind = [&](IhaWeights<T>& w, ParamSet<T>& set) {
-      w.wq = set.view(p + "attn.wq");
-      w.wk = set.view(p + "attn.wk");
-      w.wv = set.view(p + "attn.wv");
-      w.wo = set.view(p + "attn.wo");
-      if (blk->layer.mixing) {
+    const bool mixing = blk->layer.mixing;
+    auto bind = [&](IhaWeights<T>& w, const ParamSet<T>& set, bool compute) {
+      auto proj = [&](const char* name) { return compute ? weight(p + name) : set.view(p + name); };
+      w.wq = proj("attn.wq");
+      w.wk = proj("attn.wk");
+      w.wv = proj("attn.wv");
+      w.wo = proj("attn.wo");
+      if (mixing) {
         w.aq = set.view(p + "attn.aq");
         w.ak = set.view(p + "attn.ak");
         w.av = set.view(p + "attn.av");
         w.collapse = set.view(p + "attn.collapse");
       }
     };
-    bind(blk->w, params_);
-    bind(blk->gw, grads_);
+    bind(blk->w, params_, true);
+    bind(blk->gw, grads_, false);
     blk->norm1 = params_.view(p + "norm1");
     blk->norm2 = params_.view(p + "norm2");
-    blk->w_gate = params_.view(p + "mlp.w_gate");
-    blk->w_up = params_.view(p + "mlp.w_up");
-    blk->w_down = params_.view(p + "mlp.w_down");
+    blk->w_gate = weight(p + "mlp.w_gate");
+    blk->w_up = weight(p + "mlp.w_up");
+    blk->w_down = weight(p + "mlp.w_down");
     blk->g_norm1 = grads_.view(p + "norm1");
     blk->g_norm2 = grads_.view(p + "norm2");
     blk->g_gate = grads_.view(p + "mlp.w_gate");
@@ -137,6 +147,18 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core
 
 template <class T>
 Transformer<T>::~Transformer() = default;
+
+template <class T>
+Tensor Transformer<T>::weight(size_t i) const {
+  if (compute_.numel() == 0) return params_.view(i);
+  const ParamSpec& s = layout_->specs().at(i);
+  return Tensor::view(Buf(compute_).at(s.offset).p, s.shape, compute_.dtype(), compute_.device());
+}
+
+template <class T>
+void Transformer<T>::refresh_compute_weights() {
+  if (compute_.numel() > 0) be_->cast(params_.flat(), compute_, compute_.numel());
+}
 
 template <class T>
 void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* flat, uint64_t seed) {
@@ -171,7 +193,13 @@ void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* fla
 
 template <class T>
 void Transformer<T>::init(uint64_t seed) {
-  init_model_params<T>(cfg_, *layout_, params_.data(), seed);
+  if (be_->device() == Device::cpu) {
+    init_model_params<T>(cfg_, *layout_, params_.data(), seed);
+    return;
+  }
+  Tensor host({layout_->total()}, dtype_of<T>());
+  init_model_params<T>(cfg_, *layout_, host.template data<T>(), seed);
+  params_.flat().copy_from(host.to(be_->device()));
 }
 
 template <class T>
@@ -180,70 +208,109 @@ void Transformer<T>::check_batch(const TokenBatch& b) const {
   const size_t rows = static_cast<size_t>(b.B * b.n);
   IHA_CHECK(b.tokens.size() == rows && b.targets.size() == rows && b.answer.size() == rows,
             "batch arrays do not match B * n = ", rows);
+  // On the host, before anything reaches a device (whose kernels trust the ids).
+  for (size_t r = 0; r < rows; ++r) {
+    IHA_CHECK(b.tokens[r] >= 0 && b.tokens[r] < cfg_.vocab, "token id ", b.tokens[r], " at row ", r,
+              " is outside the vocabulary [0, ", cfg_.vocab, ")");
+    IHA_CHECK(b.targets[r] >= -1 && b.targets[r] < cfg_.vocab, "target id ", b.targets[r], " at row ", r,
+              " is outside the vocabulary [0, ", cfg_.vocab, ")");
+  }
 }
 
 template <class T>
 Tensor Transformer<T>::embed(const TokenBatch& b) {
-  Tensor x({b.B, b.n, cfg_.D}, dtype_of<T>());
-  embedding_forward<T>(b.tokens.data(), b.B * b.n, params_.view(embed_).template data<T>(),
-                       cfg_.vocab, cfg_.D, x.template data<T>());
+  Tensor x = be_->alloc_acc({b.B, b.n, cfg_.D});
+  const Tensor tokens = be_->upload(host_tensor(b.tokens));
+  be_->embedding_forward(tokens, b.B * b.n, params_.view(embed_), cfg_.vocab, cfg_.D, x);
   return x;
 }
 
 template <class T>
 void Transformer<T>::block_forward(Block& blk, const Tensor& x, Tensor& out, BlockActs& acts) {
-  const DType dt = dtype_of<T>();
-  const int64_t B = x.dim(0), n = x.dim(1), D = cfg_.D, rows = B * n;
+  const ModelBackend& be = *be_;
+  const int64_t B = x.dim(0), n = x.dim(1), D = cfg_.D, F = cfg_.ffn, rows = B * n;
   acts.x = x;
-  acts.a = Tensor({B, n, D}, dt);
-  acts.inv1 = Tensor({rows}, dt);
-  rmsnorm_forward<T>(x.template data<T>(), rows, D, blk.norm1.template data<T>(), cfg_.norm_eps,
-                     acts.a.template data<T>(), acts.inv1.template data<T>());
+  acts.a = be.alloc_compute({B, n, D});
+  acts.inv1 = be.alloc_acc({rows});
+  be.rmsnorm_forward(x, rows, D, blk.norm1, cfg_.norm_eps, acts.a, acts.inv1);
   Tensor z;
   blk.attn->forward(blk.w, acts.a, z, acts.attn);
-  acts.y = x.clone();
-  add_into(acts.y.template data<T>(), z.template data<T>(), rows * D);
-  acts.b = Tensor({B, n, D}, dt);
-  acts.inv2 = Tensor({rows}, dt);
-  rmsnorm_forward<T>(acts.y.template data<T>(), rows, D, blk.norm2.template data<T>(),
-                     cfg_.norm_eps, acts.b.template data<T>(), acts.inv2.template data<T>());
-  out = Tensor({B, n, D}, dt);
-  swiglu_forward<T>(acts.b.template data<T>(), rows, D, cfg_.ffn, blk.w_gate.template data<T>(),
-                    blk.w_up.template data<T>(), blk.w_down.template data<T>(),
-                    out.template data<T>(), acts.mlp);
-  add_into(out.template data<T>(), acts.y.template data<T>(), rows * D);
+  acts.y = z;  // y = x + attention, in z's memory
+  be.add(acts.y, x, rows * D);
+  acts.b = be.alloc_compute({B, n, D});
+  acts.inv2 = be.alloc_acc({rows});
+  be.rmsnorm_forward(acts.y, rows, D, blk.norm2, cfg_.norm_eps, acts.b, acts.inv2);
+  // SwiGLU: gate and up pre-activations kept (acc); the hidden state h is recomputed.
+  acts.gate = be.alloc_acc({rows, F});
+  acts.up = be.alloc_acc({rows, F});
+  be.gemm(false, false, rows, F, D, acts.b, D, blk.w_gate, F, 0, acts.gate, F);
+  be.gemm(false, false, rows, F, D, acts.b, D, blk.w_up, F, 0, acts.up, F);
+  Tensor h = be.alloc_compute({rows, F});
+  be.swiglu_act_forward(acts.gate, acts.up, rows * F, h);
+  out = be.alloc_acc({B, n, D});
+  be.gemm(false, false, rows, D, F, h, F, blk.w_down, D, 0, out, D);
+  be.add(out, acts.y, rows * D);
 }
 
 template <class T>
 void Transformer<T>::block_backward(Block& blk, const Tensor& dout, BlockActs& acts, Tensor& dx) {
-  const DType dt = dtype_of<T>();
-  const int64_t B = dout.dim(0), n = dout.dim(1), D = cfg_.D, rows = B * n;
-  Tensor db({B, n, D}, dt);
-  swiglu_backward<T>(acts.b.template data<T>(), dout.template data<T>(), rows, D, cfg_.ffn,
-                     blk.w_gate.template data<T>(), blk.w_up.template data<T>(),
-                     blk.w_down.template data<T>(), acts.mlp, db.template data<T>(),
-                     blk.g_gate.template data<T>(), blk.g_up.template data<T>(),
-                     blk.g_down.template data<T>());
-  Tensor dy({B, n, D}, dt);
-  rmsnorm_backward<T>(acts.y.template data<T>(), db.template data<T>(), rows, D,
-                      blk.norm2.template data<T>(), acts.inv2.template data<T>(),
-                      dy.template data<T>(), blk.g_norm2.template data<T>());
-  add_into(dy.template data<T>(), dout.template data<T>(), rows * D);
-  Tensor da;
-  blk.attn->backward(blk.w, dy, acts.attn, da, blk.gw);
-  dx = Tensor({B, n, D}, dt);
-  rmsnorm_backward<T>(acts.x.template data<T>(), da.template data<T>(), rows, D,
-                      blk.norm1.template data<T>(), acts.inv1.template data<T>(),
-                      dx.template data<T>(), blk.g_norm1.template data<T>());
-  add_into(dx.template data<T>(), dy.template data<T>(), rows * D);
+  const ModelBackend& be = *be_;
+  const int64_t B = dout.dim(0), n = dout.dim(1), D = cfg_.D, F = cfg_.ffn, rows = B * n;
+  // SwiGLU backward: dh = dout W_down^T; (da, du) from (gate, up, dh); db = da W_gate^T + du W_up^T.
+  const Tensor dout_c = be.to_compute(dout);
+  Tensor h = be.alloc_compute({rows, F});
+  be.swiglu_act_forward(acts.gate, acts.up, rows * F, h);
+  be.gemm(true, false, F, D, rows, h, F, dout_c, D, 1, blk.g_down, D);
+  Tensor dh = be.alloc_acc({rows, F});
+  be.gemm(false, true, rows, F, D, dout_c, D, blk.w_down, D, 0, dh, F);
+  // du reuses h's memory; da reuses dh's when the dtypes agree (element-wise op).
+  const Tensor da = be.compute_dtype() == be.acc_dtype() ? dh : be.alloc_compute({rows, F});
+  const Tensor& du = h;
+  be.swiglu_act_backward(acts.gate, acts.up, dh, rows * F, da, du);
+  be.gemm(true, false, D, F, rows, acts.b, D, da, F, 1, blk.g_gate, F);
+  be.gemm(true, false, D, F, rows, acts.b, D, du, F, 1, blk.g_up, F);
+  Tensor db = be.alloc_acc({B, n, D});
+  be.gemm(false, true, rows, D, F, da, F, blk.w_gate, F, 0, db, D);
+  be.gemm(false, true, rows, D, F, du, F, blk.w_up, F, 1, db, D);
+  Tensor dy = be.alloc_acc({B, n, D});
+  be.rmsnorm_backward(acts.y, db, rows, D, blk.norm2, acts.inv2, dy, blk.g_norm2);
+  be.add(dy, dout, rows * D);
+  Tensor da_attn;
+  blk.attn->backward(blk.w, dy, acts.attn, da_attn, blk.gw);
+  dx = be.alloc_acc({B, n, D});
+  be.rmsnorm_backward(acts.x, da_attn, rows, D, blk.norm1, acts.inv1, dx, blk.g_norm1);
+  be.add(dx, dy, rows * D);
+}
+
+template <class T>
+CrossEntropyStats Transformer<T>::head(const Tensor& f, const TokenBatch& batch, double grad_scale, Tensor* df) {
+  const ModelBackend& be = *be_;
+  const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
+  const Tensor targets = be.upload(host_tensor(batch.targets)), answer = be.upload(host_tensor(batch.answer));
+  const Tensor w_head = weight(lm_head_), g_head = grads_.view(lm_head_);
+  const int64_t slab = std::max<int64_t>(1, std::min(rows, be.logit_rows(V)));
+  CrossEntropyStats stats;
+  Tensor logits = be.alloc_acc({slab, V});
+  for (int64_t r0 = 0; r0 < rows; r0 += slab) {
+    const int64_t m = std::min(slab, rows - r0);
+    const CBuf fr = CBuf(f).at(r0 * D);
+    be.gemm(false, false, m, V, D, fr, D, w_head, V, 0, logits, V);
+    stats.add(be.cross_entropy(logits, m, V, CBuf(targets).at(r0), CBuf(answer).at(r0), df ? grad_scale : 0.0));
+    if (!df) continue;
+    const Tensor dl = be.to_compute(logits.slice(0, m));
+    be.gemm(true, false, D, V, m, fr, D, dl, V, 1, g_head, V);
+    be.gemm(false, true, m, D, V, dl, V, w_head, V, 0, Buf(*df).at(r0 * D), D);
+  }
+  return stats;
 }
 
 template <class T>
 CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, double grad_scale,
                                                    const GradientsReady& ready) {
   check_batch(batch);
-  const DType dt = dtype_of<T>();
-  const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
+  refresh_compute_weights();
+  const ModelBackend& be = *be_;
+  const int64_t rows = batch.B * batch.n, D = cfg_.D;
   std::vector<BlockActs> acts(blocks_.size());
   Tensor x = embed(batch);
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -253,27 +320,11 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
     x = out;
   }
   // Final norm, LM head and cross-entropy, a slab of rows at a time.
-  Tensor f({rows, D}, dt), inv_f({rows}, dt), df({rows, D}, dt);
-  rmsnorm_forward<T>(x.template data<T>(), rows, D, params_.view(norm_f_).template data<T>(),
-                     cfg_.norm_eps, f.template data<T>(), inv_f.template data<T>());
-  const T* w_head = params_.view(lm_head_).template data<T>();
-  T* g_head = grads_.view(lm_head_).template data<T>();
-  CrossEntropyStats stats;
-  Tensor logits({std::min(rows, kLogitRows), V}, dt);
-  for (int64_t r0 = 0; r0 < rows; r0 += kLogitRows) {
-    const int64_t m = std::min(kLogitRows, rows - r0);
-    const T* fr = f.template data<T>() + r0 * D;
-    T* lg = logits.template data<T>();
-    gemm<T>(false, false, m, V, D, T(1), fr, D, w_head, V, T(0), lg, V);
-    stats.add(cross_entropy_forward_backward<T>(lg, m, V, batch.targets.data() + r0,
-                                                batch.answer.data() + r0, grad_scale));
-    gemm<T>(true, false, D, V, m, T(1), fr, D, lg, V, T(1), g_head, V);
-    gemm<T>(false, true, m, D, V, T(1), lg, V, w_head, V, T(0), df.template data<T>() + r0 * D, D);
-  }
-  Tensor dx({batch.B, batch.n, D}, dt);
-  rmsnorm_backward<T>(x.template data<T>(), df.template data<T>(), rows, D,
-                      params_.view(norm_f_).template data<T>(), inv_f.template data<T>(),
-                      dx.template data<T>(), grads_.view(norm_f_).template data<T>());
+  Tensor f = be.alloc_compute({rows, D}), inv_f = be.alloc_acc({rows}), df = be.alloc_acc({rows, D});
+  be.rmsnorm_forward(x, rows, D, params_.view(norm_f_), cfg_.norm_eps, f, inv_f);
+  const CrossEntropyStats stats = head(f, batch, grad_scale, &df);
+  Tensor dx = be.alloc_acc({batch.B, batch.n, D});
+  be.rmsnorm_backward(x, df, rows, D, params_.view(norm_f_), inv_f, dx, grads_.view(norm_f_));
   f = df = Tensor();
   if (ready) ready(norm_f_, lm_head_ + 1);
   for (size_t i = blocks_.size(); i-- > 0;) {
@@ -288,8 +339,7 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
     acts[i] = BlockActs();
     dx = dxi;
   }
-  embedding_backward<T>(batch.tokens.data(), rows, dx.template data<T>(), D,
-                        grads_.view(embed_).template data<T>());
+  be.embedding_backward(batch.tokens.data(), rows, dx, D, grads_.view(embed_));
   if (ready) ready(embed_, embed_ + 1);
   return stats;
 }
@@ -297,7 +347,7 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
 template <class T>
 Tensor Transformer<T>::final_hidden(const TokenBatch& batch) {
   check_batch(batch);
-  const DType dt = dtype_of<T>();
+  refresh_compute_weights();
   const int64_t rows = batch.B * batch.n, D = cfg_.D;
   Tensor x = embed(batch);
   for (auto& blk : blocks_) {
@@ -306,9 +356,8 @@ Tensor Transformer<T>::final_hidden(const TokenBatch& batch) {
     block_forward(*blk, x, out, acts);
     x = out;
   }
-  Tensor f({rows, D}, dt), inv_f({rows}, dt);
-  rmsnorm_forward<T>(x.template data<T>(), rows, D, params_.view(norm_f_).template data<T>(),
-                     cfg_.norm_eps, f.template data<T>(), inv_f.template data<T>());
+  Tensor f = be_->alloc_compute({rows, D}), inv_f = be_->alloc_acc({rows});
+  be_->rmsnorm_forward(x, rows, D, params_.view(norm_f_), cfg_.norm_eps, f, inv_f);
   return f;
 }
 
@@ -316,28 +365,14 @@ template <class T>
 Tensor Transformer<T>::logits(const TokenBatch& batch) {
   const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
   const Tensor f = final_hidden(batch);
-  Tensor out({rows, V}, dtype_of<T>());
-  gemm<T>(false, false, rows, V, D, T(1), f.template data<T>(), D,
-          params_.view(lm_head_).template data<T>(), V, T(0), out.template data<T>(), V);
+  Tensor out = be_->alloc_acc({rows, V});
+  be_->gemm(false, false, rows, V, D, f, D, weight(lm_head_), V, 0, out, V);
   return out;
 }
 
 template <class T>
 CrossEntropyStats Transformer<T>::evaluate(const TokenBatch& batch) {
-  const DType dt = dtype_of<T>();
-  const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
-  const Tensor f = final_hidden(batch);
-  CrossEntropyStats stats;
-  Tensor logits({std::min(rows, kLogitRows), V}, dt);
-  for (int64_t r0 = 0; r0 < rows; r0 += kLogitRows) {
-    const int64_t m = std::min(kLogitRows, rows - r0);
-    gemm<T>(false, false, m, V, D, T(1), f.template data<T>() + r0 * D, D,
-            params_.view(lm_head_).template data<T>(), V, T(0), logits.template data<T>(), V);
-    stats.add(cross_entropy_forward_backward<T>(logits.template data<T>(), m, V,
-                                                batch.targets.data() + r0,
-                                                batch.answer.data() + r0, 0.0));
-  }
-  return stats;
+  return head(final_hidden(batch), batch, 0.0, nullptr);
 }
 
 template void init_model_params<float>(const ModelConfig&, const ParamLayout&, float*, uint64_t);

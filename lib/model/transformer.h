@@ -16,6 +16,13 @@
 //   - Activation recomputation keeps only each block's input during forward and recomputes
 //     the block in backward; results are bitwise identical with and without it.
 //
+// Backends: the model is written once over a ModelBackend (model/backend.h): the CPU backend
+// of T (the default; float64 is the oracle of the tests) or a CUDA backend with fp32 masters
+// (T = float) and a compute dtype (bf16 or fp32). Parameters, gradients and activations live
+// on the backend's device; with a compute dtype other than T the model keeps a compute copy of
+// the weights, refreshed from the masters at the start of every forward. Batches come from the
+// host: token ids and targets are checked there, before they reach the device.
+//
 // Threads: one thread drives a model; BLAS and attention kernels may use set_num_threads().
 // defines: iha::make_param_layout, iha::init_model_params, iha::Transformer
 #pragma once
@@ -25,6 +32,7 @@
 #include <vector>
 
 #include "attention/layer.h"
+#include "model/backend.h"
 #include "model/data.h"
 #include "model/model_config.h"
 #include "model/ops.h"
@@ -36,7 +44,7 @@ namespace iha {
 std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& cfg);
 
 // Writes the initial parameters (docs/model.md "Initialisation") into a flat host buffer of
-// `layout`: the CPU model and the GPU model (transformer_cuda.h) start from the same values.
+// `layout`: every backend's model starts from the same values.
 template <class T>
 void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* flat, uint64_t seed);
 
@@ -52,10 +60,11 @@ class Transformer {
   // rank, so collectives started from it match across ranks.
   using GradientsReady = std::function<void(size_t first, size_t end)>;
 
-  // cfg must have its window resolved. All cores must hold the same number of local tokens.
-  // pad_multiple: parameters and gradients are zero-padded to a multiple of it (ParamSet).
+  // cfg must have its window resolved. All cores must hold the same number of local tokens and
+  // compute on `backend` (null: the CPU backend of T). pad_multiple: parameters and gradients
+  // are zero-padded to a multiple of it (ParamSet).
   Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute,
-              int64_t pad_multiple = 1);
+              int64_t pad_multiple = 1, std::shared_ptr<const ModelBackend> backend = nullptr);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -68,6 +77,8 @@ class Transformer {
   const ParamSet<T>& params() const { return params_; }
   ParamSet<T>& grads() { return grads_; }
   std::shared_ptr<const ParamLayout> layout() const { return layout_; }
+  const ModelBackend& backend() const { return *be_; }
+  const std::shared_ptr<const ModelBackend>& backend_ptr() const { return be_; }
 
   // docs/model.md "Initialisation": normal(0, init_std) for linear maps and embedding
   // (output projections wo and w_down scaled by 1/sqrt(2 layers)); RMSNorm gains 1;
@@ -83,7 +94,8 @@ class Transformer {
   // Forward only (evaluation); keeps no activations.
   CrossEntropyStats evaluate(const TokenBatch& batch);
 
-  // Forward only, returning the logits [B * n, V] (tests and inspection).
+  // Forward only, returning the logits [B * n, V] (T, on the backend's device; tests and
+  // inspection).
   Tensor logits(const TokenBatch& batch);
 
  private:
@@ -95,12 +107,21 @@ class Transformer {
   // Forward without activations through the final RMSNorm: [B * n, D] (logits, evaluate).
   Tensor final_hidden(const TokenBatch& batch);
   void check_batch(const TokenBatch& batch) const;
+  // The compute-dtype copy of parameter i (the master itself when the dtypes agree).
+  Tensor weight(size_t i) const;
+  Tensor weight(const std::string& name) const { return weight(layout_->index(name)); }
+  void refresh_compute_weights();
+  // The LM head on f rows [rows, D]: logits a slab at a time, cross-entropy, and with
+  // `backward` the head's gradient and df (written).
+  CrossEntropyStats head(const Tensor& f, const TokenBatch& batch, double grad_scale, Tensor* df);
 
   ModelConfig cfg_;
+  std::shared_ptr<const ModelBackend> be_;
   bool recompute_;
   int64_t n_local_ = 0;
   std::shared_ptr<ParamLayout> layout_;
   ParamSet<T> params_, grads_;
+  Tensor compute_;  // the weights in the compute dtype (only when it is not T)
   std::vector<std::unique_ptr<Block>> blocks_;
   size_t embed_, norm_f_, lm_head_;  // parameter indices
 };

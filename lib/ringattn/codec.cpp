@@ -1,118 +1,97 @@
 #include "ringattn/codec.h"
 
-#include <algorithm>
-
 namespace iha::detail {
 
-Tensor host_positions(const std::vector<int64_t>& pos) {
-  Tensor t({static_cast<int64_t>(pos.size())}, DType::i64);
-  std::copy(pos.begin(), pos.end(), t.data<int64_t>());
-  return t;
-}
-
 template <class T>
-void PremixCodec<T>::decode(int64_t B, const Tensor& payload_t, int64_t n, int64_t a,
+void PremixCodec<T>::decode(int64_t B, const Tensor& payload, int64_t n, int64_t a,
                             const std::vector<int64_t>& tokens, KVBlock& out) const {
   const LayerConfig& c = cfg_;
-  const T* payload = payload_t.data<T>();
   const int64_t Hkv = c.kv_heads();
   const int64_t w = row_width(), m = static_cast<int64_t>(tokens.size()), mP = m * c.P, hs = mP * c.d;
-  const std::vector<int64_t> vpos = virtual_positions(tokens, c.P);
-  out.pos = host_positions(vpos);
-  out.kv = Tensor({B, Hkv, mP, c.d}, dtype_of<T>());
-  out.vv = Tensor({B, Hkv, mP, c.d}, dtype_of<T>());
+  const auto rope = be_.rope_rows(RopeSpec::from(c), c.d, virtual_positions(tokens, c.P));
+  out.pos = rope->positions();
+  out.kv = be_.alloc_compute({B, Hkv, mP, c.d});
+  out.vv = be_.alloc_compute({B, Hkv, mP, c.d});
   if (m == 0) return;
-  const RopeTable<T> rope(RopeSpec::from(c), c.d, vpos.data(), mP);
   for (int64_t b = 0; b < B; ++b) {
-    T* kv = out.kv.template data<T>() + b * Hkv * hs;
-    T* vv = out.vv.template data<T>() + b * Hkv * hs;
-    mix_forward(payload + (b * n + a) * w, w, m, Hkv, c.d, c.P, mv_.ak, 0, Hkv, kv, hs);
-    mix_forward(payload + ((B + b) * n + a) * w, w, m, Hkv, c.d, c.P, mv_.av, 0, Hkv, vv, hs);
-    for (int64_t g = 0; g < Hkv; ++g) rope.apply(kv + g * hs, mP, false);
+    be_.mix_rope_forward(CBuf(payload).at((b * n + a) * w), w, m, Hkv, c.d, c.P, mv_.ak, 0, Hkv, *rope, true,
+                         Buf(out.kv).at(b * Hkv * hs), hs);
+    be_.mix_rope_forward(CBuf(payload).at(((B + b) * n + a) * w), w, m, Hkv, c.d, c.P, mv_.av, 0, Hkv, *rope, false,
+                         Buf(out.vv).at(b * Hkv * hs), hs);
   }
 }
 
 template <class T>
-void PremixCodec<T>::decode_backward(int64_t B, const Tensor& payload_t, int64_t n, int64_t a,
+void PremixCodec<T>::decode_backward(int64_t B, const Tensor& payload, int64_t n, int64_t a,
                                      const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
-                                     Tensor& dpayload_t) const {
+                                     Tensor& dpayload) const {
   const LayerConfig& c = cfg_;
-  const T* payload = payload_t.data<T>();
-  T* dpayload = dpayload_t.data<T>();
   const int64_t Hkv = c.kv_heads();
   const int64_t w = row_width(), m = static_cast<int64_t>(tokens.size()), mP = m * c.P, hs = mP * c.d;
   if (m == 0) return;
-  const std::vector<int64_t> vpos = virtual_positions(tokens, c.P);
-  const RopeTable<T> rope(RopeSpec::from(c), c.d, vpos.data(), mP);
-  T* dak = c.mixing && grads_ ? grads_->ak.template data<T>() : nullptr;
-  T* dav = c.mixing && grads_ ? grads_->av.template data<T>() : nullptr;
+  const auto rope = be_.rope_rows(RopeSpec::from(c), c.d, virtual_positions(tokens, c.P));
+  const Buf dak = c.mixing && grads_ ? Buf(grads_->ak) : Buf();
+  const Buf dav = c.mixing && grads_ ? Buf(grads_->av) : Buf();
   for (int64_t b = 0; b < B; ++b) {
-    T* dkb = dkv.template data<T>() + b * Hkv * hs;
-    T* dvb = dvv.template data<T>() + b * Hkv * hs;
-    for (int64_t g = 0; g < Hkv; ++g) rope.apply(dkb + g * hs, mP, true);
     const int64_t ko = (b * n + a) * w, vo = ((B + b) * n + a) * w;
-    mix_backward(dkb, hs, payload + ko, w, m, Hkv, c.d, c.P, mv_.ak, 0, Hkv, dpayload + ko, w, dak);
-    mix_backward(dvb, hs, payload + vo, w, m, Hkv, c.d, c.P, mv_.av, 0, Hkv, dpayload + vo, w, dav);
+    be_.mix_rope_backward(Buf(dkv).at(b * Hkv * hs), hs, CBuf(payload).at(ko), w, m, Hkv, c.d, c.P, mv_.ak, 0, Hkv,
+                          *rope, true, Buf(dpayload).at(ko), w, dak);
+    be_.mix_rope_backward(Buf(dvv).at(b * Hkv * hs), hs, CBuf(payload).at(vo), w, m, Hkv, c.d, c.P, mv_.av, 0, Hkv,
+                          *rope, false, Buf(dpayload).at(vo), w, dav);
   }
 }
 
-template <class T>
-void PseudoCodec<T>::decode(int64_t B, const Tensor& payload_t, int64_t n, int64_t a,
-                            const std::vector<int64_t>& tokens, KVBlock& out) const {
+StridedCopy PseudoCodec::layout(int64_t B, int64_t n, int64_t seq_part, bool to_rows) const {
+  // Per sequence and head, the n tokens' P*d values are contiguous in both layouts: in the
+  // part at (b, token) row offset h*P*d, in the rows at head h's block.
+  const int64_t w = row_width(), nP = n * P_, row = P_ * d_;
+  StridedCopy g;
+  g.outer = B;
+  g.mid = heads_;
+  g.rows = n;
+  g.width = row;
+  const int64_t part_outer = seq_part, part_mid = row, part_row = w;
+  const int64_t rows_outer = heads_ * nP * d_, rows_mid = nP * d_, rows_row = row;
+  g.src_outer = to_rows ? part_outer : rows_outer;
+  g.src_mid = to_rows ? part_mid : rows_mid;
+  g.src_row = to_rows ? part_row : rows_row;
+  g.dst_outer = to_rows ? rows_outer : part_outer;
+  g.dst_mid = to_rows ? rows_mid : part_mid;
+  g.dst_row = to_rows ? rows_row : part_row;
+  return g;
+}
+
+void PseudoCodec::decode(int64_t B, const Tensor& payload, int64_t n, int64_t a, const std::vector<int64_t>& tokens,
+                         KVBlock& out) const {
   const int64_t m = static_cast<int64_t>(tokens.size()), w = row_width();
-  const T* payload = payload_t.data<T>();
-  out.pos = host_positions(virtual_positions(tokens, P_));
-  out.kv = Tensor({B, heads_, m * P_, d_}, dtype_of<T>());
-  out.vv = Tensor({B, heads_, m * P_, d_}, dtype_of<T>());
+  out.pos = be_.positions(virtual_positions(tokens, P_));
+  out.kv = be_.alloc_compute({B, heads_, m * P_, d_});
+  out.vv = be_.alloc_compute({B, heads_, m * P_, d_});
   if (m == 0) return;
-  // Sub-range [a, a+m) of each sequence's rows: convert one sequence at a time.
-  for (int64_t b = 0; b < B; ++b) {
-    to_rows(1, m, payload + (b * n + a) * w, out.kv.template data<T>() + b * heads_ * m * P_ * d_);
-    to_rows(1, m, payload + ((B + b) * n + a) * w, out.vv.template data<T>() + b * heads_ * m * P_ * d_);
-  }
+  // Sub-range [a, a+m) of each sequence's n rows.
+  const StridedCopy g = layout(B, m, n * w, true);
+  be_.copy_strided(CBuf(payload).at(a * w), out.kv, g, false);
+  be_.copy_strided(CBuf(payload).at((B * n + a) * w), out.vv, g, false);
 }
 
-template <class T>
-void PseudoCodec<T>::decode_backward(int64_t B, const Tensor&, int64_t n, int64_t a,
-                                     const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
-                                     Tensor& dpayload_t) const {
+void PseudoCodec::decode_backward(int64_t B, const Tensor&, int64_t n, int64_t a, const std::vector<int64_t>& tokens,
+                                  Tensor& dkv, Tensor& dvv, Tensor& dpayload) const {
   const int64_t m = static_cast<int64_t>(tokens.size()), w = row_width();
-  T* dpayload = dpayload_t.data<T>();
   if (m == 0) return;
-  for (int64_t b = 0; b < B; ++b) {
-    from_rows(1, m, dkv.template data<T>() + b * heads_ * m * P_ * d_, dpayload + (b * n + a) * w, true);
-    from_rows(1, m, dvv.template data<T>() + b * heads_ * m * P_ * d_, dpayload + ((B + b) * n + a) * w, true);
-  }
+  const StridedCopy g = layout(B, m, n * w, false);
+  be_.copy_strided(dkv, Buf(dpayload).at(a * w), g, true);
+  be_.copy_strided(dvv, Buf(dpayload).at((B * n + a) * w), g, true);
 }
 
-template <class T>
-void PseudoCodec<T>::to_rows(int64_t B, int64_t n, const T* part, T* rows) const {
-  const int64_t w = row_width(), nP = n * P_;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < heads_; ++h)
-        for (int64_t j = 0; j < P_; ++j) {
-          const T* src = part + (b * n + i) * w + (h * P_ + j) * d_;
-          std::copy(src, src + d_, rows + ((b * heads_ + h) * nP + i * P_ + j) * d_);
-        }
+void PseudoCodec::to_rows(int64_t B, int64_t n, CBuf part, Buf rows) const {
+  be_.copy_strided(part, rows, layout(B, n, n * row_width(), true), false);
 }
 
-template <class T>
-void PseudoCodec<T>::from_rows(int64_t B, int64_t n, const T* rows, T* part, bool add) const {
-  const int64_t w = row_width(), nP = n * P_;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < heads_; ++h)
-        for (int64_t j = 0; j < P_; ++j) {
-          const T* src = rows + ((b * heads_ + h) * nP + i * P_ + j) * d_;
-          T* dst = part + (b * n + i) * w + (h * P_ + j) * d_;
-          for (int64_t c = 0; c < d_; ++c) dst[c] = add ? dst[c] + src[c] : src[c];
-        }
+void PseudoCodec::from_rows(int64_t B, int64_t n, CBuf rows, Buf part, bool add) const {
+  be_.copy_strided(rows, part, layout(B, n, n * row_width(), false), add);
 }
 
 template class PremixCodec<float>;
 template class PremixCodec<double>;
-template class PseudoCodec<float>;
-template class PseudoCodec<double>;
 
 }  // namespace iha::detail

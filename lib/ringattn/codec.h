@@ -7,15 +7,16 @@
 //     already mixed and roped before the head-parallel all-to-all; nothing to redo.
 // A payload holds n tokens as [2][B][n][row_width]: all K rows, then all V rows, in a flat
 // tensor on the engine backend's device (engine.h); its gradient has the same layout in the
-// backend's accumulation dtype. These are the CPU codecs (host tensors of T); the GPU twins of
-// PremixCodec are in engine_cuda.h.
+// backend's accumulation dtype. The codecs compute with the backend's ops (attention/backend.h),
+// so they serve every backend.
 // defines: iha::detail::KVBlock, iha::detail::KVCodec, iha::detail::PremixCodec,
-//          iha::detail::PseudoCodec, iha::detail::host_positions
+//          iha::detail::PseudoCodec
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "attention/backend.h"
 #include "attention/layer.h"
 #include "attention/ops.h"
 
@@ -43,15 +44,12 @@ class KVCodec {
                                Tensor& dpayload) const = 0;
 };
 
-// Host positions tensor (i64) of a list of virtual positions.
-Tensor host_positions(const std::vector<int64_t>& pos);
-
 template <class T>
 class PremixCodec final : public KVCodec {
  public:
   // grads (daK, daV accumulate there) may be null in forward.
-  PremixCodec(const LayerConfig& cfg, const MixView<T>& mv, IhaWeights<T>* grads)
-      : cfg_(cfg), mv_(mv), grads_(grads) {}
+  PremixCodec(const Backend& be, const LayerConfig& cfg, const MixView& mv, IhaWeights<T>* grads)
+      : be_(be), cfg_(cfg), mv_(mv), grads_(grads) {}
   int64_t row_width() const override { return cfg_.kv_heads() * cfg_.d; }
   void decode(int64_t B, const Tensor& payload, int64_t n, int64_t a,
               const std::vector<int64_t>& tokens, KVBlock& out) const override;
@@ -60,15 +58,15 @@ class PremixCodec final : public KVCodec {
                        Tensor& dpayload) const override;
 
  private:
+  const Backend& be_;
   const LayerConfig& cfg_;
-  MixView<T> mv_;
+  MixView mv_;
   IhaWeights<T>* grads_;
 };
 
-template <class T>
 class PseudoCodec final : public KVCodec {
  public:
-  PseudoCodec(int64_t heads, int64_t P, int64_t d) : heads_(heads), P_(P), d_(d) {}
+  PseudoCodec(const Backend& be, int64_t heads, int64_t P, int64_t d) : be_(be), heads_(heads), P_(P), d_(d) {}
   int64_t row_width() const override { return heads_ * P_ * d_; }
   void decode(int64_t B, const Tensor& payload, int64_t n, int64_t a,
               const std::vector<int64_t>& tokens, KVBlock& out) const override;
@@ -76,11 +74,14 @@ class PseudoCodec final : public KVCodec {
                        const std::vector<int64_t>& tokens, Tensor& dkv, Tensor& dvv,
                        Tensor& dpayload) const override;
   // Conversions between head-major rows [B][heads][n*P][d] and a token-major payload part
-  // [B][n][heads*P*d] (one of K or V). to_rows writes; from_rows accumulates when `add`.
-  void to_rows(int64_t B, int64_t n, const T* part, T* rows) const;
-  void from_rows(int64_t B, int64_t n, const T* rows, T* part, bool add) const;
+  // [B][n][heads*P*d] (one of K or V): strided copies, `part` rows `ld_part` elements apart
+  // in sequences `seq_part` elements apart. to_rows writes; from_rows accumulates when `add`.
+  void to_rows(int64_t B, int64_t n, CBuf part, Buf rows) const;
+  void from_rows(int64_t B, int64_t n, CBuf rows, Buf part, bool add) const;
 
  private:
+  StridedCopy layout(int64_t B, int64_t n, int64_t seq_part, bool to_rows) const;
+  const Backend& be_;
   int64_t heads_, P_, d_;
 };
 

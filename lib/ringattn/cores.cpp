@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "attention/merge.h"
 #include "ringattn/engine.h"
 #include "ringattn/ringattn.h"
 
@@ -68,34 +67,31 @@ void check_agreement(Communicator& c, const LayerConfig& k, int64_t N, LayoutKin
 
 namespace {
 
-template <class T>
-std::unique_ptr<SeqEngine> make_engine(const LayerConfig& cfg, int64_t heads,
-                                       std::shared_ptr<Communicator> comm,
-                                       std::vector<std::vector<int64_t>> tokens, const SeqParallelOptions& opt,
-                                       bool halo, const std::string& prefix) {
-  auto backend = std::make_shared<const CpuEngineBackend<T>>(opt.tiles);
-  if (halo) return make_halo_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(backend), prefix + "halo");
-  return make_ring_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(backend), prefix + "ring",
-                          opt.ring_pieces);
+std::shared_ptr<const Backend> backend_of(const SeqParallelOptions& opt, DType acc, std::shared_ptr<const Backend> cpu) {
+  auto be = opt.backend ? opt.backend : std::move(cpu);
+  IHA_CHECK(be->acc_dtype() == acc, "sequence-parallel core of ", dtype_name(acc), " on backend ", be->name());
+  return be;
 }
 
-template <class T>
-void collapse_all(const LayerConfig& c, const MixView<T>& mv, int64_t B, int64_t n, const Tensor& ov, T* out) {
+std::unique_ptr<SeqEngine> make_engine(const LayerConfig& cfg, int64_t heads, std::shared_ptr<Communicator> comm,
+                                       std::vector<std::vector<int64_t>> tokens,
+                                       std::shared_ptr<const Backend> backend, bool halo, const std::string& prefix,
+                                       int64_t ring_pieces) {
+  auto eb = std::make_shared<const EngineBackend>(std::move(backend));
+  if (halo) return make_halo_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(eb), prefix + "halo");
+  return make_ring_engine(cfg, heads, std::move(comm), std::move(tokens), std::move(eb), prefix + "ring",
+                          ring_pieces);
+}
+
+void collapse_all(const Backend& be, const LayerConfig& c, const MixView& mv, int64_t B, int64_t n, const Tensor& ov,
+                  Buf out) {
   const int64_t hs = n * c.P * c.d, Hd = c.H * c.d;
   for (int64_t b = 0; b < B; ++b)
-    collapse_forward(ov.template data<T>() + b * c.H * hs, hs, n, c.H, c.d, c.P, mv.form, mv.c, out + b * n * Hd, Hd);
-}
-
-template <class T>
-void drow_all(int64_t BH, int64_t nP, int64_t d, const Tensor& ov, const Tensor& dov, Tensor& drow) {
-  for (int64_t bh = 0; bh < BH; ++bh)
-    flash_drow(ov.template data<T>() + bh * nP * d, dov.template data<T>() + bh * nP * d, nP, d,
-               drow.template data<T>() + bh * nP);
+    be.collapse_forward(CBuf(ov).at(b * c.H * hs), hs, n, c.H, c.d, c.P, mv.form, mv.c, out.at(b * n * Hd), Hd);
 }
 
 // ---------------------------------------------------------------- pre-mix (sequence) core
 
-template <class T>
 struct PremixCache : CoreCache {
   Tensor qv, ov, lse;
   EngineCache engine;
@@ -106,64 +102,62 @@ class PremixCore final : public AttentionCore<T> {
  public:
   PremixCore(const LayerConfig& cfg, int64_t N, std::shared_ptr<Communicator> comm,
              std::vector<std::vector<int64_t>> tokens, SeqParallelOptions opt, bool halo)
-      : AttentionCore<T>(cfg), comm_(comm) {
-    IHA_CHECK(comm_ != nullptr && comm_->device() == Device::cpu,
-              "sequence-parallel core (CPU) needs a host-memory communicator");
+      : AttentionCore<T>(cfg, backend_of(opt, dtype_of<T>(), cpu_backend<T>(opt.tiles))), comm_(comm) {
+    IHA_CHECK(comm_ != nullptr && comm_->device() == this->be_->device(), "sequence-parallel core on ",
+              this->be_->name(), " needs a communicator of ", device_name(this->be_->device()), " memory");
     check_agreement(*comm_, this->cfg_, N, opt.layout);
-    engine_ = make_engine<T>(this->cfg_, this->cfg_.H, comm_, std::move(tokens), opt, halo, "");
-    const auto& qpos = engine_->qpos();
-    rope_ = RopeTable<T>(RopeSpec::from(this->cfg_), this->cfg_.d, qpos.data(), static_cast<int64_t>(qpos.size()));
+    engine_ = make_engine(this->cfg_, this->cfg_.H, comm_, std::move(tokens), this->be_, halo, "", opt.ring_pieces);
+    rope_ = this->be_->rope_rows(RopeSpec::from(this->cfg_), this->cfg_.d, engine_->qpos());
   }
 
   int64_t local_tokens() const override { return static_cast<int64_t>(engine_->tokens().size()); }
-  std::unique_ptr<CoreCache> make_cache() const override { return std::make_unique<PremixCache<T>>(); }
+  std::unique_ptr<CoreCache> make_cache() const override { return std::make_unique<PremixCache>(); }
 
-  void forward(const IhaWeights<T>& w, int64_t B, const T* q, const T* k, const T* v, T* out,
-               CoreCache& cache_base) override {
-    auto& cache = static_cast<PremixCache<T>&>(cache_base);
+  void forward(const IhaWeights<T>& w, int64_t B, CBuf q, CBuf k, CBuf v, Buf out, CoreCache& cache_base) override {
+    auto& cache = static_cast<PremixCache&>(cache_base);
+    const Backend& be = *this->be_;
     const LayerConfig& c = this->cfg_;
-    const MixView<T> mv = this->mix_view(w);
-    const int64_t n = local_tokens();
-    make_queries(mv, B, q, cache.qv);
+    const MixView mv = this->mix_view(w);
+    const int64_t n = local_tokens(), nP = n * c.P, hs = nP * c.d, Hd = c.H * c.d;
+    cache.qv = be.alloc_compute({B, c.H, nP, c.d});
+    for (int64_t b = 0; b < B; ++b)
+      be.mix_rope_forward(q.at(b * n * Hd), Hd, n, c.H, c.d, c.P, mv.aq, 0, c.H, *rope_, true,
+                          Buf(cache.qv).at(b * c.H * hs), hs);
     const Tensor payload = payload_of(B, n, k, v);
-    engine_->forward(B, cache.qv, payload, PremixCodec<T>(c, mv, nullptr), cache.ov, cache.lse, cache.engine);
-    collapse_all(c, mv, B, n, cache.ov, out);
+    engine_->forward(B, cache.qv, payload, PremixCodec<T>(be, c, mv, nullptr), cache.ov, cache.lse, cache.engine);
+    collapse_all(be, c, mv, B, n, cache.ov, out);
   }
 
-  void backward(const IhaWeights<T>& w, int64_t B, const T* q, const T* k, const T* v,
-                const T* dout, T* dq, T* dk, T* dv, IhaWeights<T>& grads,
-                CoreCache& cache_base) override {
-    auto& cache = static_cast<PremixCache<T>&>(cache_base);
+  void backward(const IhaWeights<T>& w, int64_t B, CBuf q, CBuf k, CBuf v, CBuf dout, Buf dq, Buf dk, Buf dv,
+                IhaWeights<T>& grads, CoreCache& cache_base) override {
+    auto& cache = static_cast<PremixCache&>(cache_base);
+    const Backend& be = *this->be_;
     const LayerConfig& c = this->cfg_;
-    const MixView<T> mv = this->mix_view(w);
+    const MixView mv = this->mix_view(w);
     const int64_t n = local_tokens(), nP = n * c.P, hs = nP * c.d, Hd = c.H * c.d;
-    Tensor dov({B, c.H, nP, c.d}, dtype_of<T>()), drow({B, c.H, nP}, dtype_of<T>()), dqv;
+    Tensor dov = be.alloc_compute({B, c.H, nP, c.d}), drow = be.alloc_acc({B, c.H, nP}), dqv;
     for (int64_t b = 0; b < B; ++b)
-      collapse_backward(dout + b * n * Hd, Hd, cache.ov.template data<T>() + b * c.H * hs, hs, n, c.H, c.d,
-                        c.P, mv.form, mv.c, dov.template data<T>() + b * c.H * hs,
-                        c.mixing ? grads.collapse.template data<T>() : nullptr);
+      be.collapse_backward(dout.at(b * n * Hd), Hd, CBuf(cache.ov).at(b * c.H * hs), hs, n, c.H, c.d, c.P, mv.form,
+                           mv.c, Buf(dov).at(b * c.H * hs), this->mix_grad(grads.collapse));
     // Drow from the final merged output, once, before any step. The output is not needed
     // after it: released before the engine allocates its step buffers.
-    drow_all<T>(B * c.H, nP, c.d, cache.ov, dov, drow);
+    be.flash_drow(cache.ov, dov, B * c.H * nP, c.d, drow);
     cache.ov = Tensor();
     const Tensor payload = payload_of(B, n, k, v);
     // dK | dV adjacent (as IhaLayer allocates them): the engine writes the gradient there.
     const int64_t m = B * n * c.kv_heads() * c.d;
-    Tensor dpayload = dv == dk + m ? Tensor::view(dk, {2 * m}, dtype_of<T>()) : Tensor();
-    engine_->backward(B, cache.qv, payload, PremixCodec<T>(c, mv, &grads), dov, cache.lse, drow, dqv, dpayload,
+    const bool adjacent = dv.t == dk.t && dv.p == dk.at(m).p;
+    Tensor dpayload = adjacent ? Tensor::view(dk.p, {2 * m}, dk.t, be.device()) : Tensor();
+    engine_->backward(B, cache.qv, payload, PremixCodec<T>(be, c, mv, &grads), dov, cache.lse, drow, dqv, dpayload,
                       cache.engine);
-    if (dpayload.template data<T>() != dk) {
-      const T* dp = dpayload.template data<T>();
-      std::copy(dp, dp + m, dk);
-      std::copy(dp + m, dp + 2 * m, dv);
+    if (dpayload.raw() != dk.p) {
+      be.cast(dpayload, dk, m);
+      be.cast(CBuf(dpayload).at(m), dv, m);
     }
-    std::fill(dq, dq + B * n * Hd, T(0));
-    T* daq = c.mixing ? grads.aq.template data<T>() : nullptr;
-    for (int64_t b = 0; b < B; ++b) {
-      T* db = dqv.template data<T>() + b * c.H * hs;
-      for (int64_t h = 0; h < c.H; ++h) rope_.apply(db + h * hs, nP, true);
-      mix_backward(db, hs, q + b * n * Hd, Hd, n, c.H, c.d, c.P, mv.aq, 0, c.H, dq + b * n * Hd, Hd, daq);
-    }
+    be.fill(dq, B * n * Hd, 0);
+    for (int64_t b = 0; b < B; ++b)
+      be.mix_rope_backward(Buf(dqv).at(b * c.H * hs), hs, q.at(b * n * Hd), Hd, n, c.H, c.d, c.P, mv.aq, 0, c.H,
+                           *rope_, true, dq.at(b * n * Hd), Hd, this->mix_grad(grads.aq));
   }
 
   void reduce_gradients(IhaWeights<T>& grads) override {
@@ -171,53 +165,24 @@ class PremixCore final : public AttentionCore<T> {
   }
 
  private:
-  void make_queries(const MixView<T>& mv, int64_t B, const T* q, Tensor& qv) const {
-    const LayerConfig& c = this->cfg_;
-    const int64_t n = local_tokens(), nP = n * c.P, hs = nP * c.d, Hd = c.H * c.d;
-    qv = Tensor({B, c.H, nP, c.d}, dtype_of<T>());
-    for (int64_t b = 0; b < B; ++b) {
-      T* qb = qv.template data<T>() + b * c.H * hs;
-      mix_forward(q + b * n * Hd, Hd, n, c.H, c.d, c.P, mv.aq, 0, c.H, qb, hs);
-      for (int64_t h = 0; h < c.H; ++h) rope_.apply(qb + h * hs, nP, false);
-    }
-  }
   // The [2][B][n][Hkv*d] payload of this rank's K and V: a view when V follows K in memory (as
   // IhaLayer allocates them; the engine only reads and sends it), else a packed copy.
-  Tensor payload_of(int64_t B, int64_t n, const T* k, const T* v) const {
+  Tensor payload_of(int64_t B, int64_t n, CBuf k, CBuf v) const {
     const int64_t m = B * n * this->cfg_.kv_heads() * this->cfg_.d;
-    if (v == k + m) return Tensor::view(const_cast<T*>(k), {2 * m}, dtype_of<T>());
-    Tensor buf({2 * m}, dtype_of<T>());
-    std::copy(k, k + m, buf.template data<T>());
-    std::copy(v, v + m, buf.template data<T>() + m);
+    if (v.t == k.t && v.p == k.at(m).p) return Tensor::view(const_cast<void*>(k.p), {2 * m}, k.t, this->be_->device());
+    Tensor buf = this->be_->alloc({2 * m}, k.t);
+    this->be_->cast(k, buf, m);
+    this->be_->cast(v, Buf(buf).at(m), m);
     return buf;
   }
 
   std::shared_ptr<Communicator> comm_;
   std::unique_ptr<SeqEngine> engine_;
-  RopeTable<T> rope_;
+  std::shared_ptr<const RopeRows> rope_;
 };
 
 // ---------------------------------------------------------------- head-parallel core
 
-// Rows [B][heads][n*P][d] of the tokens at indices `idx` (of n) -> [B][heads][m*P][d], and back.
-template <class T>
-void gather_token_rows(const T* src, int64_t B, int64_t heads, int64_t n, int64_t P, int64_t d,
-                       const std::vector<int64_t>& idx, T* dst) {
-  const int64_t m = static_cast<int64_t>(idx.size()), row = P * d;
-  for (int64_t bh = 0; bh < B * heads; ++bh)
-    for (int64_t i = 0; i < m; ++i)
-      std::copy(src + (bh * n + idx[i]) * row, src + (bh * n + idx[i] + 1) * row, dst + (bh * m + i) * row);
-}
-template <class T>
-void scatter_token_rows(const T* src, int64_t B, int64_t heads, int64_t n, int64_t P, int64_t d,
-                        const std::vector<int64_t>& idx, T* dst) {
-  const int64_t m = static_cast<int64_t>(idx.size()), row = P * d;
-  for (int64_t bh = 0; bh < B * heads; ++bh)
-    for (int64_t i = 0; i < m; ++i)
-      std::copy(src + (bh * m + i) * row, src + (bh * m + i + 1) * row, dst + (bh * n + idx[i]) * row);
-}
-
-template <class T>
 struct UlyssesCache : CoreCache {
   Tensor qv_g, ov_g, lse_g, ov_l;  // head-sharded queries/outputs; token-sharded outputs (global collapse)
   Tensor payload_g;                // head-sharded pseudo-head K | V of the group's tokens
@@ -228,9 +193,13 @@ template <class T>
 class UlyssesCore final : public AttentionCore<T> {
  public:
   UlyssesCore(const LayerConfig& cfg, int64_t N, const ReplicaGroups& g, SeqParallelOptions opt)
-      : AttentionCore<T>(cfg), head_(g.head), seq_(g.seq), T_(g.T), t_(g.hp_index) {
+      : AttentionCore<T>(cfg, backend_of(opt, dtype_of<T>(), cpu_backend<T>(opt.tiles))),
+        head_(g.head), seq_(g.seq), T_(g.T), t_(g.hp_index) {
     IHA_CHECK(head_ && seq_ && head_->size() == g.T && seq_->size() == g.S,
               "head-parallel core: communicators do not match the replica shape");
+    IHA_CHECK(head_->device() == this->be_->device() && seq_->device() == this->be_->device(),
+              "head-parallel core on ", this->be_->name(), " needs communicators of ",
+              device_name(this->be_->device()), " memory");
     check_agreement(*head_, this->cfg_, N, opt.layout);
     check_agreement(*seq_, this->cfg_, N, opt.layout);
     IHA_CONFIG_CHECK(this->cfg_.H % T_ == 0, "head-parallel degree hp = ", T_,
@@ -250,164 +219,145 @@ class UlyssesCore final : public AttentionCore<T> {
         idx.push_back(std::lower_bound(gt.begin(), gt.end(), tok) - gt.begin());
       part_idx_.push_back(std::move(idx));
     }
-    engine_ = make_engine<T>(this->cfg_, Hl_, seq_, std::move(groups), opt, this->cfg_.windowed(), "p");
-    const std::vector<int64_t> pos = virtual_positions(mine_, this->cfg_.P);
-    rope_ = RopeTable<T>(RopeSpec::from(this->cfg_), this->cfg_.d, pos.data(), static_cast<int64_t>(pos.size()));
+    engine_ = make_engine(this->cfg_, Hl_, seq_, std::move(groups), this->be_, this->cfg_.windowed(), "p",
+                         opt.ring_pieces);
+    rope_ = this->be_->rope_rows(RopeSpec::from(this->cfg_), this->cfg_.d, virtual_positions(mine_, this->cfg_.P));
   }
 
   int64_t local_tokens() const override { return static_cast<int64_t>(mine_.size()); }
-  std::unique_ptr<CoreCache> make_cache() const override { return std::make_unique<UlyssesCache<T>>(); }
+  std::unique_ptr<CoreCache> make_cache() const override { return std::make_unique<UlyssesCache>(); }
 
-  void forward(const IhaWeights<T>& w, int64_t B, const T* q, const T* k, const T* v, T* out,
-               CoreCache& cache_base) override {
-    auto& cache = static_cast<UlyssesCache<T>&>(cache_base);
+  void forward(const IhaWeights<T>& w, int64_t B, CBuf q, CBuf k, CBuf v, Buf out, CoreCache& cache_base) override {
+    auto& cache = static_cast<UlyssesCache&>(cache_base);
+    const Backend& be = *this->be_;
     const LayerConfig& c = this->cfg_;
-    const MixView<T> mv = this->mix_view(w);
+    const MixView mv = this->mix_view(w);
     const int64_t n = local_tokens(), nP = n * c.P, H = c.H, Hkv = c.kv_heads(), d = c.d, P = c.P, Hd = H * d;
     const int64_t Kd = Hkv * d, ng = group_n(), hs = nP * d;
+    const DType ct = be.compute_dtype(), at = be.acc_dtype();
     // Mix every head in the sequence-sharded layout, rope at the tokens' virtual positions:
     // Q [B][H][nP][d], K | V [2][B][Hkv][nP][d].
-    Tensor ql({B, H, nP, d}, dtype_of<T>()), kvl({2, B, Hkv, nP, d}, dtype_of<T>());
+    Tensor ql = be.alloc_compute({B, H, nP, d}), kvl = be.alloc_compute({2, B, Hkv, nP, d});
     for (int64_t b = 0; b < B; ++b) {
-      T* qd = ql.template data<T>() + b * H * hs;
-      mix_forward(q + b * n * Hd, Hd, n, H, d, P, mv.aq, 0, H, qd, hs);
-      for (int64_t h = 0; h < H; ++h) rope_.apply(qd + h * hs, nP, false);
-      T* kd = kvl.template data<T>() + b * Hkv * hs;
-      T* vd = kvl.template data<T>() + (B + b) * Hkv * hs;
-      mix_forward(k + b * n * Kd, Kd, n, Hkv, d, P, mv.ak, 0, Hkv, kd, hs);
-      mix_forward(v + b * n * Kd, Kd, n, Hkv, d, P, mv.av, 0, Hkv, vd, hs);
-      for (int64_t g = 0; g < Hkv; ++g) rope_.apply(kd + g * hs, nP, false);
+      be.mix_rope_forward(q.at(b * n * Hd), Hd, n, H, d, P, mv.aq, 0, H, *rope_, true, Buf(ql).at(b * H * hs), hs);
+      be.mix_rope_forward(k.at(b * n * Kd), Kd, n, Hkv, d, P, mv.ak, 0, Hkv, *rope_, true,
+                          Buf(kvl).at(b * Hkv * hs), hs);
+      be.mix_rope_forward(v.at(b * n * Kd), Kd, n, Hkv, d, P, mv.av, 0, Hkv, *rope_, false,
+                          Buf(kvl).at((B + b) * Hkv * hs), hs);
     }
     // All-to-all: rank u receives its query heads and their key/value heads of my tokens.
     std::vector<Tensor> recv;
-    all_to_all_heads(B, [&](int64_t u) { return concat(heads_of_local(ql, 1, B, n, u, H, Hl_),
-                                                       heads_of_local(kvl, 2, B, n, u, Hkv, Hkvl_)); },
-                     [&](int64_t u) { return B * (Hl_ + 2 * Hkvl_) * part_n(u) * P * d; }, recv, "a2a.fwd");
-    cache.qv_g = Tensor({B, Hl_, ng * P, d}, dtype_of<T>());
-    Tensor kv_g({B, Hkvl_, ng * P, d}, dtype_of<T>()), vv_g({B, Hkvl_, ng * P, d}, dtype_of<T>());
+    all_to_all_heads(ct, [&](int64_t u) {
+      Tensor buf = be.alloc_compute({B * (Hl_ + 2 * Hkvl_) * hs});
+      be.copy_strided(CBuf(ql).at(u * Hl_ * hs), buf, columns(B, Hl_ * hs, H * hs, true), false);
+      be.copy_strided(CBuf(kvl).at(u * Hkvl_ * hs), Buf(buf).at(B * Hl_ * hs), columns(2 * B, Hkvl_ * hs, Hkv * hs, true),
+                      false);
+      return buf;
+    }, [&](int64_t u) { return B * (Hl_ + 2 * Hkvl_) * part_n(u) * P * d; }, recv, "a2a.fwd");
+    ql = kvl = Tensor();
+    cache.qv_g = be.alloc_compute({B, Hl_, ng * P, d});
+    Tensor kv_g = be.alloc_compute({B, Hkvl_, ng * P, d}), vv_g = be.alloc_compute({B, Hkvl_, ng * P, d});
     for (int64_t u = 0; u < T_; ++u) {
       const int64_t m = part_n(u), qblk = B * Hl_ * m * P * d, kblk = B * Hkvl_ * m * P * d;
-      const T* r = recv[u].template data<T>();
-      scatter_token_rows(r, B, Hl_, ng, P, d, part_idx_[u], cache.qv_g.template data<T>());
-      scatter_token_rows(r + qblk, B, Hkvl_, ng, P, d, part_idx_[u], kv_g.template data<T>());
-      scatter_token_rows(r + qblk + kblk, B, Hkvl_, ng, P, d, part_idx_[u], vv_g.template data<T>());
+      be.scatter_rows(recv[u], part_idx_[u], ng, B * Hl_, P * d, cache.qv_g, false);
+      be.scatter_rows(CBuf(recv[u]).at(qblk), part_idx_[u], ng, B * Hkvl_, P * d, kv_g, false);
+      be.scatter_rows(CBuf(recv[u]).at(qblk + kblk), part_idx_[u], ng, B * Hkvl_, P * d, vv_g, false);
     }
-    const PseudoCodec<T> codec(Hkvl_, P, d);
-    cache.payload_g = Tensor({2 * B * ng * codec.row_width()}, dtype_of<T>());
-    T* pg = cache.payload_g.template data<T>();
-    codec.from_rows(B, ng, kv_g.template data<T>(), pg, false);
-    codec.from_rows(B, ng, vv_g.template data<T>(), pg + B * ng * codec.row_width(), false);
+    const PseudoCodec codec(be, Hkvl_, P, d);
+    cache.payload_g = be.alloc_compute({2 * B * ng * codec.row_width()});
+    codec.from_rows(B, ng, kv_g, cache.payload_g, false);
+    codec.from_rows(B, ng, vv_g, Buf(cache.payload_g).at(B * ng * codec.row_width()), false);
+    kv_g = vv_g = Tensor();
     engine_->forward(B, cache.qv_g, cache.payload_g, codec, cache.ov_g, cache.lse_g, cache.engine);
 
     if (mv.form == Collapse::per_head) {
       // Collapse the local heads first: the return all-to-all then moves d values a head, not P*d.
-      Tensor o_g({B, ng, Hl_ * d}, dtype_of<T>());
+      Tensor o_g = be.alloc_compute({B, ng, Hl_ * d});
       const int64_t hsg = ng * P * d;
       for (int64_t b = 0; b < B; ++b)
-        collapse_forward(cache.ov_g.template data<T>() + b * Hl_ * hsg, hsg, ng, Hl_, d, P, Collapse::per_head,
-                         mv.c + t_ * Hl_ * P, o_g.template data<T>() + b * ng * Hl_ * d, Hl_ * d);
+        be.collapse_forward(CBuf(cache.ov_g).at(b * Hl_ * hsg), hsg, ng, Hl_, d, P, Collapse::per_head,
+                            mv.c.at(t_ * Hl_ * P), Buf(o_g).at(b * ng * Hl_ * d), Hl_ * d);
       std::vector<Tensor> back;
-      all_to_all_heads(B, [&](int64_t u) { return gather_rows(o_g, B, ng, Hl_ * d, part_idx_[u]); },
+      all_to_all_heads(ct, [&](int64_t u) { return gather_tokens(o_g, B, ng, Hl_ * d, part_idx_[u]); },
                        [&](int64_t) { return B * n * Hl_ * d; }, back, "a2a.fwd");
-      for (int64_t u = 0; u < T_; ++u)
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t i = 0; i < n; ++i)
-            std::copy(back[u].template data<T>() + (b * n + i) * Hl_ * d,
-                      back[u].template data<T>() + (b * n + i + 1) * Hl_ * d,
-                      out + (b * n + i) * Hd + u * Hl_ * d);
+      for (int64_t u = 0; u < T_; ++u) be.copy_strided(back[u], out.at(u * Hl_ * d), columns(B * n, Hl_ * d, Hd, false), false);
     } else {
       std::vector<Tensor> back;
-      all_to_all_heads(B, [&](int64_t u) { return gather_rows_heads(cache.ov_g, B, ng, part_idx_[u]); },
+      all_to_all_heads(at, [&](int64_t u) { return gather_tokens(cache.ov_g, B * Hl_, ng, P * d, part_idx_[u]); },
                        [&](int64_t) { return B * Hl_ * nP * d; }, back, "a2a.fwd");
-      cache.ov_l = Tensor({B, H, nP, d}, dtype_of<T>());
-      place_heads(back, B, nP, cache.ov_l);
-      collapse_all(c, mv, B, n, cache.ov_l, out);
+      cache.ov_l = be.alloc_acc({B, H, nP, d});
+      for (int64_t u = 0; u < T_; ++u)
+        be.copy_strided(back[u], Buf(cache.ov_l).at(u * Hl_ * hs), columns(B, Hl_ * hs, H * hs, false), false);
+      collapse_all(be, c, mv, B, n, cache.ov_l, out);
     }
   }
 
-  void backward(const IhaWeights<T>& w, int64_t B, const T* q, const T* k, const T* v,
-                const T* dout, T* dq, T* dk, T* dv, IhaWeights<T>& grads,
-                CoreCache& cache_base) override {
-    auto& cache = static_cast<UlyssesCache<T>&>(cache_base);
+  void backward(const IhaWeights<T>& w, int64_t B, CBuf q, CBuf k, CBuf v, CBuf dout, Buf dq, Buf dk, Buf dv,
+                IhaWeights<T>& grads, CoreCache& cache_base) override {
+    auto& cache = static_cast<UlyssesCache&>(cache_base);
+    const Backend& be = *this->be_;
     const LayerConfig& c = this->cfg_;
-    const MixView<T> mv = this->mix_view(w);
+    const MixView mv = this->mix_view(w);
     const int64_t n = local_tokens(), nP = n * c.P, H = c.H, Hkv = c.kv_heads(), d = c.d, P = c.P, Hd = H * d;
     const int64_t Kd = Hkv * d, ng = group_n(), hsg = ng * P * d, hs = nP * d;
-    T* dC = c.mixing ? grads.collapse.template data<T>() : nullptr;
-    Tensor dov_g({B, Hl_, ng * P, d}, dtype_of<T>());
+    const DType ct = be.compute_dtype(), at = be.acc_dtype();
+    const Buf dC = this->mix_grad(grads.collapse);
+    Tensor dov_g = be.alloc_compute({B, Hl_, ng * P, d});
     if (mv.form == Collapse::per_head) {
-      Tensor dout_t({B, n, Hd}, dtype_of<T>());
-      std::copy(dout, dout + B * n * Hd, dout_t.template data<T>());
       std::vector<Tensor> recv;
-      all_to_all_heads(B, [&](int64_t u) { return head_columns(dout_t, B, n, u); },
-                       [&](int64_t u) { return B * part_n(u) * Hl_ * d; }, recv, "a2a.bwd");
-      Tensor do_g({B, ng, Hl_ * d}, dtype_of<T>());
-      for (int64_t u = 0; u < T_; ++u) scatter_rows(recv[u], B, ng, Hl_ * d, part_idx_[u], do_g);
+      all_to_all_heads(ct, [&](int64_t u) {
+        Tensor cols = be.alloc_compute({B, n, Hl_ * d});
+        be.copy_strided(dout.at(u * Hl_ * d), cols, columns(B * n, Hl_ * d, Hd, true), false);
+        return cols;
+      }, [&](int64_t u) { return B * part_n(u) * Hl_ * d; }, recv, "a2a.bwd");
+      Tensor do_g = be.alloc_compute({B, ng, Hl_ * d});
+      for (int64_t u = 0; u < T_; ++u) be.scatter_rows(recv[u], part_idx_[u], ng, B, Hl_ * d, do_g, false);
       for (int64_t b = 0; b < B; ++b)
-        collapse_backward(do_g.template data<T>() + b * ng * Hl_ * d, Hl_ * d,
-                          cache.ov_g.template data<T>() + b * Hl_ * hsg, hsg, ng, Hl_, d, P, Collapse::per_head,
-                          mv.c + t_ * Hl_ * P, dov_g.template data<T>() + b * Hl_ * hsg,
-                          dC ? dC + t_ * Hl_ * P : nullptr);
+        be.collapse_backward(CBuf(do_g).at(b * ng * Hl_ * d), Hl_ * d, CBuf(cache.ov_g).at(b * Hl_ * hsg), hsg, ng,
+                             Hl_, d, P, Collapse::per_head, mv.c.at(t_ * Hl_ * P), Buf(dov_g).at(b * Hl_ * hsg),
+                             dC ? dC.at(t_ * Hl_ * P) : Buf());
     } else {
-      Tensor dov_l({B, H, nP, d}, dtype_of<T>());
+      Tensor dov_l = be.alloc_compute({B, H, nP, d});
       for (int64_t b = 0; b < B; ++b)
-        collapse_backward(dout + b * n * Hd, Hd, cache.ov_l.template data<T>() + b * H * hs, hs, n, H, d, P,
-                          mv.form, mv.c, dov_l.template data<T>() + b * H * hs, dC);
+        be.collapse_backward(dout.at(b * n * Hd), Hd, CBuf(cache.ov_l).at(b * H * hs), hs, n, H, d, P, mv.form, mv.c,
+                             Buf(dov_l).at(b * H * hs), dC);
       std::vector<Tensor> recv;
-      all_to_all_heads(B, [&](int64_t u) { return heads_of_local(dov_l, 1, B, n, u, H, Hl_); },
+      all_to_all_heads(ct, [&](int64_t u) { return head_slice(dov_l, B, H, hs, u); },
                        [&](int64_t u) { return B * Hl_ * part_n(u) * P * d; }, recv, "a2a.bwd");
-      for (int64_t u = 0; u < T_; ++u)
-        scatter_token_rows(recv[u].template data<T>(), B, Hl_, ng, P, d, part_idx_[u], dov_g.template data<T>());
+      for (int64_t u = 0; u < T_; ++u) be.scatter_rows(recv[u], part_idx_[u], ng, B * Hl_, P * d, dov_g, false);
     }
-    Tensor drow({B, Hl_, ng * P}, dtype_of<T>()), dqv_g;
-    drow_all<T>(B * Hl_, ng * P, d, cache.ov_g, dov_g, drow);
-    const PseudoCodec<T> codec(Hkvl_, P, d);
-    Tensor dpayload_t;
-    engine_->backward(B, cache.qv_g, cache.payload_g, codec, dov_g, cache.lse_g, drow, dqv_g, dpayload_t,
-                      cache.engine);
-    const T* dpayload = dpayload_t.template data<T>();
+    Tensor drow = be.alloc_acc({B, Hl_, ng * P}), dqv_g;
+    be.flash_drow(cache.ov_g, dov_g, B * Hl_ * ng * P, d, drow);
+    const PseudoCodec codec(be, Hkvl_, P, d);
+    Tensor dpayload;
+    engine_->backward(B, cache.qv_g, cache.payload_g, codec, dov_g, cache.lse_g, drow, dqv_g, dpayload, cache.engine);
     // Back to the sequence-sharded layout: dQ of my query heads, dK, dV of my key/value heads,
-    // for each owner's tokens.
-    const int64_t kvg = B * Hkvl_ * ng * P * d;
-    Tensor dkv_g({2 * kvg}, dtype_of<T>());
-    codec.to_rows(B, ng, dpayload, dkv_g.template data<T>());
-    codec.to_rows(B, ng, dpayload + B * ng * codec.row_width(), dkv_g.template data<T>() + kvg);
+    // for each owner's tokens: [B][Hl] | [2][B][Hkvl] head blocks of ng*P*d.
+    const int64_t q_numel = B * Hl_ * hsg, kv_numel = B * Hkvl_ * hsg;
+    Tensor dqkv_g = be.alloc_acc({q_numel + 2 * kv_numel});
+    be.cast(dqv_g, dqkv_g, q_numel);
+    codec.to_rows(B, ng, dpayload, Buf(dqkv_g).at(q_numel));
+    codec.to_rows(B, ng, CBuf(dpayload).at(B * ng * codec.row_width()), Buf(dqkv_g).at(q_numel + kv_numel));
     std::vector<Tensor> recv;
-    all_to_all_heads(B, [&](int64_t u) {
-      const int64_t mP = part_n(u) * P;
-      Tensor buf({B * (Hl_ + 2 * Hkvl_) * mP * d}, dtype_of<T>());
-      T* o = buf.template data<T>();
-      gather_token_rows(dqv_g.template data<T>(), B, Hl_, ng, P, d, part_idx_[u], o);
-      for (int64_t x = 0; x < 2; ++x)
-        gather_token_rows(dkv_g.template data<T>() + x * kvg, B, Hkvl_, ng, P, d, part_idx_[u],
-                          o + B * (Hl_ + x * Hkvl_) * mP * d);
-      return buf;
-    }, [&](int64_t) { return B * (Hl_ + 2 * Hkvl_) * nP * d; }, recv, "a2a.bwd");
-    Tensor dq_l({B, H, nP, d}, dtype_of<T>()), dkv_l({2, B, Hkv, nP, d}, dtype_of<T>());
+    all_to_all_heads(at, [&](int64_t u) { return gather_tokens(dqkv_g, B * (Hl_ + 2 * Hkvl_), ng, P * d, part_idx_[u]); },
+                     [&](int64_t) { return B * (Hl_ + 2 * Hkvl_) * nP * d; }, recv, "a2a.bwd");
+    dqkv_g = Tensor();
+    Tensor dq_l = be.alloc_acc({B, H, nP, d}), dkv_l = be.alloc_acc({2, B, Hkv, nP, d});
     for (int64_t u = 0; u < T_; ++u) {
-      const T* r = recv[u].template data<T>();
-      for (int64_t b = 0; b < B; ++b)
-        std::copy(r + b * Hl_ * hs, r + (b + 1) * Hl_ * hs, dq_l.template data<T>() + (b * H + u * Hl_) * hs);
-      for (int64_t xb = 0; xb < 2 * B; ++xb) {
-        const T* src = r + B * Hl_ * hs + xb * Hkvl_ * hs;
-        std::copy(src, src + Hkvl_ * hs, dkv_l.template data<T>() + (xb * Hkv + u * Hkvl_) * hs);
-      }
+      be.copy_strided(recv[u], Buf(dq_l).at(u * Hl_ * hs), columns(B, Hl_ * hs, H * hs, false), false);
+      be.copy_strided(CBuf(recv[u]).at(B * Hl_ * hs), Buf(dkv_l).at(u * Hkvl_ * hs),
+                      columns(2 * B, Hkvl_ * hs, Hkv * hs, false), false);
     }
-    T* daq = c.mixing ? grads.aq.template data<T>() : nullptr;
-    T* dak = c.mixing ? grads.ak.template data<T>() : nullptr;
-    T* dav = c.mixing ? grads.av.template data<T>() : nullptr;
-    std::fill(dq, dq + B * n * Hd, T(0));
-    std::fill(dk, dk + B * n * Kd, T(0));
-    std::fill(dv, dv + B * n * Kd, T(0));
+    be.fill(dq, B * n * Hd, 0);
+    be.fill(dk, B * n * Kd, 0);
+    be.fill(dv, B * n * Kd, 0);
     for (int64_t b = 0; b < B; ++b) {
-      T* gq = dq_l.template data<T>() + b * H * hs;
-      for (int64_t h = 0; h < H; ++h) rope_.apply(gq + h * hs, nP, true);
-      mix_backward(gq, hs, q + b * n * Hd, Hd, n, H, d, P, mv.aq, 0, H, dq + b * n * Hd, Hd, daq);
-      T* gk = dkv_l.template data<T>() + b * Hkv * hs;
-      T* gv = dkv_l.template data<T>() + (B + b) * Hkv * hs;
-      for (int64_t g = 0; g < Hkv; ++g) rope_.apply(gk + g * hs, nP, true);
-      mix_backward(gk, hs, k + b * n * Kd, Kd, n, Hkv, d, P, mv.ak, 0, Hkv, dk + b * n * Kd, Kd, dak);
-      mix_backward(gv, hs, v + b * n * Kd, Kd, n, Hkv, d, P, mv.av, 0, Hkv, dv + b * n * Kd, Kd, dav);
+      be.mix_rope_backward(Buf(dq_l).at(b * H * hs), hs, q.at(b * n * Hd), Hd, n, H, d, P, mv.aq, 0, H, *rope_, true,
+                           dq.at(b * n * Hd), Hd, this->mix_grad(grads.aq));
+      be.mix_rope_backward(Buf(dkv_l).at(b * Hkv * hs), hs, k.at(b * n * Kd), Kd, n, Hkv, d, P, mv.ak, 0, Hkv, *rope_,
+                           true, dk.at(b * n * Kd), Kd, this->mix_grad(grads.ak));
+      be.mix_rope_backward(Buf(dkv_l).at((B + b) * Hkv * hs), hs, v.at(b * n * Kd), Kd, n, Hkv, d, P, mv.av, 0, Hkv,
+                           *rope_, false, dv.at(b * n * Kd), Kd, this->mix_grad(grads.av));
     }
   }
 
@@ -424,9 +374,9 @@ class UlyssesCore final : public AttentionCore<T> {
   int64_t group_n() const { return static_cast<int64_t>(engine_->tokens().size()); }
 
   // One all-to-all over the head group as grouped point-to-point (sizes may differ per peer);
-  // the part for this rank itself is copied, not sent.
+  // the part for this rank itself is copied, not sent. Received parts have dtype `dt`.
   template <class MakeSend, class RecvCount>
-  void all_to_all_heads(int64_t B, MakeSend make_send, RecvCount recv_count, std::vector<Tensor>& recv,
+  void all_to_all_heads(DType dt, MakeSend make_send, RecvCount recv_count, std::vector<Tensor>& recv,
                         const std::string& site) {
     std::vector<Tensor> send(T_);
     recv.assign(T_, Tensor());
@@ -438,65 +388,34 @@ class UlyssesCore final : public AttentionCore<T> {
         recv[u] = send[u];
         continue;
       }
-      recv[u] = Tensor({recv_count(u)}, dtype_of<T>());
+      recv[u] = this->be_->alloc({recv_count(u)}, dt);
       sends.push_back({send[u].raw(), send[u].nbytes(), static_cast<int>(u)});
       recvs.push_back({recv[u].raw(), recv[u].nbytes(), static_cast<int>(u)});
     }
     head_->exchange(sends, recvs, site);
   }
 
-  // Heads of rank u from a token-sharded [X][B][heads][nP][d] tensor -> [X][B][local][nP][d]
-  // (rank u holds heads [u local, (u+1) local)).
-  Tensor heads_of_local(const Tensor& src, int64_t X, int64_t B, int64_t n, int64_t u, int64_t heads,
-                        int64_t local) const {
-    const int64_t hs = n * this->cfg_.P * this->cfg_.d;
-    Tensor out({X, B, local, n * this->cfg_.P, this->cfg_.d}, dtype_of<T>());
-    for (int64_t xb = 0; xb < X * B; ++xb)
-      std::copy(src.template data<T>() + (xb * heads + u * local) * hs,
-                src.template data<T>() + (xb * heads + (u + 1) * local) * hs, out.template data<T>() + xb * local * hs);
+  // Rank u's heads of [G][H][hs] -> [G][Hl][hs].
+  Tensor head_slice(const Tensor& src, int64_t G, int64_t H, int64_t hs, int64_t u) const {
+    Tensor out = this->be_->alloc({G, Hl_, hs}, src.dtype());
+    this->be_->copy_strided(CBuf(src).at(u * Hl_ * hs), out, columns(G, Hl_ * hs, H * hs, true), false);
     return out;
   }
-  // a then b, flat.
-  static Tensor concat(const Tensor& a, const Tensor& b) {
-    Tensor out({a.numel() + b.numel()}, dtype_of<T>());
-    std::copy(a.template data<T>(), a.template data<T>() + a.numel(), out.template data<T>());
-    std::copy(b.template data<T>(), b.template data<T>() + b.numel(), out.template data<T>() + a.numel());
+  // Token rows idx of [G][ng][w] -> [G][m][w].
+  Tensor gather_tokens(const Tensor& src, int64_t G, int64_t ng, int64_t w, const std::vector<int64_t>& idx) const {
+    Tensor out = this->be_->alloc({G, static_cast<int64_t>(idx.size()), w}, src.dtype());
+    this->be_->gather_rows(src, ng, idx, G, w, out);
     return out;
   }
-  // Rows of part u from head-sharded [B][Hl][ng*P][d] -> [B][Hl][m*P][d].
-  Tensor gather_rows_heads(const Tensor& src, int64_t B, int64_t ng, const std::vector<int64_t>& idx) const {
-    const int64_t m = static_cast<int64_t>(idx.size());
-    Tensor out({B, Hl_, m * this->cfg_.P, this->cfg_.d}, dtype_of<T>());
-    gather_token_rows(src.template data<T>(), B, Hl_, ng, this->cfg_.P, this->cfg_.d, idx, out.template data<T>());
-    return out;
-  }
-  // Token rows idx of a [B][ng][w] tensor -> [B][m][w], and the scatter back.
-  Tensor gather_rows(const Tensor& src, int64_t B, int64_t ng, int64_t w, const std::vector<int64_t>& idx) const {
-    const int64_t m = static_cast<int64_t>(idx.size());
-    Tensor out({B, m, w}, dtype_of<T>());
-    gather_token_rows(src.template data<T>(), B, 1, ng, 1, w, idx, out.template data<T>());
-    return out;
-  }
-  void scatter_rows(const Tensor& src, int64_t B, int64_t ng, int64_t w, const std::vector<int64_t>& idx,
-                    Tensor& dst) const {
-    scatter_token_rows(src.template data<T>(), B, 1, ng, 1, w, idx, dst.template data<T>());
-  }
-  // Columns of rank u's heads of a [B][n][H*d] tensor -> [B][n][Hl*d].
-  Tensor head_columns(const Tensor& src, int64_t B, int64_t n, int64_t u) const {
-    const int64_t d = this->cfg_.d, Hd = this->cfg_.H * d, w = Hl_ * d;
-    Tensor out({B, n, w}, dtype_of<T>());
-    for (int64_t r = 0; r < B * n; ++r)
-      std::copy(src.template data<T>() + r * Hd + u * w, src.template data<T>() + r * Hd + (u + 1) * w,
-                out.template data<T>() + r * w);
-    return out;
-  }
-  // Per-rank [B][Hl][nP][d] blocks -> token-sharded [B][H][nP][d].
-  void place_heads(const std::vector<Tensor>& parts, int64_t B, int64_t nP, Tensor& dst) const {
-    const int64_t hs = nP * this->cfg_.d, H = this->cfg_.H;
-    for (int64_t u = 0; u < T_; ++u)
-      for (int64_t b = 0; b < B; ++b)
-        std::copy(parts[u].template data<T>() + b * Hl_ * hs, parts[u].template data<T>() + (b + 1) * Hl_ * hs,
-                  dst.template data<T>() + (b * H + u * Hl_) * hs);
+  // `rows` rows of a column block `width` wide inside rows `ld` wide: read from the wide rows
+  // (narrow == true: wide -> packed) or written into them (packed -> wide).
+  static StridedCopy columns(int64_t rows, int64_t width, int64_t ld, bool from_wide) {
+    StridedCopy g;
+    g.rows = rows;
+    g.width = width;
+    g.src_row = from_wide ? ld : width;
+    g.dst_row = from_wide ? width : ld;
+    return g;
   }
 
   std::shared_ptr<Communicator> head_, seq_;
@@ -504,7 +423,7 @@ class UlyssesCore final : public AttentionCore<T> {
   std::vector<int64_t> mine_;
   std::vector<std::vector<int64_t>> part_idx_;  // per head rank u: indices of its tokens among the group's
   std::unique_ptr<SeqEngine> engine_;
-  RopeTable<T> rope_;
+  std::shared_ptr<const RopeRows> rope_;
 };
 
 }  // namespace

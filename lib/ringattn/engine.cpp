@@ -2,103 +2,87 @@
 
 #include <algorithm>
 
-#include "attention/merge.h"
+#include <cmath>
+
 #include "attention/ops.h"
 
 namespace iha::detail {
 
-// ---------------------------------------------------------------- CPU backend
+// ---------------------------------------------------------------- backend steps
 
-template <class T>
-void CpuEngineBackend<T>::fill_neg_inf(Tensor& t) const {
-  std::fill(t.data<T>(), t.data<T>() + t.numel(), neg_inf<T>());
+EngineBackend::EngineBackend(std::shared_ptr<const Backend> backend) : be_(std::move(backend)) {
+  IHA_CHECK(be_ != nullptr, "sequence engine needs a backend");
 }
 
-template <class T>
-void CpuEngineBackend<T>::add(Tensor& dst, const Tensor& src) const {
+void EngineBackend::fill_neg_inf(Tensor& t) const { be_->fill(t, t.numel(), -INFINITY); }
+
+void EngineBackend::add(Tensor& dst, const Tensor& src) const {
   IHA_CHECK(dst.numel() == src.numel(), "engine add: ", dst.numel(), " vs ", src.numel(), " elements");
-  T* d = dst.data<T>();
-  const T* s = src.data<T>();
-  for (int64_t e = 0; e < dst.numel(); ++e) d[e] += s[e];
+  be_->add(dst, src, dst.numel());
 }
 
-template <class T>
-void CpuEngineBackend<T>::gather_rows(const Tensor& src_t, int64_t G, int64_t n, const std::vector<int64_t>& rows,
-                                      int64_t w, Tensor& dst_t) const {
-  const int64_t m = static_cast<int64_t>(rows.size());
-  const T* src = src_t.data<T>();
-  T* dst = dst_t.data<T>();
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < m; ++i) {
-      const T* s = src + (g * n + rows[i]) * w;
-      std::copy(s, s + w, dst + (g * m + i) * w);
-    }
+void EngineBackend::gather_rows(const Tensor& src, int64_t G, int64_t n, const std::vector<int64_t>& rows, int64_t w,
+                                Tensor& dst) const {
+  be_->gather_rows(src, n, rows, G, w, dst);
 }
 
-template <class T>
-void CpuEngineBackend<T>::scatter_rows(const Tensor& src_t, int64_t G, const std::vector<int64_t>& rows, int64_t n,
-                                       int64_t w, Tensor& dst_t, bool add) const {
-  const int64_t m = static_cast<int64_t>(rows.size());
-  const T* src = src_t.data<T>();
-  T* dst = dst_t.data<T>();
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < m; ++i) {
-      const T* s = src + (g * m + i) * w;
-      T* o = dst + (g * n + rows[i]) * w;
-      for (int64_t e = 0; e < w; ++e) o[e] = add ? o[e] + s[e] : s[e];
-    }
+void EngineBackend::scatter_rows(const Tensor& src, int64_t G, const std::vector<int64_t>& rows, int64_t n, int64_t w,
+                                 Tensor& dst, bool add) const {
+  be_->scatter_rows(src, rows, n, G, w, dst, add);
 }
 
-template <class T>
-void CpuEngineBackend<T>::attend(const MaskSpec& m, int64_t B, int64_t heads, int64_t d, const Tensor& qv,
-                                 const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk, Tensor& ov,
-                                 Tensor& lse, bool first, PendingExchange* progress) const {
-  const int64_t nq = q1 - q0, nP = qpos.numel(), nk = blk.rows();
+void EngineBackend::attend(const MaskSpec& m, int64_t B, int64_t heads, int64_t d, const Tensor& qv,
+                           const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk, Tensor& ov, Tensor& lse,
+                           bool first, PendingExchange* progress) const {
+  const int64_t nq = q1 - q0, nP = qpos.numel(), nk = blk.rows(), BH = B * heads;
   if (nq <= 0 || nk == 0) return;
-  const int64_t* qp = qpos.data<int64_t>() + q0;
-  const int64_t* kp = blk.pos.data<int64_t>();
-  std::vector<T> o_part(first ? 0 : nq * d), l_part(first ? 0 : nq);
+  const Backend& be = *be_;
+  const CBuf qp = CBuf(qpos).at(q0);
   const int64_t G = heads / blk.kv.dim(1);  // query heads per key/value head of the block
-  for (int64_t bh = 0; bh < B * heads; ++bh) {
-    const T* qh = qv.data<T>() + (bh * nP + q0) * d;
-    T* oh = ov.data<T>() + (bh * nP + q0) * d;
-    T* lh = lse.data<T>() + bh * nP + q0;
-    const T* kh = blk.kv.data<T>() + (bh / G) * nk * d;
-    const T* vh = blk.vv.data<T>() + (bh / G) * nk * d;
+  // All heads in one call when the backend prefers it and the rows are every local row (heads
+  // are then contiguous); otherwise one call per head on its row range.
+  const bool batched = be.batches_heads() && q0 == 0 && q1 == nP;
+  const int64_t calls = batched ? 1 : BH, per_call = batched ? BH : 1, group = batched ? G : 1;
+  Tensor o_part, l_part;
+  if (!first) {
+    o_part = be.alloc_acc({per_call * nq * d});
+    l_part = be.alloc_acc({per_call * nq});
+  }
+  for (int64_t bh = 0; bh < calls; ++bh) {
+    const int64_t qoff = (bh * nP + q0) * d, loff = bh * nP + q0, koff = (bh / G) * nk * d;
+    const CBuf q = CBuf(qv).at(qoff), k = CBuf(blk.kv).at(koff), v = CBuf(blk.vv).at(koff);
     if (first) {
-      flash_forward(m, d, qh, qp, nq, kh, vh, kp, nk, oh, lh, tiles_);
+      be.flash_forward(m, d, per_call, q, qp, nq, k, v, blk.pos, nk, Buf(ov).at(qoff), Buf(lse).at(loff), group);
     } else {
-      flash_forward(m, d, qh, qp, nq, kh, vh, kp, nk, o_part.data(), l_part.data(), tiles_);
-      for (int64_t i = 0; i < nq; ++i) merge_partial_row(oh + i * d, lh[i], o_part.data() + i * d, l_part[i], d);
+      be.flash_forward(m, d, per_call, q, qp, nq, k, v, blk.pos, nk, o_part, l_part, group);
+      be.merge_partial(Buf(ov).at(qoff), Buf(lse).at(loff), o_part, l_part, per_call * nq, d);
     }
     if (progress) progress->test();
   }
 }
 
-template <class T>
-void CpuEngineBackend<T>::attend_backward(const MaskSpec& m, int64_t B, int64_t heads, int64_t d, const Tensor& qv,
-                                          const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk,
-                                          const Tensor& dov, const Tensor& lse, const Tensor& drow, Tensor& dqv,
-                                          Tensor& dkv, Tensor& dvv, PendingExchange* progress) const {
-  const int64_t nq = q1 - q0, nP = qpos.numel(), nk = blk.rows(), kvh = blk.kv.dim(1), G = heads / kvh;
-  dkv = Tensor({B, kvh, nk, d}, dtype_of<T>());
-  dvv = Tensor({B, kvh, nk, d}, dtype_of<T>());
+void EngineBackend::attend_backward(const MaskSpec& m, int64_t B, int64_t heads, int64_t d, const Tensor& qv,
+                                    const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk, const Tensor& dov,
+                                    const Tensor& lse, const Tensor& drow, Tensor& dqv, Tensor& dkv, Tensor& dvv,
+                                    PendingExchange* progress) const {
+  const int64_t nq = q1 - q0, nP = qpos.numel(), nk = blk.rows(), BH = B * heads, kvh = blk.kv.dim(1),
+                G = heads / kvh;
+  const Backend& be = *be_;
+  dkv = be.alloc_acc({B, kvh, nk, d});
+  dvv = be.alloc_acc({B, kvh, nk, d});
   if (nq <= 0 || nk == 0) return;
-  const int64_t* qp = qpos.data<int64_t>() + q0;
-  const int64_t* kp = blk.pos.data<int64_t>();
+  const CBuf qp = CBuf(qpos).at(q0);
+  const bool batched = be.batches_heads() && q0 == 0 && q1 == nP;
+  const int64_t calls = batched ? 1 : BH, per_call = batched ? BH : 1, group = batched ? G : 1;
   // The G query heads of a key/value head accumulate into its dK, dV, in head order.
-  for (int64_t bh = 0; bh < B * heads; ++bh) {
-    const int64_t qoff = (bh * nP + q0) * d, koff = (bh / G) * nk * d;
-    flash_backward(m, d, qv.data<T>() + qoff, qp, nq, blk.kv.data<T>() + koff,
-                   blk.vv.data<T>() + koff, kp, nk, dov.data<T>() + qoff,
-                   lse.data<T>() + bh * nP + q0, drow.data<T>() + bh * nP + q0, dqv.data<T>() + qoff,
-                   dkv.data<T>() + koff, dvv.data<T>() + koff, tiles_);
+  for (int64_t bh = 0; bh < calls; ++bh) {
+    const int64_t qoff = (bh * nP + q0) * d, loff = bh * nP + q0, koff = (bh / G) * nk * d;
+    be.flash_backward(m, d, per_call, CBuf(qv).at(qoff), qp, nq, CBuf(blk.kv).at(koff), CBuf(blk.vv).at(koff),
+                      blk.pos, nk, CBuf(dov).at(qoff), CBuf(lse).at(loff), CBuf(drow).at(loff), Buf(dqv).at(qoff),
+                      Buf(dkv).at(koff), Buf(dvv).at(koff), group);
     if (progress) progress->test();
   }
 }
-
-template class CpuEngineBackend<float>;
-template class CpuEngineBackend<double>;
 
 // ---------------------------------------------------------------- engine
 

@@ -10,19 +10,19 @@
 // Ranks may hold any ascending token lists (contiguous or zigzag parts, or a head group's
 // union of parts); the mask on virtual positions decides what is computed.
 //
-// One engine, two backends: the ring and halo step logic (which block, which rows, what
-// travels where and when) is written once against EngineBackend, which says where buffers live
-// and computes on them: CpuEngineBackend<T> (host memory, the CPU flash kernel and merge.h,
-// float or double) here, and the CUDA backend (device memory, the CUDA kernels, bf16 or fp32
-// inputs with fp32 accumulation) in engine_cuda.h. The communicator must hold buffers where the
-// backend keeps them (Communicator::device()).
+// One engine for every backend: the ring and halo step logic (which block, which rows, what
+// travels where and when) is written once against EngineBackend, the steps of attention over
+// one block expressed in the ops of a Backend (attention/backend.h): host memory and the CPU
+// kernels (float or double), or device memory and the CUDA kernels (bf16 or fp32 inputs with
+// fp32 accumulation). The communicator must hold buffers where the backend keeps them
+// (Communicator::device()).
 //
 // Buffers are flat or shaped Tensors on the backend's device:
-//   kv dtype:  queries qv, K/V payloads and decoded blocks, and dov (the upstream gradient
-//              of the attention output, as the flash backward reads it);
+//   kv dtype (the backend's compute dtype): queries qv, K/V payloads and decoded blocks, and
+//              dov (the upstream gradient of the attention output, as the flash backward reads it);
 //   acc dtype: ov, lse, drow, dqv, dkv, dvv and payload gradients (partials merged across
 //              steps are never bf16).
-// defines: iha::detail::EngineBackend, iha::detail::CpuEngineBackend, iha::detail::EngineCache,
+// defines: iha::detail::EngineBackend, iha::detail::EngineCache,
 //          iha::detail::SeqEngine, iha::detail::make_ring_engine, iha::detail::make_halo_engine,
 //          iha::detail::check_agreement, iha::detail::layout_tokens
 #pragma once
@@ -40,64 +40,42 @@ namespace iha::detail {
 
 class EngineBackend {
  public:
-  virtual ~EngineBackend() = default;
-  virtual Device device() const = 0;
-  virtual DType kv_dtype() const = 0;
-  virtual DType acc_dtype() const = 0;
+  explicit EngineBackend(std::shared_ptr<const Backend> backend);
+  const Backend& ops() const { return *be_; }
+  const std::shared_ptr<const Backend>& ops_ptr() const { return be_; }
+  Device device() const { return be_->device(); }
+  DType kv_dtype() const { return be_->compute_dtype(); }
+  DType acc_dtype() const { return be_->acc_dtype(); }
   // Zero-filled tensor on the backend's device.
-  Tensor zeros(Shape shape, DType dtype) const { return Tensor(std::move(shape), dtype, device()); }
+  Tensor zeros(Shape shape, DType dtype) const { return be_->alloc(std::move(shape), dtype); }
   // The positions as an i64 tensor on the backend's device.
-  virtual Tensor positions(const std::vector<int64_t>& pos) const = 0;
-  virtual void fill_neg_inf(Tensor& t) const = 0;
+  Tensor positions(const std::vector<int64_t>& pos) const { return be_->positions(pos); }
+  void fill_neg_inf(Tensor& t) const;
   // dst += src element-wise (acc dtype).
-  virtual void add(Tensor& dst, const Tensor& src) const = 0;
+  void add(Tensor& dst, const Tensor& src) const;
   // Payload rows, G groups of rows of width w (any dtype of the backend):
   //   gather:  dst[g][i][:] = src[g][rows[i]][:]          (src n rows a group, dst m)
   //   scatter: dst[g][rows[i]][:] = src[g][i][:], or += when add (acc dtype)
-  virtual void gather_rows(const Tensor& src, int64_t G, int64_t n, const std::vector<int64_t>& rows,
-                           int64_t w, Tensor& dst) const = 0;
-  virtual void scatter_rows(const Tensor& src, int64_t G, const std::vector<int64_t>& rows, int64_t n,
-                            int64_t w, Tensor& dst, bool add) const = 0;
+  void gather_rows(const Tensor& src, int64_t G, int64_t n, const std::vector<int64_t>& rows, int64_t w,
+                   Tensor& dst) const;
+  void scatter_rows(const Tensor& src, int64_t G, const std::vector<int64_t>& rows, int64_t n, int64_t w,
+                    Tensor& dst, bool add) const;
   // Partial attention of query rows [q0, q1) of each of the B*heads heads of qv [B*heads, nP, d]
   // (positions qpos) over a block, written into (first) or merged into (ov, lse). Tests
-  // `progress` between heads so pending transfers advance.
-  virtual void attend(const MaskSpec& mask, int64_t B, int64_t heads, int64_t d, const Tensor& qv,
-                      const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk, Tensor& ov,
-                      Tensor& lse, bool first, PendingExchange* progress) const = 0;
-  // Backward over one block for query rows [q0, q1): dqv (+=); dkv, dvv [B, heads, rows, d] of
-  // the block allocated and written. lse and drow are the final ones of the query rows.
-  virtual void attend_backward(const MaskSpec& mask, int64_t B, int64_t heads, int64_t d,
-                               const Tensor& qv, const Tensor& qpos, int64_t q0, int64_t q1,
-                               const KVBlock& blk, const Tensor& dov, const Tensor& lse,
-                               const Tensor& drow, Tensor& dqv, Tensor& dkv, Tensor& dvv,
-                               PendingExchange* progress) const = 0;
-};
-
-// Host memory, T = float or double for every buffer, the CPU flash kernel with these tiles.
-template <class T>
-class CpuEngineBackend final : public EngineBackend {
- public:
-  explicit CpuEngineBackend(FlashTiles tiles) : tiles_(tiles) {}
-  Device device() const override { return Device::cpu; }
-  DType kv_dtype() const override { return dtype_of<T>(); }
-  DType acc_dtype() const override { return dtype_of<T>(); }
-  Tensor positions(const std::vector<int64_t>& pos) const override { return host_positions(pos); }
-  void fill_neg_inf(Tensor& t) const override;
-  void add(Tensor& dst, const Tensor& src) const override;
-  void gather_rows(const Tensor& src, int64_t G, int64_t n, const std::vector<int64_t>& rows, int64_t w,
-                   Tensor& dst) const override;
-  void scatter_rows(const Tensor& src, int64_t G, const std::vector<int64_t>& rows, int64_t n, int64_t w,
-                    Tensor& dst, bool add) const override;
+  // `progress` between heads so pending transfers advance (after the one call over all heads
+  // when the backend batches heads and the rows are all the local rows).
   void attend(const MaskSpec& mask, int64_t B, int64_t heads, int64_t d, const Tensor& qv, const Tensor& qpos,
               int64_t q0, int64_t q1, const KVBlock& blk, Tensor& ov, Tensor& lse, bool first,
-              PendingExchange* progress) const override;
+              PendingExchange* progress) const;
+  // Backward over one block for query rows [q0, q1): dqv (+=); dkv, dvv [B, heads, rows, d] of
+  // the block allocated and written. lse and drow are the final ones of the query rows.
   void attend_backward(const MaskSpec& mask, int64_t B, int64_t heads, int64_t d, const Tensor& qv,
                        const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk, const Tensor& dov,
                        const Tensor& lse, const Tensor& drow, Tensor& dqv, Tensor& dkv, Tensor& dvv,
-                       PendingExchange* progress) const override;
+                       PendingExchange* progress) const;
 
  private:
-  FlashTiles tiles_;
+  std::shared_ptr<const Backend> be_;
 };
 
 struct EngineCache {

@@ -31,6 +31,9 @@
 // Byte-counter sites: ring.fwd/bwd, halo.fwd/bwd (pre-mix exchange), pring.fwd/bwd,
 // phalo.fwd/bwd (pseudo-head exchange), a2a.fwd/bwd (head-parallel all-to-all), grad.*.
 //
+// Backends: every core computes through SeqParallelOptions::backend (attention/backend.h), so
+// the CPU tests exercise the code the GPU runs.
+//
 // Threads
 //   - A core is used by one thread; it owns no threads. Communication overlaps compute through
 //     non-blocking transfers that the core tests between heads of work.
@@ -50,8 +53,16 @@
 namespace iha {
 
 struct SeqParallelOptions {
+  SeqParallelOptions(LayoutKind layout_kind = LayoutKind::zigzag, FlashTiles flash_tiles = {},
+                     int64_t pieces = 4, std::shared_ptr<const Backend> compute = nullptr)
+      : layout(layout_kind), tiles(flash_tiles), backend(std::move(compute)), ring_pieces(pieces) {}
+  SeqParallelOptions(LayoutKind layout_kind, FlashTiles flash_tiles, std::shared_ptr<const Backend> compute)
+      : SeqParallelOptions(layout_kind, flash_tiles, 4, std::move(compute)) {}
   LayoutKind layout = LayoutKind::zigzag;
   FlashTiles tiles{};
+  // Where the core computes; null: the CPU backend of T with `tiles`. The communicators must
+  // hold buffers on the backend's device (a CUDA backend: NCCL or host-staged).
+  std::shared_ptr<const Backend> backend;
   // Ring: transfer granules per round (>= 1, the same on every rank). Each visiting block is
   // cut into this many pieces, decoded and computed one at a time while the next travels, so
   // a rank holds pieces instead of whole blocks; 4 keeps every piece's compute far longer than

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "attention/layer_config.h"
 #include "core/config.h"
 
 namespace iha {

@@ -2,7 +2,8 @@
 // the kernel's dtype (bf16 data is rounded first, and the float64 reference is computed from
 // the rounded values, so a comparison measures the kernel and not the input rounding).
 // defines: IHA_SKIP_WITHOUT_GPU, iha::test::round_to, iha::test::to_device, iha::test::from_device,
-//          iha::test::positions_to_device, iha::test::randn_vec
+//          iha::test::positions_to_device, iha::test::randn_vec, iha::test::device_weights,
+//          iha::test::device_grads
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,8 +13,10 @@
 
 #include "core/cuda_device.h"
 #include "core/rng.h"
+#include "attention/layer.h"
 #include "core/tensor.h"
 #include "reference/compare.h"
+#include "reference/fixtures.h"
 
 #define IHA_SKIP_WITHOUT_GPU()                                              \
   do {                                                                      \
@@ -52,6 +55,27 @@ inline Tensor positions_to_device(const std::vector<int64_t>& p) {
   Tensor t({static_cast<int64_t>(p.size())}, DType::i64);
   std::copy(p.begin(), p.end(), t.data<int64_t>());
   return t.to(Device::cuda);
+}
+
+// A layer's weights on the device as the CUDA backend reads them: the projections wq..wo in
+// the compute dtype, mixing and collapse fp32.
+inline IhaWeights<float> device_weights(const IhaWeights<double>& w, DType compute) {
+  IhaWeights<float> out;
+  const auto src = w.named();
+  const std::pair<const char*, Tensor*> all[] = {{"wq", &out.wq}, {"wk", &out.wk}, {"wv", &out.wv},
+                                                 {"wo", &out.wo}, {"aq", &out.aq}, {"ak", &out.ak},
+                                                 {"av", &out.av}, {"collapse", &out.collapse}};
+  for (const auto& [name, t] : src)
+    for (const auto& [n, d] : all)
+      if (name == n) *d = to_device(flat(*t), name[0] == 'w' ? compute : DType::f32).reshape(t->shape());
+  return out;
+}
+
+// fp32 device gradients of a layer's weights, every element `init`.
+inline IhaWeights<float> device_grads(const LayerConfig& cfg, double init) {
+  IhaWeights<float> g = IhaWeights<float>::zeros(cfg);
+  for (auto& [name, t] : g.named()) *t = to_device(std::vector<double>(t->numel(), init), DType::f32).reshape(t->shape());
+  return g;
 }
 
 }  // namespace iha::test

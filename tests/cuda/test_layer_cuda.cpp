@@ -1,4 +1,4 @@
-// The device IHA layer (cuBLAS projections + the single-device GPU core) against the CPU
+// The IHA layer on the CUDA backend (cuBLAS projections + the single-device core) against the CPU
 // float64 layer with the local core (normwise: fp32 1e-4, bf16 2e-2): forward z, backward dx
 // and every parameter gradient (accumulated onto non-zero values), for iha layers with both
 // collapse forms, both masks, a window, P in {1, 2, 3}, an mha layer, several sequences, and a
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "attention/backend_cuda.h"
 #include "attention/layer.h"
-#include "attention/layer_cuda.h"
 #include "cuda_test_util.h"
 #include "reference/fixtures.h"
 
@@ -62,7 +62,6 @@ void check_layer(const LayerCudaCase& c, double tau) {
   SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dtype_of<A>()));
   const LayerConfig cfg = config_of(c);
   const DType at = dtype_of<A>();
-  const bool mix = cfg.mixing;
   // Reference weights and inputs, rounded to what the device sees (A for the projections and x,
   // fp32 for mixing and collapse), so the comparison measures the GPU path.
   IhaWeights<double> w = test::random_weights<double>(cfg, 31);
@@ -85,42 +84,18 @@ void check_layer(const LayerCudaCase& c, double tau) {
   ref.forward(w, xt, z_ref, rc);
   ref.backward(w, dzt, rc, dx_ref, g);
 
-  Tensor wq = to_device(test::flat(w.wq), at), wk = to_device(test::flat(w.wk), at),
-         wv = to_device(test::flat(w.wv), at), wo = to_device(test::flat(w.wo), at);
-  Tensor aq, ak, av, cc;
-  if (mix) {
-    aq = to_device(test::flat(w.aq), DType::f32);
-    ak = to_device(test::flat(w.ak), DType::f32);
-    av = to_device(test::flat(w.av), DType::f32);
-    cc = to_device(test::flat(w.collapse), DType::f32);
-  }
-  DeviceLayerWeights<A> dw;
-  dw.wq = wq.data<A>();
-  dw.wk = wk.data<A>();
-  dw.wv = wv.data<A>();
-  dw.wo = wo.data<A>();
-  if (mix) {
-    dw.aq = aq.data<float>();
-    dw.ak = ak.data<float>();
-    dw.av = av.data<float>();
-    dw.collapse = cc.data<float>();
-  }
-  std::vector<std::pair<std::string, Tensor>> grads;
-  for (auto& [name, t] : g.named()) grads.emplace_back(name, to_device(std::vector<double>(t->numel(), g0), DType::f32));
-  auto grad_ptr = [&](const char* name) -> float* {
-    for (auto& [n, t] : grads)
-      if (n == name) return t.template data<float>();
-    return nullptr;
-  };
-  const DeviceLayerGrads dg{grad_ptr("wq"), grad_ptr("wk"), grad_ptr("wv"), grad_ptr("wo"),
-                            grad_ptr("aq"), grad_ptr("ak"), grad_ptr("av"), grad_ptr("collapse")};
-  Tensor x_d = to_device(x, at), dz_d = to_device(dz, DType::f32);
-  Tensor z_d({c.B, c.N, c.D}, DType::f32, Device::cuda), dx_d({c.B, c.N, c.D}, DType::f32, Device::cuda);
-  DeviceIhaLayer<A> layer(cfg, make_local_core_cuda<A>(cfg, c.N));
-  typename DeviceIhaLayer<A>::Cache cache;
-  layer.forward(dw, c.B, x_d.data<A>(), z_d.data<float>(), cache);
-  layer.backward(dw, dz_d.data<float>(), cache, dx_d.data<float>(), dg);
+  const IhaWeights<float> dw = test::device_weights(w, at);
+  IhaWeights<float> dg = test::device_grads(cfg, g0);
+  Tensor x_d = to_device(x, at).reshape({c.B, c.N, c.D}), dz_d = to_device(dz, DType::f32).reshape({c.B, c.N, c.D});
+  Tensor z_d, dx_d;
+  IhaLayer<float> layer(cfg, make_local_core<float>(cfg, c.N, cuda_backend(at)));
+  IhaLayer<float>::Cache cache;
+  layer.forward(dw, x_d, z_d, cache);
+  layer.backward(dw, dz_d, cache, dx_d, dg);
   IHA_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto dgn = dg.named();
+  std::vector<std::pair<std::string, Tensor>> grads;
+  for (auto& [name, t] : dgn) grads.emplace_back(name, *t);
 
   EXPECT_TRUE(close_normwise(from_device(z_d), test::flat(z_ref), tau, "z"));
   EXPECT_TRUE(close_normwise(from_device(dx_d), test::flat(dx_ref), tau, "dx"));
@@ -145,33 +120,23 @@ TEST(LayerCuda, DeterministicForwardAndBackward) {
   const LayerCudaCase& c = kCases[0];
   const LayerConfig cfg = config_of(c);
   IhaWeights<double> w = test::random_weights<double>(cfg, 41);
-  DeviceLayerWeights<bf16> dw;
-  Tensor t[8];
-  int i = 0;
-  for (auto& [name, p] : w.named()) t[i++] = to_device(test::flat(*p), name[0] == 'w' ? DType::bf16 : DType::f32);
-  dw.wq = t[0].data<bf16>();
-  dw.wk = t[1].data<bf16>();
-  dw.wv = t[2].data<bf16>();
-  dw.wo = t[3].data<bf16>();
-  dw.aq = t[4].data<float>();
-  dw.ak = t[5].data<float>();
-  dw.av = t[6].data<float>();
-  dw.collapse = t[7].data<float>();
-  Tensor x = to_device(test::flat(test::random_tensor<double>({c.B, c.N, c.D}, 42, "x")), DType::bf16);
-  Tensor dz = to_device(test::flat(test::random_tensor<double>({c.B, c.N, c.D}, 43, "dz")), DType::f32);
-  DeviceIhaLayer<bf16> layer(cfg, make_local_core_cuda<bf16>(cfg, c.N));
+  const IhaWeights<float> dw = test::device_weights(w, DType::bf16);
+  Tensor x = to_device(test::flat(test::random_tensor<double>({c.B, c.N, c.D}, 42, "x")), DType::bf16)
+                 .reshape({c.B, c.N, c.D});
+  Tensor dz = to_device(test::flat(test::random_tensor<double>({c.B, c.N, c.D}, 43, "dz")), DType::f32)
+                  .reshape({c.B, c.N, c.D});
+  IhaLayer<float> layer(cfg, make_local_core<float>(cfg, c.N, cuda_backend(DType::bf16)));
   std::vector<double> first;
   for (int run = 0; run < 2; ++run) {
-    Tensor z({c.B, c.N, c.D}, DType::f32, Device::cuda), dx({c.B, c.N, c.D}, DType::f32, Device::cuda);
-    Tensor gq({cfg.D * cfg.H * cfg.d}, DType::f32, Device::cuda), ga({cfg.H * cfg.H * cfg.P}, DType::f32, Device::cuda);
-    Tensor gk(gq.shape(), DType::f32, Device::cuda), gv(gq.shape(), DType::f32, Device::cuda),
-        go(gq.shape(), DType::f32, Device::cuda), gak(ga.shape(), DType::f32, Device::cuda),
-        gav(ga.shape(), DType::f32, Device::cuda), gc({cfg.H * cfg.H * cfg.P}, DType::f32, Device::cuda);
-    const DeviceLayerGrads dg{gq.data<float>(), gk.data<float>(), gv.data<float>(), go.data<float>(),
-                              ga.data<float>(), gak.data<float>(), gav.data<float>(), gc.data<float>()};
-    DeviceIhaLayer<bf16>::Cache cache;
-    layer.forward(dw, c.B, x.data<bf16>(), z.data<float>(), cache);
-    layer.backward(dw, dz.data<float>(), cache, dx.data<float>(), dg);
+    Tensor z, dx;
+    IhaWeights<float> dg = test::device_grads(cfg, 0.0);
+    IhaLayer<float>::Cache cache;
+    layer.forward(dw, x, z, cache);
+    layer.backward(dw, dz, cache, dx, dg);
+    Tensor& gq = dg.wq;
+    Tensor& go = dg.wo;
+    Tensor& ga = dg.aq;
+    Tensor& gc = dg.collapse;
     std::vector<double> all = from_device(z);
     for (const Tensor* r : {&dx, &gq, &go, &ga, &gc}) {
       const auto v = from_device(*r);

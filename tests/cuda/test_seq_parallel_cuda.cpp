@@ -1,4 +1,4 @@
-// The sequence-parallel device layer (ring and halo cores on the CUDA engine backend) under
+// The sequence-parallel layer on the CUDA backend (the ring and halo cores the CPU runs) under
 // mpiexec with 1-4 ranks against the single-process CPU float64 layer: outputs, input
 // gradients and parameter gradients summed over ranks (normwise: fp32 1e-4, bf16 2e-2), both
 // layouts and masks, global and window layers, P in {1, 2}, uneven and empty chunks, windows
@@ -11,15 +11,14 @@
 #include <map>
 #include <type_traits>
 
+#include "attention/backend_cuda.h"
 #include "attention/layer.h"
-#include "attention/layer_cuda.h"
 #include "cuda_test_util.h"
 #include "mpi_env.h"
 #include "parallel/nccl_comm.h"
 #include "reference/compare.h"
 #include "reference/fixtures.h"
 #include "ringattn/ringattn.h"
-#include "ringattn/ringattn_cuda.h"
 
 namespace iha {
 namespace {
@@ -101,32 +100,21 @@ void check_case(const SpCudaCase& c, double tau) {
   const auto tokens = layout.tokens_of(dev->rank());
   const int64_t n = static_cast<int64_t>(tokens.size());
   const SeqParallelOptions opt{c.layout, {}};
-  DeviceIhaLayer<A> layer(cfg, make_sequence_parallel_core_cuda<A>(cfg, c.N, dev, opt));
-  ASSERT_EQ(layer.local_tokens(), n);
+  const SeqParallelOptions dev_opt{c.layout, {}, cuda_backend(at)};
+  IhaLayer<float> layer(cfg, make_sequence_parallel_core<float>(cfg, c.N, dev, dev_opt));
+  ASSERT_EQ(layer.core().local_tokens(), n);
 
-  std::vector<Tensor> wt;
-  for (auto& [name, t] : w.named())
-    wt.push_back(test::to_device(test::flat(*t), name[0] == 'w' ? at : DType::f32));
-  DeviceLayerWeights<A> dw;
-  dw.wq = wt[0].data<A>();
-  dw.wk = wt[1].data<A>();
-  dw.wv = wt[2].data<A>();
-  dw.wo = wt[3].data<A>();
-  dw.aq = wt[4].data<float>();
-  dw.ak = wt[5].data<float>();
-  dw.av = wt[6].data<float>();
-  dw.collapse = wt[7].data<float>();
+  const IhaWeights<float> dw = test::device_weights(w, at);
+  IhaWeights<float> dg = test::device_grads(cfg, 0.0);
   std::vector<Tensor> gt;
-  for (auto& [name, t] : g_ref.named()) gt.push_back(Tensor({t->numel()}, DType::f32, Device::cuda));
-  const DeviceLayerGrads dg{gt[0].data<float>(), gt[1].data<float>(), gt[2].data<float>(), gt[3].data<float>(),
-                            gt[4].data<float>(), gt[5].data<float>(), gt[6].data<float>(), gt[7].data<float>()};
-  Tensor xl = test::to_device(test::flat(local_rows(x, tokens)), at);
-  Tensor gl = test::to_device(test::flat(local_rows(g, tokens)), DType::f32);
-  Tensor z({B, n, cfg.D}, DType::f32, Device::cuda), dx({B, n, cfg.D}, DType::f32, Device::cuda);
+  for (auto& [name, t] : dg.named()) gt.push_back(*t);
+  Tensor xl = test::to_device(test::flat(local_rows(x, tokens)), at).reshape({B, n, cfg.D});
+  Tensor gl = test::to_device(test::flat(local_rows(g, tokens)), DType::f32).reshape({B, n, cfg.D});
+  Tensor z, dx;
   const auto before = dev->counters().snapshot();
-  typename DeviceIhaLayer<A>::Cache cache;
-  layer.forward(dw, B, xl.data<A>(), z.data<float>(), cache);
-  layer.backward(dw, gl.data<float>(), cache, dx.data<float>(), dg);
+  IhaLayer<float>::Cache cache;
+  layer.forward(dw, xl, z, cache);
+  layer.backward(dw, gl, cache, dx, dg);
   IHA_CUDA_CHECK(cudaDeviceSynchronize());
   const auto after = dev->counters().snapshot();
 

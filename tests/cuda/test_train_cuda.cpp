@@ -3,7 +3,8 @@
 // same data, 5 steps on the GPU against the CPU float64 run, each loss within 2e-2 * |loss|
 // with fp32 kernels (no TF32), and a looser 5e-2 sanity bound for bf16 compute. Checkpoints are
 // interchangeable: a GPU checkpoint loads into a CPU run with the same bits and evaluates to
-// the same loss. Skips without a GPU (the config checks are in tests/model/test_device_config.cpp).
+// the same loss. Head parallelism and ZeRO-1 on the device match the CPU float64 run. Skips
+// without a GPU (the config checks are in tests/model/test_device_config.cpp).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -58,6 +59,30 @@ TEST(TrainCuda, FiveStepsMatchCpuFloat64FromOneCheckpoint) {
     for (int i = 0; i < 5; ++i) {
       const double loss = g.train_step().loss;
       EXPECT_NEAR(loss, ref_losses[i], tau * std::fabs(ref_losses[i])) << "step " << i + 1;
+    }
+  }
+}
+
+// The mesh features of the one Trainer on the device: head parallelism (Ulysses, 2 ranks as
+// hp = 2) and ZeRO-1, each against the CPU float64 run of the same config (fp32 compute).
+TEST(TrainCuda, HeadParallelAndZeroMatchCpuFloat64) {
+  IHA_SKIP_WITHOUT_GPU();
+  const int64_t W = world().size();
+  const std::vector<std::vector<std::string>> variants = {
+      {"mesh.hp=" + std::to_string(W), "mesh.sp=1", "mesh.schemes.global=head", "mesh.schemes.window=head"},
+      {"optim.zero=true"}};
+  for (const auto& v : variants) {
+    SCOPED_TRACE(v.front());
+    Trainer<double> ref(tiny("float64", v), test::world_ptr());
+    ref.init();
+    std::vector<std::string> g = v;
+    g.push_back("train.device=cuda");
+    g.push_back("train.compute_dtype=float32");
+    Trainer<float> dev(tiny("float32", g), test::world_ptr());
+    dev.init();
+    for (int i = 0; i < 3; ++i) {
+      const double want = ref.train_step().loss, got = dev.train_step().loss;
+      EXPECT_NEAR(got, want, 2e-2 * std::fabs(want)) << "step " << i + 1;
     }
   }
 }

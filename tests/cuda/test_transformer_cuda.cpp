@@ -1,4 +1,5 @@
-// The GPU transformer (one process, all tokens local) against the CPU float64 transformer:
+// The transformer on the CUDA backend (one process, all tokens local) against the CPU float64
+// transformer:
 // loss statistics, logits and every parameter gradient of one forward/backward from the same
 // initial parameters (normwise: fp32 1e-4, bf16 2e-2); activation recomputation gives the same
 // bits as without; evaluation equals the forward's loss. Skips without a GPU.
@@ -6,8 +7,8 @@
 
 #include "cuda_test_util.h"
 #include "model/model_fixtures.h"
+#include "model/backend_cuda.h"
 #include "model/transformer.h"
-#include "model/transformer_cuda.h"
 
 namespace iha {
 namespace {
@@ -22,6 +23,12 @@ struct CpuRun {
   CrossEntropyStats stats;
   std::vector<double> grads, logits;
 };
+
+std::unique_ptr<Transformer<float>> make_gpu(const ModelConfig& m, DType compute, bool recompute) {
+  const auto be = cuda_model_backend(compute);
+  return std::make_unique<Transformer<float>>(
+      m, [&](const LayerConfig& lc, int64_t) { return make_local_core<float>(lc, kN, be); }, recompute, 1, be);
+}
 
 CpuRun run_cpu(const ModelConfig& m, const TokenBatch& batch, double scale) {
   Transformer<double> t(m, [&](const LayerConfig& lc, int64_t) { return make_local_core<double>(lc, kN); }, false);
@@ -42,11 +49,7 @@ void check_model(const ModelConfig& m, DType compute, double tau) {
 
   std::vector<double> grads[2];
   for (int recompute = 0; recompute < 2; ++recompute) {
-    CudaModelOptions opt;
-    opt.compute = compute;
-    opt.seq_len = kN;
-    opt.recompute = recompute == 1;
-    auto g = make_cuda_transformer(m, opt);
+    auto g = make_gpu(m, compute, recompute == 1);
     g->init(7);
     ASSERT_EQ(g->layout()->total(), static_cast<int64_t>(ref.grads.size()));
     if (recompute == 0) {
@@ -57,7 +60,7 @@ void check_model(const ModelConfig& m, DType compute, double tau) {
     EXPECT_NEAR(s.loss_sum, ref.stats.loss_sum, tau * std::fabs(ref.stats.loss_sum));
     EXPECT_EQ(s.count, ref.stats.count);
     EXPECT_NEAR(s.answer_loss_sum, ref.stats.answer_loss_sum, tau * std::fabs(ref.stats.answer_loss_sum));
-    grads[recompute] = to_f64(g->grads());
+    grads[recompute] = to_f64(g->grads().flat());
     // Per parameter, normwise against its own scale.
     for (size_t i = 0; i < g->layout()->specs().size(); ++i) {
       const ParamSpec& p = g->layout()->specs()[i];
@@ -83,9 +86,7 @@ TEST(TransformerCuda, MatchesCpuFloat64) {
 TEST(TransformerCuda, BadTokenIdsAreClearErrorsBeforeTheDevice) {
   IHA_SKIP_WITHOUT_GPU();
   const ModelConfig m = test::tiny_model();
-  CudaModelOptions opt;
-  opt.seq_len = kN;
-  auto g = make_cuda_transformer(m, opt);
+  auto g = make_gpu(m, DType::bf16, true);
   g->init(1);
   TokenBatch b = test::random_batch(1, kN, m.vocab, 3);
   b.tokens[4] = static_cast<int32_t>(m.vocab);

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/config.h"
+#include "attention/layer_config.h"
 #include "reference/naive_attention.h"
 #include "reference/naive_rope_scaling.h"
 
