@@ -60,7 +60,11 @@ void keep_pool_memory() {
 }
 
 void* cuda_alloc(size_t bytes) {
-  keep_pool_memory();
+  try {
+    keep_pool_memory();
+  } catch (const Error& e) {  // no driver or no device: say what was being allocated
+    IHA_FAIL("cudaMallocAsync of ", bytes, " bytes: no usable CUDA device: ", e.what());
+  }
   void* p = nullptr;
   const cudaError_t err = cudaMallocAsync(&p, bytes, cudaStreamLegacy);
   if (err != cudaSuccess) {
