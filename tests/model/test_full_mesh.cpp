@@ -348,42 +348,42 @@ TEST(FullMeshResume, SaveOnOneMeshResumeOnAnother) {
 TEST(FullMeshResume, ZeroMomentsLoadIntoAReplicatedRunBitExactly) {
   const int64_t R = world().size();
   for (int64_t level : {1, 2}) {
-  SCOPED_TRACE("saved at optim.zero " + std::to_string(level));
-  test::SharedDir dir("moments");
-  RunSetup s;
-  s.mesh = resume_meshes(R).first;
-  s.zero = level;
-  s.global = s.mesh.hp > 1 ? "head" : "sequence";
-  Trainer<double> a(run_config(s), test::world_ptr());
-  a.init();
-  for (int i = 0; i < 2; ++i) a.train_step();
-  TrainCheckpoints<double> cka(a, 2);
-  cka.save(dir.str());
-  const std::vector<double> m = gathered(a, a.optimizer().m()), v = gathered(a, a.optimizer().v());
-  EXPECT_EQ(static_cast<int64_t>(m.size()), a.model().params().flat().numel());
+    SCOPED_TRACE("saved at optim.zero " + std::to_string(level));
+    test::SharedDir dir("moments");
+    RunSetup s;
+    s.mesh = resume_meshes(R).first;
+    s.zero = level;
+    s.global = s.mesh.hp > 1 ? "head" : "sequence";
+    Trainer<double> a(run_config(s), test::world_ptr());
+    a.init();
+    for (int i = 0; i < 2; ++i) a.train_step();
+    TrainCheckpoints<double> cka(a, 2);
+    cka.save(dir.str());
+    const std::vector<double> m = gathered(a, a.optimizer().m()), v = gathered(a, a.optimizer().v());
+    EXPECT_EQ(static_cast<int64_t>(m.size()), a.model().params().flat().numel());
 
-  // Into one process without ZeRO: the whole moments, the same bits.
-  RunSetup one;
-  one.mesh = {1, 1, 1};
-  Trainer<double> b(run_config(one), self_comm());
-  b.init();
-  TrainCheckpoints<double> ckb(b, 2);
-  ckb.load(dir.str(), StateParts::everything);
-  EXPECT_EQ(test::as_f64(b.optimizer().m()), m);
-  EXPECT_EQ(test::as_f64(b.optimizer().v()), v);
-  EXPECT_EQ(test::as_f64(b.model().params().flat()), test::as_f64(a.model().params().flat()));
+    // Into one process without ZeRO: the whole moments, the same bits.
+    RunSetup one;
+    one.mesh = {1, 1, 1};
+    Trainer<double> b(run_config(one), self_comm());
+    b.init();
+    TrainCheckpoints<double> ckb(b, 2);
+    ckb.load(dir.str(), StateParts::everything);
+    EXPECT_EQ(test::as_f64(b.optimizer().m()), m);
+    EXPECT_EQ(test::as_f64(b.optimizer().v()), v);
+    EXPECT_EQ(test::as_f64(b.model().params().flat()), test::as_f64(a.model().params().flat()));
 
-  // And back into sharded state on another mesh and level: each rank's shard holds the same bits.
-  RunSetup other = s;
-  other.zero = 3 - level;
-  other.mesh = resume_meshes(R).second;
-  other.global = "sequence";
-  Trainer<double> c(run_config(other), test::world_ptr());
-  c.init();
-  TrainCheckpoints<double> ckc(c, 2);
-  ckc.load(dir.str(), StateParts::everything);
-  EXPECT_EQ(gathered(c, c.optimizer().m()), m);
-  EXPECT_EQ(gathered(c, c.optimizer().v()), v);
+    // And back into sharded state on another mesh and level: each rank's shard holds the same bits.
+    RunSetup other = s;
+    other.zero = 3 - level;
+    other.mesh = resume_meshes(R).second;
+    other.global = "sequence";
+    Trainer<double> c(run_config(other), test::world_ptr());
+    c.init();
+    TrainCheckpoints<double> ckc(c, 2);
+    ckc.load(dir.str(), StateParts::everything);
+    EXPECT_EQ(gathered(c, c.optimizer().m()), m);
+    EXPECT_EQ(gathered(c, c.optimizer().v()), v);
   }
 }
 
