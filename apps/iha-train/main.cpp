@@ -238,15 +238,20 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
   double peak_total = peak_rank;
   w.all_reduce(&peak_total, 1, DType::f64, ReduceOp::sum, "log.peak");
   const double flops_step = trainer.flops_per_step();
+  // Every rank's shard has the same size, so rank 0's bytes are every rank's.
+  const StateBytes state = trainer.state_bytes();
   {
     std::ostringstream os;
     os << "iha-train: " << w.size() << " ranks (" << cfg.mesh.str() << "; schemes global="
        << scheme_name(cfg.schemes.global) << " window=" << scheme_name(cfg.schemes.window)
-       << (cfg.optim.zero ? "; ZeRO-1" : "") << "), N=" << cfg.seq_len
+       << (cfg.optim.zero > 0 ? "; ZeRO-" + std::to_string(cfg.optim.zero) : std::string()) << "), N=" << cfg.seq_len
        << " layout=" << layout_name(cfg.layout) << " dtype=" << dtype_name(cfg.dtype)
        << (cfg.device == Device::cuda ? std::string(" device=cuda compute=") + dtype_name(cfg.compute_dtype) : "")
        << " recompute=" << (cfg.recompute ? "on" : "off") << "\n  model: "
        << trainer.model_config().describe() << " params=" << trainer.num_params()
+       << "\n  state per rank: parameters " << si(static_cast<double>(state.params)) << "B, gradients "
+       << si(static_cast<double>(state.grads)) << "B, optimizer " << si(static_cast<double>(state.optimizer))
+       << "B (optim.zero=" << cfg.optim.zero << ")"
        << "\n  data: " << make_data_source(cfg, false)->describe()
        << "\n  batch: " << cfg.batch_size << " sequences/step (" << cfg.accumulation()
        << " micro-batches of " << cfg.micro_batch << " per replica), " << cfg.steps << " steps"
@@ -261,7 +266,10 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
                   .add("mesh", cfg.mesh.str())
                   .add("schemes", std::string("global=") + scheme_name(cfg.schemes.global) +
                                       " window=" + scheme_name(cfg.schemes.window))
-                  .add("zero", static_cast<int64_t>(cfg.optim.zero ? 1 : 0))
+                  .add("zero", cfg.optim.zero)
+                  .add("param_bytes_per_rank", state.params)
+                  .add("grad_bytes_per_rank", state.grads)
+                  .add("optimizer_bytes_per_rank", state.optimizer)
                   .add("seq_len", cfg.seq_len)
                   .add("params", trainer.num_params())
                   .add("first_step", trainer.step() + 1)

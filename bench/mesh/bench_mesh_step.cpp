@@ -10,14 +10,16 @@
 // table line and with --json one JSON object): step_s (median wall time of the steps after
 // the first), per family (train.grad: gradient reduction, train.params: ZeRO all-gather, a2a,
 // ring, halo, pring, phalo) the bytes sent per step by the busiest rank and its seconds blocked
-// per step, and optimizer_mib: AdamW moments held by one rank (1/R of the replicated size with
-// ZeRO). grad_bucket_kib large enough for one bucket starts the all-reduce only after the
-// whole backward: the exposed train.grad time then shows what the overlap hides.
+// per step, and the resident state of one rank (Trainer::state_bytes: parameters, gradients,
+// optimizer; param_mib, grad_mib, optimizer_mib) and its peak RSS. grad_bucket_kib large enough
+// for one bucket starts the all-reduce (or the level-2 reduce-scatter) only after the whole
+// backward: the exposed train.grad time then shows what the overlap hides.
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include "../../apps/iha-train/progress.h"
 #include "common/bench_util.h"
 #include "model/trainer.h"
 
@@ -77,13 +79,17 @@ int main(int argc, char** argv) {
         wait[f] += w[f] / static_cast<double>(steps - 1);
       }
     }
-    double opt_mib = static_cast<double>(t.optimizer().m().nbytes() + t.optimizer().v().nbytes()) / (1 << 20);
-    world->all_reduce(&opt_mib, 1, DType::f64, ReduceOp::max, "bench");
+    const StateBytes sb = t.state_bytes();
+    double mib[4] = {static_cast<double>(sb.params) / (1 << 20), static_cast<double>(sb.grads) / (1 << 20),
+                     static_cast<double>(sb.optimizer) / (1 << 20), app::memory_use().peak_rss_mib};
+    world->all_reduce(mib, 4, DType::f64, ReduceOp::max, "bench");
+    const double opt_mib = mib[2];
     const double step_s = bench::median(times);
     if (root) {
-      std::printf("%s schemes global=%s window=%s zero=%d bucket_kib=%lld | step %.4f s | optimizer %.3f MiB/rank\n",
+      std::printf("%s schemes global=%s window=%s zero=%lld bucket_kib=%lld | step %.4f s | per rank: parameters "
+                  "%.3f MiB, gradients %.3f MiB, optimizer %.3f MiB, peak RSS %.1f MiB\n",
                   cfg.mesh.str().c_str(), scheme_name(cfg.schemes.global), scheme_name(cfg.schemes.window),
-                  cfg.optim.zero ? 1 : 0, (long long)cfg.grad_bucket_kib, step_s, opt_mib);
+                  (long long)cfg.optim.zero, (long long)cfg.grad_bucket_kib, step_s, mib[0], mib[1], opt_mib, mib[3]);
       for (const char* f : families)
         if (bytes[f] > 0)
           std::printf("  %-13s %10.3f MiB/step  exposed %8.4f s/step (%.1f%% of the step)\n", f,
@@ -92,9 +98,10 @@ int main(int argc, char** argv) {
         std::ofstream out(json);
         out << "{\"bench\": \"mesh_step\", \"ranks\": " << world->size() << ", \"mesh\": \"" << cfg.mesh.str()
             << "\", \"global_scheme\": \"" << scheme_name(cfg.schemes.global) << "\", \"window_scheme\": \""
-            << scheme_name(cfg.schemes.window) << "\", \"zero\": " << (cfg.optim.zero ? 1 : 0)
+            << scheme_name(cfg.schemes.window) << "\", \"zero\": " << cfg.optim.zero
             << ", \"grad_bucket_kib\": " << cfg.grad_bucket_kib << ", \"seq_len\": " << cfg.seq_len
-            << ", \"step_s\": " << step_s << ", \"optimizer_mib\": " << opt_mib;
+            << ", \"step_s\": " << step_s << ", \"param_mib\": " << mib[0] << ", \"grad_mib\": " << mib[1]
+            << ", \"optimizer_mib\": " << opt_mib << ", \"peak_rss_mib\": " << mib[3];
         for (const char* f : families) {
           std::string k = f;
           if (k.back() == '.') k.pop_back();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 namespace iha {
 
@@ -25,6 +26,30 @@ void OptimConfig::validate() const {
                    clip);
 }
 
+namespace {
+// optim.zero: a level 0-2, or a YAML boolean (true = 1, false = 0: the ZeRO-1 switch of earlier
+// configs).
+int64_t parse_zero_level(const ConfigNode& n) {
+  if (!n.has("zero")) return 0;
+  const std::string text = n.require<std::string>("zero");
+  int64_t level = -1;
+  try {
+    size_t used = 0;
+    level = std::stoll(text, &used);
+    if (used != text.size()) level = -1;
+  } catch (const std::exception&) {
+    try {
+      level = n.require<bool>("zero") ? 1 : 0;
+    } catch (const Error&) {
+      level = -1;
+    }
+  }
+  IHA_CONFIG_CHECK(level >= 0 && level <= 2, "config key 'optim.zero': must be 0, 1 or 2 (true = 1, false = 0; "
+                   "level 3, sharded parameters, is not built yet), got '", text, "'");
+  return level;
+}
+}  // namespace
+
 OptimConfig parse_optim_config(const ConfigNode& n) {
   OptimConfig c;
   c.lr = n.get<double>("lr", c.lr);
@@ -35,7 +60,7 @@ OptimConfig parse_optim_config(const ConfigNode& n) {
   c.eps = n.get<double>("eps", c.eps);
   c.weight_decay = n.get<double>("weight_decay", c.weight_decay);
   c.clip = n.get<double>("clip", c.clip);
-  c.zero = n.get<bool>("zero", c.zero);
+  c.zero = parse_zero_level(n);
   c.validate();
   return c;
 }
@@ -76,32 +101,47 @@ AdamWStep<T> adamw_step(const OptimConfig& c, int64_t t, double lr) {
 template <class T>
 AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout, int64_t begin, int64_t end,
                 std::shared_ptr<const ModelBackend> backend)
-    : layout_(std::move(layout)), be_(backend ? std::move(backend) : cpu_model_backend<T>()), begin_(begin), end_(end) {
-  IHA_CHECK(be_->acc_dtype() == dtype_of<T>(), "AdamW<", dtype_name(dtype_of<T>()), "> on backend ", be_->name());
+    : AdamW(layout,
+            begin < end ? std::vector<ShardRange>{{begin, end, 0}} : std::vector<ShardRange>{},
+            std::max<int64_t>(0, end - begin), std::move(backend)) {
   IHA_CHECK(0 <= begin && begin <= end && end <= layout_->total(), "AdamW range [", begin, ", ", end,
             ") outside the parameter buffer of ", layout_->total(), " elements");
-  m_ = be_->alloc_acc({end - begin});
-  v_ = be_->alloc_acc({end - begin});
+}
+
+template <class T>
+AdamW<T>::AdamW(std::shared_ptr<const ParamLayout> layout, std::vector<ShardRange> ranges, int64_t local_size,
+                std::shared_ptr<const ModelBackend> backend)
+    : layout_(std::move(layout)), be_(backend ? std::move(backend) : cpu_model_backend<T>()), ranges_(std::move(ranges)) {
+  IHA_CHECK(be_->acc_dtype() == dtype_of<T>(), "AdamW<", dtype_name(dtype_of<T>()), "> on backend ", be_->name());
+  for (const ShardRange& r : ranges_)
+    IHA_CHECK(0 <= r.begin && r.begin <= r.end && r.end <= layout_->total() && r.local >= 0 &&
+                  r.local + r.size() <= local_size,
+              "AdamW range [", r.begin, ", ", r.end, ") at local ", r.local, " outside the parameter buffer of ",
+              layout_->total(), " elements or the ", local_size, " local ones");
+  m_ = be_->alloc_acc({local_size});
+  v_ = be_->alloc_acc({local_size});
 }
 
 template <class T>
 void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, Buf p, CBuf g) {
-  // Local index i is buffer element begin + i; each parameter's piece of the range is one run.
-  for (const ParamSpec& s : layout_->specs()) {
-    const int64_t first = std::max(s.offset, begin_) - begin_;
-    const int64_t last = std::min(s.offset + s.numel(), end_) - begin_;
-    if (last <= first) continue;
-    const bool wd = s.decay && c.weight_decay > 0;
-    be_->adamw(c, t, lr, wd, p.at(first), g.at(first), Buf(m_).at(first), Buf(v_).at(first), last - first);
-  }
+  // Each parameter's piece of a range is one run of local elements.
+  for (const ShardRange& r : ranges_)
+    for (const ParamSpec& s : layout_->specs()) {
+      const int64_t a = std::max(s.offset, r.begin), b = std::min(s.offset + s.numel(), r.end);
+      if (b <= a) continue;
+      const int64_t first = r.local + (a - r.begin);
+      const bool wd = s.decay && c.weight_decay > 0;
+      be_->adamw(c, t, lr, wd, p.at(first), g.at(first), Buf(m_).at(first), Buf(v_).at(first), b - a);
+    }
 }
 
 template <class T>
 void AdamW<T>::update(const OptimConfig& c, int64_t t, double lr, ParamSet<T>& params,
                       const ParamSet<T>& grads) {
-  IHA_CHECK(begin_ == 0 && end_ == layout_->total() && params.flat().numel() == end_ &&
-                grads.flat().numel() == end_,
-            "AdamW::update(ParamSet): the optimizer holds the range [", begin_, ", ", end_,
+  const int64_t L = layout_->total();
+  IHA_CHECK(ranges_.size() == 1 && begin() == 0 && end() == L && ranges_[0].local == 0 && params.flat().numel() == L &&
+                grads.flat().numel() == L,
+            "AdamW::update(ParamSet): the optimizer holds the range [", begin(), ", ", end(),
             "), not the whole buffer");
   update(c, t, lr, Buf(params.flat()), CBuf(grads.flat()));
 }

@@ -13,6 +13,7 @@
 #include "core/config.h"
 #include "model/model_math.h"
 #include "model/params.h"
+#include "parallel/shard_layout.h"
 
 namespace iha {
 
@@ -27,7 +28,9 @@ struct OptimConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;  // decoupled, on parameters flagged `decay`
   double clip = 1.0;          // max global gradient norm; 0 disables clipping
-  bool zero = false;          // ZeRO stage 1: moments sharded as flat ranges over all ranks
+  // Sharded state over the ranks that hold the same weights (DESIGN.md section 12): 0 none,
+  // 1 AdamW moments, 2 also gradients (parallel/shard_layout.h). YAML true/false are 1/0.
+  int64_t zero = 0;
   void validate() const;      // ConfigError naming optim.<key>
 };
 OptimConfig parse_optim_config(const ConfigNode& node);
@@ -46,10 +49,11 @@ AdamWStep<T> adamw_step(const OptimConfig& c, int64_t t, double lr);
 template <class T>
 double sum_of_squares(const T* x, int64_t n);
 
-// State: first and second moments of the flat range [begin, end) of the parameter buffer (the
-// whole buffer, or this rank's ZeRO-1 shard: FlatPartition in parallel/grad_reduce.h), in the
-// parameters' dtype; the step count lives with the trainer. update() applies one step (1-based
-// t) to the range, given the already reduced and clipped gradients of the same range:
+// State: first and second moments of flat ranges of the parameter buffer (the whole buffer, or
+// this rank's shard of sharded state: ShardLayout::ranges), in the parameters' dtype, stored
+// at each range's local offset; the step count lives with the trainer. update() applies one
+// step (1-based t) to the ranges, given the already reduced and clipped gradients of the same
+// elements, both in local coordinates (element `local` of p and g is buffer element `begin`):
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p = p - lr * wd * p (decay params only) - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // Element by element, so a sharded update gives the bits of the replicated one.
@@ -62,11 +66,15 @@ class AdamW {
   AdamW() = default;
   // Moments for the whole buffer.
   explicit AdamW(std::shared_ptr<const ParamLayout> layout);
-  // Moments for elements [begin, end) of the buffer (0 <= begin <= end <= total).
+  // Moments for elements [begin, end) of the buffer (0 <= begin <= end <= total), local 0.
   AdamW(std::shared_ptr<const ParamLayout> layout, int64_t begin, int64_t end,
         std::shared_ptr<const ModelBackend> backend = nullptr);
-  // p and g point at element `begin` of the parameter and gradient buffers' range (memory of
-  // the backend's device).
+  // Moments of local_size elements for the given ranges (disjoint, inside the buffer and the
+  // local size); elements of no range (shard padding) are never touched.
+  AdamW(std::shared_ptr<const ParamLayout> layout, std::vector<ShardRange> ranges, int64_t local_size,
+        std::shared_ptr<const ModelBackend> backend = nullptr);
+  // p and g hold the local elements (memory of the backend's device): with one range
+  // [begin, end) they point at element `begin` of the parameter and gradient buffers.
   void update(const OptimConfig& c, int64_t t, double lr, Buf p, CBuf g);
   void update(const OptimConfig& c, int64_t t, double lr, T* p, const T* g) {
     update(c, t, lr, Buf(p), CBuf(g));
@@ -74,16 +82,20 @@ class AdamW {
   // Whole-buffer form; the range must be the whole buffer.
   void update(const OptimConfig& c, int64_t t, double lr, ParamSet<T>& params,
               const ParamSet<T>& grads);
-  int64_t begin() const { return begin_; }
-  int64_t end() const { return end_; }
-  Tensor& m() { return m_; }  // [end - begin]
+  // The first and one past the last buffer element the ranges cover (0, 0 when none).
+  int64_t begin() const { return ranges_.empty() ? 0 : ranges_.front().begin; }
+  int64_t end() const { return ranges_.empty() ? 0 : ranges_.back().end; }
+  const std::vector<ShardRange>& ranges() const { return ranges_; }
+  Tensor& m() { return m_; }  // [local size]
   Tensor& v() { return v_; }
+  const Tensor& m() const { return m_; }
+  const Tensor& v() const { return v_; }
   const ParamLayout& layout() const { return *layout_; }
 
  private:
   std::shared_ptr<const ParamLayout> layout_;
   std::shared_ptr<const ModelBackend> be_;
-  int64_t begin_ = 0, end_ = 0;
+  std::vector<ShardRange> ranges_;
   Tensor m_, v_;
 };
 

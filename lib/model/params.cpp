@@ -1,5 +1,7 @@
 #include "model/params.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace iha {
@@ -28,11 +30,10 @@ bool ParamLayout::contains(const std::string& name) const {
 }
 
 template <class T>
-ParamSet<T>::ParamSet(std::shared_ptr<const ParamLayout> layout, int64_t pad_multiple, Device device)
+ParamSet<T>::ParamSet(std::shared_ptr<const ParamLayout> layout, int64_t min_storage, Device device)
     : layout_(std::move(layout)) {
-  IHA_CHECK(pad_multiple >= 1, "ParamSet: pad multiple must be >= 1, got ", pad_multiple);
   const int64_t total = layout_->total();
-  storage_ = Tensor({(total + pad_multiple - 1) / pad_multiple * pad_multiple}, dtype_of<T>(), device);
+  storage_ = Tensor({std::max(total, min_storage)}, dtype_of<T>(), device);
   flat_ = Tensor::view(storage_.template data<T>(), {total}, dtype_of<T>(), device);
 }
 

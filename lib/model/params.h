@@ -1,11 +1,11 @@
 // Named parameters in one flat buffer. Every parameter (and its gradient and optimizer moments)
 // is a view into a contiguous buffer laid out in a fixed order, so one all-reduce, one norm and
 // one optimizer loop cover the whole model, and a flat element range (what optimizer-state
-// sharding splits, ZeRO stage 1) is well defined. The order and names are the model's public
+// sharding splits, parallel/shard_layout.h) is well defined. The order and names are the model's public
 // schema (docs/model.md).
 // Invariants: views stay valid while their ParamSet lives (the buffer never reallocates). A set
-// may be padded with zeros to a multiple of R elements (padded()), so a reduce-scatter or
-// all-gather over R ranks can work on it in place; flat() never shows the padding.
+// may be padded with zeros (padded()), so the collectives of sharded state can work on it in
+// place (ShardLayout::window_end); flat() never shows the padding.
 // Threads: no internal synchronisation; one thread writes a set at a time.
 // defines: iha::ParamSpec, iha::ParamLayout, iha::ParamSet
 #pragma once
@@ -47,15 +47,15 @@ template <class T>
 class ParamSet {
  public:
   ParamSet() = default;
-  // pad_multiple: the buffer is zero-padded to a multiple of this many elements. device: where
-  // the buffer lives (a backend's device).
-  explicit ParamSet(std::shared_ptr<const ParamLayout> layout, int64_t pad_multiple = 1,
+  // min_storage: the buffer is zero-padded to at least this many elements. device: where the
+  // buffer lives (a backend's device).
+  explicit ParamSet(std::shared_ptr<const ParamLayout> layout, int64_t min_storage = 0,
                     Device device = Device::cpu);
   const ParamLayout& layout() const { return *layout_; }
   // The parameters' elements, [layout().total()].
   Tensor& flat() { return flat_; }
   const Tensor& flat() const { return flat_; }
-  // flat() followed by the zero padding, [total rounded up to the pad multiple]. Whoever writes
+  // flat() followed by the zero padding, [max(total, min_storage)]. Whoever writes
   // through it keeps the padding zero.
   Tensor& padded() { return storage_; }
   const Tensor& padded() const { return storage_; }

@@ -244,10 +244,11 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
   const S params = S(2) * V * D + L * per_layer + D;
   e.params = params.value();
   const S es(static_cast<int64_t>(dtype_size(c.dtype)));
-  // Parameters and gradients on every rank, moments on every rank or 1/R of them (ZeRO-1).
+  // Parameters and gradients on every rank, moments on every rank or 1/R of them (optim.zero),
+  // which then adds a parameter and a gradient shard.
   const S R(world_size > 0 ? world_size : (dp * hp * sp).value());
   const S weights = S(2) * params * es;
-  const S moments = c.optim.zero ? ceil_div(S(2) * params * es, R) : S(2) * params * es;
+  const S moments = c.optim.zero > 0 ? S(2) * ceil_div(S(2) * params * es, R) : S(2) * params * es;
   const S local_tokens = ceil_div(N, hp * sp);
   const S activations = mb * local_tokens * (L * D + V) * es;
   const S total = weights + moments + activations;

@@ -119,26 +119,28 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
 
 template <class T>
 void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank) {
-  const bool zero = cfg_.optim.zero;
-  model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute, zero ? R : 1, backend_);
-  const auto layout = model_->layout();
-  const int64_t L = layout->total();
-  if (zero) {
-    part_ = FlatPartition{L, R};
-    const int64_t b = std::min(part_.begin(rank), L), e = std::max(b, part_.end(rank));
-    opt_ = AdamW<T>(layout, b, e, backend_);
-    grad_shard_ = backend_->alloc_acc({part_.per_rank()});
-    param_shard_ = backend_->alloc_acc({part_.per_rank()});
+  const int64_t level = cfg_.optim.zero;
+  const auto layout = make_param_layout(cfg_.model);
+  std::vector<int64_t> sizes;
+  for (const ParamSpec& s : layout->specs()) sizes.push_back(s.numel());
+  const int64_t es = static_cast<int64_t>(dtype_size(dtype_of<T>())), bucket = cfg_.grad_bucket_kib * 1024;
+  // Level 1 shards the whole buffer at once (one reduce-scatter after backward); level 2 cuts
+  // it like the gradient buckets, so each unit's reduce-scatter starts during backward.
+  if (level == 0) shard_ = ShardLayout::bucketed(sizes, es, bucket, 1);
+  else if (level == 1) shard_ = ShardLayout::whole(sizes, R);
+  else shard_ = ShardLayout::bucketed(sizes, es, bucket, R);
+  model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute,
+                                            level > 0 ? shard_.window_end() : 0, backend_);
+  const int64_t L = model_->layout()->total();
+  if (level > 0) {
+    opt_ = AdamW<T>(model_->layout(), shard_.ranges(rank), shard_.shard_size(), backend_);
+    grad_shard_ = backend_->alloc_acc({shard_.shard_size()});
+    param_shard_ = backend_->alloc_acc({shard_.shard_size()});
   } else {
-    part_ = FlatPartition{L, 1};
-    opt_ = AdamW<T>(layout, 0, L, backend_);
-    if (R > 1) {
-      std::vector<int64_t> sizes;
-      for (const ParamSpec& s : layout->specs()) sizes.push_back(s.numel());
-      buckets_ = std::make_unique<GradientBuckets>(compute_world_, sizes, dtype_of<T>(), cfg_.grad_bucket_kib * 1024,
-                                                   "train.grad");
-    }
+    opt_ = AdamW<T>(model_->layout(), 0, L, backend_);
   }
+  if ((level == 0 && R > 1) || level == 2)
+    buckets_ = std::make_unique<GradientBuckets>(compute_world_, shard_, level == 2, dtype_of<T>(), "train.grad");
 }
 
 template <class T>
@@ -196,47 +198,42 @@ StepStats Trainer<T>::train_step() {
       buckets_->progress();
     };
   }
+  const int64_t level = cfg_.optim.zero;
   for (size_t u = 0; u < batches.size(); ++u) {
     const bool last = u + 1 == batches.size();
-    if (last && buckets_) buckets_->begin(grads.flat().raw());
+    if (last && buckets_) buckets_->begin(grads.padded().raw(), level == 2 ? grad_shard_.raw() : nullptr);
     local.add(model_->forward_backward(batches[u], scale, last ? ready : nullptr));
   }
 
   // The gradient sum over every rank (data x head x sequence), and its squared norm.
   const ModelBackend& be = *backend_;
-  const bool zero = cfg_.optim.zero;
-  Tensor g;  // the reduced gradient this rank updates with: the whole buffer or its range
+  Tensor g;  // the reduced gradient this rank updates with: the whole buffer or its shard
   double sq = 0;
-  if (zero) {
+  if (level == 1) {
     // Blocking collectives: their whole time is exposed, counted like a wait for the benchmarks.
     const auto t0 = std::chrono::steady_clock::now();
-    compute_world_->reduce_scatter(grads.padded().raw(), grad_shard_.raw(), part_.per_rank(), dtype_of<T>(),
+    compute_world_->reduce_scatter(grads.padded().raw(), grad_shard_.raw(), shard_.shard_size(), dtype_of<T>(),
                                    "train.grad");
     world_->counters().add_wait("train.grad", seconds_since(t0));
-    g = grad_shard_;  // the padding sums to zero
+  } else if (buckets_) {
+    buckets_->finish();
+  }
+  if (level > 0) {
+    g = grad_shard_;  // the padding is zero
     sq = global_sum(be.sum_of_squares(g, g.numel()), "train.norm");
   } else {
-    if (buckets_) buckets_->finish();
     g = grads.flat();
     sq = be.sum_of_squares(g, g.numel());
   }
   StepStats s = step_stats(local, count, sq);
   if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) be.scale(g, g.numel(), cfg_.optim.clip / s.grad_norm);
   s.lr = learning_rate(cfg_.optim, scalars_.step, cfg_.steps);
-  if (zero) {
-    // Update this rank's range (its gradient starts at partition begin; the optimizer's range
-    // is that, clipped to the real elements), then gather every rank's range. The fp32
-    // masters of a bf16 run are what is updated and gathered; the model refreshes its compute
-    // copy from them at the next forward.
-    const int64_t b = part_.begin(world_->rank());
-    if (opt_.end() > opt_.begin())  // a rank past the real elements holds only padding
-      opt_.update(cfg_.optim, scalars_.step + 1, s.lr, Buf(params.flat()).at(opt_.begin()),
-                  CBuf(g).at(opt_.begin() - b));
-    be.cast(CBuf(params.padded()).at(b), param_shard_, part_.per_rank());
-    const auto t0 = std::chrono::steady_clock::now();
-    compute_world_->all_gather(param_shard_.raw(), params.padded().raw(), part_.per_rank(), dtype_of<T>(),
-                               "train.params");
-    world_->counters().add_wait("train.params", seconds_since(t0));
+  if (level > 0) {
+    // Update this rank's shard of the masters (fp32 in a bf16 run; the model refreshes its
+    // compute copy from them at the next forward), then gather every rank's shard.
+    for (const ShardRange& r : opt_.ranges()) be.cast(CBuf(params.flat()).at(r.begin), Buf(param_shard_).at(r.local), r.size());
+    opt_.update(cfg_.optim, scalars_.step + 1, s.lr, Buf(param_shard_), CBuf(g));
+    gather_params();
   } else {
     opt_.update(cfg_.optim, scalars_.step + 1, s.lr, params, grads);
   }
@@ -244,6 +241,28 @@ StepStats Trainer<T>::train_step() {
   scalars_.data_cursor += cfg_.batch_size;
   s.step = scalars_.step;
   return s;
+}
+
+template <class T>
+void Trainer<T>::gather_params() {
+  // Unit by unit in buffer order, each blocking: a unit's window may run into the next unit
+  // (the short last piece's padding, zeros), which that unit's gather then overwrites.
+  Tensor& full = model_->params().padded();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const ShardUnit& u : shard_.units())
+    compute_world_->all_gather(CBuf(param_shard_).at(u.local_offset).p, Buf(full).at(u.offset).p, u.chunk,
+                               dtype_of<T>(), "train.params");
+  world_->counters().add_wait("train.params", seconds_since(t0));
+}
+
+template <class T>
+StateBytes Trainer<T>::state_bytes() const {
+  const auto bytes = [](const Tensor& t) { return static_cast<int64_t>(t.nbytes()); };
+  StateBytes b;
+  b.params = bytes(model_->params().padded()) + bytes(param_shard_) + model_->compute_weight_bytes();
+  b.grads = bytes(model_->grads().padded()) + bytes(grad_shard_);
+  b.optimizer = bytes(opt_.m()) + bytes(opt_.v());
+  return b;
 }
 
 template <class T>
@@ -313,20 +332,21 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
   const std::pair<const char*, Tensor*> moments[2] = {{"adam_m/", &opt_.m()}, {"adam_v/", &opt_.v()}};
   for (const auto& [prefix, state] : moments) {
     T* base = state->template data<T>();
-    for (const ParamSpec& s : specs) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const ParamSpec& s = specs[i];
       NamedTensor nt{prefix + s.name, Tensor(), s.shape};
-      if (!cfg_.optim.zero) {
+      if (cfg_.optim.zero == 0) {
         nt.tensor = Tensor::view(base + s.offset, s.shape, dtype_of<T>(), dev);
       } else {
         // This rank's piece of the tensor: one flat range (possibly empty).
-        auto [a, b] = part_.piece(rank, s.offset, s.offset + s.numel());
-        if (b <= a) {
+        const ShardRange p = shard_.tensor_piece(static_cast<int64_t>(i), rank);
+        if (p.size() <= 0) {
           nt.tensor = Tensor::view(base, {0}, dtype_of<T>(), dev);
           nt.begin = nt.end = 0;
         } else {
-          nt.tensor = Tensor::view(base + (a - opt_.begin()), {b - a}, dtype_of<T>(), dev);
-          nt.begin = a - s.offset;
-          nt.end = b - s.offset;
+          nt.tensor = Tensor::view(base + p.local, {p.size()}, dtype_of<T>(), dev);
+          nt.begin = p.begin - s.offset;
+          nt.end = p.end - s.offset;
         }
       }
       out.push_back(std::move(nt));

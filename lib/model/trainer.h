@@ -1,19 +1,24 @@
 // The training loop's state and its steps on a process mesh dp x hp x sp: the model (its
 // attention cores chosen per layer kind: local, or make_replica_core with the configured
-// scheme), AdamW moments (replicated, or ZeRO-1 sharded), the step count, the data cursor and
-// the RNG. Parameters are replicated on every rank (no tensor parallelism), so every rank of
-// the world holds a share of every parameter gradient and they are summed over all ranks.
+// scheme), AdamW moments (replicated, or sharded), the step count, the data cursor and the
+// RNG. Parameters are replicated on every rank (no tensor parallelism), so every rank of the
+// world holds a share of every parameter gradient and they are summed over all ranks; sharded
+// state spans the whole world (the ranks holding the same weights).
 //
-// One step = gradient accumulation over micro-batches, then
-//   - without ZeRO: the flat gradient buffer is all-reduced over the world in buckets
-//     (GradientBuckets); on the last micro-batch each bucket's all-reduce starts as soon as the
-//     backward has finished its parameters (last blocks first), so it overlaps the backward of
-//     the earlier blocks; then clipping by the global norm and AdamW on the whole buffer;
-//   - with ZeRO (optim.zero): one reduce-scatter of the zero-padded flat gradient buffer
-//     (FlatPartition over the world: rank r gets the sum of its contiguous range), the global
-//     norm from the ranks' local sums of squares (all-gathered, added in rank order), AdamW on
-//     the local range only (moments hold 1/R of the buffer), and an all-gather of the
-//     parameters.
+// One step = gradient accumulation over micro-batches (gradients accumulate whole in the
+// model's flat buffer at every level), then, by optim.zero:
+//   - 0: the flat gradient buffer is all-reduced over the world in buckets (GradientBuckets);
+//     on the last micro-batch each bucket's all-reduce starts as soon as the backward has
+//     finished its parameters (last blocks first), so it overlaps the backward of the earlier
+//     blocks; then clipping by the global norm and AdamW on the whole buffer;
+//   - 1: after backward, one blocking reduce-scatter of the whole buffer (ShardLayout::whole:
+//     rank r gets the sum of one contiguous range);
+//   - 2: the buckets of level 0 become the units of the shard layout (ShardLayout::bucketed)
+//     and each is reduce-scattered into this rank's gradient shard as soon as the last
+//     micro-batch's backward has finished it (accumulate whole, scatter once);
+//   then (levels 1, 2) the global norm from the ranks' local sums of squares (all-gathered,
+//   added in rank order), AdamW on this rank's shard only (moments hold 1/R of the buffer), and
+//   all-gathers of the parameter shards, unit by unit.
 // Results are bitwise deterministic for a fixed mesh and configuration, and every rank holds
 // the same parameter bits after every step.
 //
@@ -27,7 +32,7 @@
 // ReplicaLayout(layout, N, sp, hp).tokens_of(sp_index, hp_index) (with hp = 1: SequenceLayout).
 //
 // Checkpoint state (state_tensors, TrainerScalars): every parameter (replicated) and both
-// AdamW moments by name (replicated, or with ZeRO this rank's flat range of each), step, data
+// AdamW moments by name (replicated, or sharded: this rank's flat range of each), step, data
 // cursor, RNG (seed, counter). The RNG is reserved for stochastic training features; nothing
 // draws from it yet.
 //
@@ -36,13 +41,13 @@
 // train.compute_dtype on one GPU per rank, fp32 masters, gradients and moments in device
 // memory, and the device world (NCCL with a GPU per rank, else MPI with host staging) for the
 // cores' and the gradients' traffic. The schedule, data, loss count, statistics and checks are
-// the same code for both; every mesh, ZeRO-1 and recomputation run on either.
+// the same code for both; every mesh, ZeRO level and recomputation run on either.
 //
 // Errors: a configuration or data problem on any rank becomes the same ConfigError on every
 // rank (collective_check): a mesh that does not multiply to the world size, or hp not dividing
 // H where a layer kind uses the head scheme. A non-finite loss or gradient norm throws
 // NonFiniteLoss on every rank before the parameters change.
-// defines: iha::NonFiniteLoss, iha::StepStats, iha::EvalStats, iha::TrainerScalars,
+// defines: iha::NonFiniteLoss, iha::StepStats, iha::EvalStats, iha::TrainerScalars, iha::StateBytes,
 //          iha::NamedTensor, iha::Trainer, iha::count_visible_pairs, iha::model_flops_per_step,
 //          iha::check_mesh_fits_model
 #pragma once
@@ -91,6 +96,14 @@ struct TrainerScalars {
   Rng rng;
 };
 
+// Resident bytes of one rank's training state (progress output, memory benchmark): parameters
+// (the flat buffer with its padding, the parameter shard, the compute-dtype copy), gradients
+// (the flat buffer, the gradient shard) and AdamW moments.
+struct StateBytes {
+  int64_t params = 0, grads = 0, optimizer = 0;
+  int64_t total() const { return params + grads + optimizer; }
+};
+
 struct NamedTensor {
   std::string name;  // "param/<name>", "adam_m/<name>", "adam_v/<name>"
   Tensor tensor;     // view into the live state: the whole tensor, or a flat piece of it
@@ -136,8 +149,10 @@ class Trainer {
   ProcessMesh& mesh() { return *mesh_; }
   // This rank's tokens of each sequence (ascending): its rows in the model.
   const std::vector<int64_t>& tokens() const { return tokens_; }
-  // ZeRO-1: the split of the flat parameter buffer over the world (ranks = 1 without ZeRO).
-  const FlatPartition& partition() const { return part_; }
+  // How sharded state splits the flat buffer over the world (level 0: the gradient buckets
+  // over one rank).
+  const ShardLayout& shard_layout() const { return shard_; }
+  StateBytes state_bytes() const;
   // The model (on the backend's device).
   Transformer<T>& model() { return *model_; }
   int64_t num_params() const;
@@ -152,10 +167,12 @@ class Trainer {
  private:
   // Sum of one double per rank, added in rank order (the same bits on every rank).
   double global_sum(double local, const std::string& site);
-  // The model, optimizer and gradient reduction (replicated or ZeRO-1) on the backend.
+  // The model, optimizer and gradient reduction (replicated or sharded) on the backend.
   void build_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank);
   // The global loss statistics of a step and its gradient norm; NonFiniteLoss if not finite.
   StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
+  // Sharded state: every rank's parameter shard into the model's flat buffer.
+  void gather_params();
 
   RunConfig cfg_;
   std::shared_ptr<Communicator> world_;
@@ -168,9 +185,9 @@ class Trainer {
   std::vector<int64_t> tokens_;
   std::unique_ptr<Transformer<T>> model_;
   AdamW<T> opt_;
-  FlatPartition part_;
-  std::unique_ptr<GradientBuckets> buckets_;  // without ZeRO, world size > 1
-  Tensor grad_shard_, param_shard_;           // with ZeRO: this rank's range
+  ShardLayout shard_;
+  std::unique_ptr<GradientBuckets> buckets_;  // level 0 with world size > 1, level 2
+  Tensor grad_shard_, param_shard_;           // levels 1, 2: this rank's shard
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
   TrainerScalars scalars_;
 };

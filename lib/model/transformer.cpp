@@ -85,14 +85,14 @@ struct Transformer<T>::BlockActs {
 
 template <class T>
 Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute,
-                            int64_t pad_multiple, std::shared_ptr<const ModelBackend> backend)
+                            int64_t min_storage, std::shared_ptr<const ModelBackend> backend)
     : cfg_(cfg), be_(backend ? std::move(backend) : cpu_model_backend<T>()), recompute_(recompute) {
   cfg_.validate();
   IHA_CHECK(be_->acc_dtype() == dtype_of<T>(), "Transformer<", dtype_name(dtype_of<T>()), "> on backend ",
             be_->name(), " whose accumulation dtype is ", dtype_name(be_->acc_dtype()));
   layout_ = make_param_layout(cfg_);
-  params_ = ParamSet<T>(layout_, pad_multiple, be_->device());
-  grads_ = ParamSet<T>(layout_, pad_multiple, be_->device());
+  params_ = ParamSet<T>(layout_, min_storage, be_->device());
+  grads_ = ParamSet<T>(layout_, min_storage, be_->device());
   if (be_->compute_dtype() != dtype_of<T>()) compute_ = be_->alloc_compute({layout_->total()});
   embed_ = layout_->index("embed");
   norm_f_ = layout_->index("norm_f");

@@ -7,7 +7,7 @@
 // everything else is per token and needs no communication. Parameter gradients are this
 // rank's share; the caller sums them over ranks (the trainer: bucketed all-reduces that start
 // while backward still runs, told by the GradientsReady callback which parameters are final,
-// or one reduce-scatter with ZeRO-1).
+// or with sharded state reduce-scatters into the rank's shard).
 //
 // Invariants
 //   - Parameters and gradients are flat buffers (params.h); names and shapes are the schema
@@ -61,10 +61,10 @@ class Transformer {
   using GradientsReady = std::function<void(size_t first, size_t end)>;
 
   // cfg must have its window resolved. All cores must hold the same number of local tokens and
-  // compute on `backend` (null: the CPU backend of T). pad_multiple: parameters and gradients
-  // are zero-padded to a multiple of it (ParamSet).
+  // compute on `backend` (null: the CPU backend of T). min_storage: parameters and gradients
+  // are zero-padded to at least this many elements (ParamSet).
   Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute,
-              int64_t pad_multiple = 1, std::shared_ptr<const ModelBackend> backend = nullptr);
+              int64_t min_storage = 0, std::shared_ptr<const ModelBackend> backend = nullptr);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -77,6 +77,8 @@ class Transformer {
   const ParamSet<T>& params() const { return params_; }
   ParamSet<T>& grads() { return grads_; }
   std::shared_ptr<const ParamLayout> layout() const { return layout_; }
+  // Bytes of the compute-dtype copy of the weights (0 when it is the masters themselves).
+  int64_t compute_weight_bytes() const { return static_cast<int64_t>(compute_.nbytes()); }
   const ModelBackend& backend() const { return *be_; }
   const std::shared_ptr<const ModelBackend>& backend_ptr() const { return be_; }
 

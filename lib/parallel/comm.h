@@ -99,6 +99,13 @@ class Communicator {
   // send holds size() * count elements; rank r receives the sum of block r.
   virtual void reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
                               const std::string& site) = 0;
+  // Non-blocking forms of all_gather and reduce_scatter (sharded parameters and gradients
+  // overlap them with compute); send and recv must stay untouched until wait(). Counted like
+  // the blocking forms.
+  virtual std::unique_ptr<PendingExchange> start_all_gather(const void* send, void* recv, int64_t count,
+                                                            DType dt, const std::string& site) = 0;
+  virtual std::unique_ptr<PendingExchange> start_reduce_scatter(const void* send, void* recv, int64_t count,
+                                                                DType dt, const std::string& site) = 0;
   // send holds size() blocks of count elements, block r goes to rank r; recv likewise.
   virtual void all_to_all(const void* send, void* recv, int64_t count, DType dt,
                           const std::string& site) = 0;

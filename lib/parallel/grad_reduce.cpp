@@ -6,51 +6,50 @@ namespace iha {
 
 GradientBuckets::GradientBuckets(std::shared_ptr<Communicator> comm, std::vector<int64_t> tensor_sizes,
                                  DType dt, int64_t bucket_bytes, std::string site)
-    : comm_(std::move(comm)), sizes_(std::move(tensor_sizes)), dt_(dt), site_(std::move(site)) {
+    : GradientBuckets(std::move(comm),
+                      ShardLayout::bucketed(std::move(tensor_sizes), static_cast<int64_t>(dtype_size(dt)),
+                                            bucket_bytes, 1),
+                      false, dt, std::move(site)) {}
+
+GradientBuckets::GradientBuckets(std::shared_ptr<Communicator> comm, ShardLayout units, bool scatter, DType dt,
+                                 std::string site)
+    : comm_(std::move(comm)), units_(std::move(units)), scatter_(scatter), dt_(dt), site_(std::move(site)) {
   IHA_CHECK(comm_ != nullptr, "GradientBuckets needs a communicator");
-  IHA_CHECK(bucket_bytes > 0, "bucket size must be > 0 bytes");
-  const int64_t n = static_cast<int64_t>(sizes_.size());
-  offsets_.resize(n + 1, 0);
-  for (int64_t i = 0; i < n; ++i) offsets_[i + 1] = offsets_[i] + sizes_[i];
-  bucket_of_.assign(n, -1);
-  const int64_t es = static_cast<int64_t>(dtype_size(dt_));
-  // Walk backwards, closing a bucket once it holds bucket_bytes.
-  int64_t last = n - 1;
-  while (last >= 0) {
-    int64_t first = last, bytes = sizes_[last] * es;
-    while (first > 0 && bytes < bucket_bytes) bytes += sizes_[--first] * es;
-    Bucket b;
-    b.first_tensor = first;
-    b.last_tensor = last;
-    b.offset = offsets_[first];
-    b.count = offsets_[last + 1] - offsets_[first];
-    for (int64_t t = first; t <= last; ++t) bucket_of_[t] = static_cast<int64_t>(buckets_.size());
-    buckets_.push_back(std::move(b));
-    last = first - 1;
-  }
+  IHA_CHECK(!scatter_ || units_.ranks() == comm_->size(), "gradient shards over ", units_.ranks(),
+            " ranks on a communicator of ", comm_->size());
+  buckets_.resize(units_.units().size());
 }
 
-void GradientBuckets::begin(void* buffer) {
-  IHA_CHECK(buffer != nullptr || offsets_.back() == 0, "GradientBuckets::begin: null buffer");
+void GradientBuckets::begin(void* buffer, void* shard) {
+  IHA_CHECK(buffer != nullptr || units_.total() == 0, "GradientBuckets::begin: null buffer");
+  IHA_CHECK(!scatter_ || shard != nullptr || units_.shard_size() == 0, "GradientBuckets::begin: null shard");
   buffer_ = static_cast<char*>(buffer);
-  ready_.assign(sizes_.size(), 0);
-  for (Bucket& b : buckets_) {
+  shard_ = static_cast<char*>(shard);
+  ready_.assign(static_cast<size_t>(units_.num_tensors()), 0);
+  for (size_t u = 0; u < buckets_.size(); ++u) {
+    Bucket& b = buckets_[u];
     IHA_CHECK(!b.reduction, "GradientBuckets::begin: the previous step was not finished");
-    b.pending_tensors = b.last_tensor - b.first_tensor + 1;
+    b.pending_tensors = units_.units()[u].end_tensor - units_.units()[u].first_tensor;
   }
 }
 
-void GradientBuckets::start(Bucket& b) {
-  b.reduction = comm_->start_all_reduce(buffer_ + b.offset * dtype_size(dt_), b.count, dt_, ReduceOp::sum, site_);
+void GradientBuckets::start(int64_t unit) {
+  const ShardUnit& u = units_.units()[unit];
+  const size_t es = dtype_size(dt_);
+  Bucket& b = buckets_[unit];
+  if (scatter_)
+    b.reduction = comm_->start_reduce_scatter(buffer_ + u.offset * es, shard_ + u.local_offset * es, u.chunk, dt_,
+                                              site_);
+  else
+    b.reduction = comm_->start_all_reduce(buffer_ + u.offset * es, u.count, dt_, ReduceOp::sum, site_);
 }
 
 void GradientBuckets::mark_ready(int64_t tensor) {
-  IHA_CHECK(tensor >= 0 && tensor < static_cast<int64_t>(sizes_.size()), "gradient tensor index ", tensor,
-            " out of range");
+  IHA_CHECK(tensor >= 0 && tensor < units_.num_tensors(), "gradient tensor index ", tensor, " out of range");
   IHA_CHECK(!ready_[tensor], "gradient tensor ", tensor, " marked ready twice in one step");
   ready_[tensor] = 1;
-  Bucket& b = buckets_[bucket_of_[tensor]];
-  if (--b.pending_tensors == 0) start(b);
+  const int64_t u = units_.unit_of(tensor);
+  if (--buckets_[u].pending_tensors == 0) start(u);
 }
 
 void GradientBuckets::progress() {
@@ -60,15 +59,25 @@ void GradientBuckets::progress() {
 
 void GradientBuckets::finish() {
   // Start in bucket order so every rank posts the same collectives in the same order.
-  for (Bucket& b : buckets_) {
-    if (!b.reduction) {
-      b.pending_tensors = 0;
-      start(b);
+  for (size_t u = 0; u < buckets_.size(); ++u) {
+    if (!buckets_[u].reduction) {
+      buckets_[u].pending_tensors = 0;
+      start(static_cast<int64_t>(u));
     }
   }
   for (Bucket& b : buckets_) {
     b.reduction->wait();
     b.reduction.reset();
+  }
+  if (!scatter_) return;
+  // A short piece's tail received sums of whatever followed the unit: padding, made zero.
+  const int64_t r = comm_->rank();
+  const size_t es = dtype_size(dt_);
+  for (size_t u = 0; u < buckets_.size(); ++u) {
+    const ShardUnit& s = units_.units()[u];
+    const int64_t real = units_.piece(static_cast<int64_t>(u), r).size();
+    if (real < s.chunk)
+      Tensor::view(shard_ + (s.local_offset + real) * es, {s.chunk - real}, dt_, comm_->device()).zero();
   }
 }
 

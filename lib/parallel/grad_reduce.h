@@ -1,15 +1,14 @@
 // Gradient reduction across the ranks that replicate the parameters.
-//   - GradientBuckets: gradients live in one flat buffer; it is cut into buckets (about
-//     bucket_bytes each, tensor boundaries kept) in the reverse order backward produces them.
-//     When every tensor of a bucket is marked ready, its all-reduce starts (non-blocking), so
-//     reduction overlaps the rest of backward; finish() waits for all (sums). Collectives must
-//     be posted in the same order on every rank: every rank marks tensors in the same order
-//     (true when all ranks run the same model).
-//   - FlatPartition: the ZeRO-1 split of a flat buffer of L elements over R ranks into equal
-//     contiguous ranges (the buffer is padded to a multiple of R), and the piece of any tensor
-//     (a flat range of the buffer) that falls in a rank's range: exactly one flat range, which
-//     is what a checkpoint shard of optimizer state is.
-// defines: iha::GradientBuckets, iha::FlatPartition
+//   - GradientBuckets: gradients live in one flat buffer; it is cut into buckets, the units of
+//     a ShardLayout (about bucket_bytes each, tensor boundaries kept, in the reverse order
+//     backward produces them). When every tensor of a bucket is marked ready, its reduction
+//     starts (non-blocking), so reduction overlaps the rest of backward; finish() waits for all.
+//     The reduction is an all-reduce in place (every rank gets the sums), or with a layout
+//     over the comm's R ranks a reduce-scatter of each unit's window into this rank's shard
+//     (ZeRO-2: rank r gets the sums of its chunks; padding comes out zero).
+//     Collectives must be posted in the same order on every rank: every rank marks tensors in
+//     the same order (true when all ranks run the same model).
+// defines: iha::GradientBuckets
 #pragma once
 
 #include <cstdint>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "parallel/comm.h"
+#include "parallel/shard_layout.h"
 
 namespace iha {
 
@@ -28,9 +28,14 @@ class GradientBuckets {
   // the last layers' gradients first).
   GradientBuckets(std::shared_ptr<Communicator> comm, std::vector<int64_t> tensor_sizes, DType dt,
                   int64_t bucket_bytes, std::string site = "grad.dp");
+  // Buckets are the units of `units`. With scatter each is reduce-scattered into the shard
+  // given to begin() (units.ranks() must be the comm size); else all-reduced in place.
+  GradientBuckets(std::shared_ptr<Communicator> comm, ShardLayout units, bool scatter, DType dt, std::string site);
 
-  // Starts a new step: buffer is the flat gradient buffer (must stay valid until finish()).
-  void begin(void* buffer);
+  // Starts a new step: buffer is the flat gradient buffer, shard (reduce-scatter only) this
+  // rank's shard of units().shard_size() elements; both must stay valid until finish(). For a
+  // reduce-scatter, buffer must hold units().window_end() elements (it is only read).
+  void begin(void* buffer, void* shard = nullptr);
   // Tensor i's gradient is final for this step; may start its bucket's reduction.
   void mark_ready(int64_t tensor);
   // Advances started reductions (call between pieces of backward work).
@@ -39,38 +44,24 @@ class GradientBuckets {
   void finish();
 
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  const ShardLayout& units() const { return units_; }
 
  private:
   struct Bucket {
-    int64_t first_tensor, last_tensor;  // inclusive range of tensors
-    int64_t offset, count;              // elements in the flat buffer
     int64_t pending_tensors = 0;
     std::unique_ptr<PendingExchange> reduction;
   };
-  void start(Bucket& b);
+  void start(int64_t unit);
 
   std::shared_ptr<Communicator> comm_;
-  std::vector<int64_t> sizes_, offsets_, bucket_of_;
+  ShardLayout units_;
+  bool scatter_ = false;
   std::vector<char> ready_;  // per tensor, this step
   DType dt_;
   std::string site_;
   std::vector<Bucket> buckets_;
   char* buffer_ = nullptr;
-};
-
-struct FlatPartition {
-  int64_t total = 0;   // L: real elements
-  int64_t ranks = 1;   // R
-  int64_t padded() const { return (total + ranks - 1) / ranks * ranks; }
-  int64_t per_rank() const { return padded() / ranks; }
-  int64_t begin(int64_t r) const { return r * per_rank(); }
-  int64_t end(int64_t r) const { return std::min(total, (r + 1) * per_rank()); }
-  // The part of [t_begin, t_end) in rank r's range, as [first, last) in buffer coordinates
-  // (empty when first >= last).
-  std::pair<int64_t, int64_t> piece(int64_t r, int64_t t_begin, int64_t t_end) const {
-    const int64_t a = std::max(t_begin, begin(r)), b = std::min(t_end, end(r));
-    return {a, std::max(a, b)};
-  }
+  char* shard_ = nullptr;
 };
 
 }  // namespace iha

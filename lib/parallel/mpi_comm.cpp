@@ -161,6 +161,26 @@ class MpiCommunicator final : public Communicator {
     counters_->add(site, bus_bytes(1, count * size_ * dtype_size(dt)));
   }
 
+  std::unique_ptr<PendingExchange> start_all_gather(const void* send, void* recv, int64_t count, DType dt,
+                                                    const std::string& site) override {
+    const int n = as_int_count(count, "start_all_gather");
+    std::vector<MPI_Request> reqs(1);
+    mpi_check(MPI_Iallgather(send, n, mpi_type(dt), recv, n, mpi_type(dt), comm_, &reqs[0]), "MPI_Iallgather");
+    counters_->add(site, bus_bytes(1, count * size_ * dtype_size(dt)));
+    return std::make_unique<MpiPending>(std::move(reqs), counters_, site);
+  }
+
+  std::unique_ptr<PendingExchange> start_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
+                                                        const std::string& site) override {
+    IHA_CHECK(dt != DType::bf16, "reduce_scatter on bf16 is not supported (reduce in f32)");
+    const int n = as_int_count(count, "start_reduce_scatter");
+    std::vector<MPI_Request> reqs(1);
+    mpi_check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dt), MPI_SUM, comm_, &reqs[0]),
+              "MPI_Ireduce_scatter_block");
+    counters_->add(site, bus_bytes(1, count * size_ * dtype_size(dt)));
+    return std::make_unique<MpiPending>(std::move(reqs), counters_, site);
+  }
+
   void all_to_all(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
     const int n = as_int_count(count, "all_to_all");
     mpi_check(MPI_Alltoall(send, n, mpi_type(dt), recv, n, mpi_type(dt), comm_), "MPI_Alltoall");

@@ -279,6 +279,35 @@ class NcclComm final : public NcclCommunicator {
     counters_->add(site, bus_bytes(1, static_cast<int64_t>(bytes) * size_));
   }
 
+  std::unique_ptr<PendingExchange> start_all_gather(const void* send, void* recv, int64_t count, DType dt,
+                                                    const std::string& site) override {
+    IHA_CHECK(count >= 0, site, ": negative element count ", count);
+    const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
+    check_device_buffer(send, bytes, site, "all-gather send");
+    check_device_buffer(recv, bytes * size_, site, "all-gather receive");
+    wait_for_compute();
+    if (count > 0)
+      nccl_check(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dt), comm_, comm_stream_),
+                 "ncclAllGather");
+    counters_->add(site, bus_bytes(1, static_cast<int64_t>(bytes) * size_));
+    return pending(site);
+  }
+
+  std::unique_ptr<PendingExchange> start_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
+                                                        const std::string& site) override {
+    IHA_CHECK(dt != DType::bf16, "reduce_scatter on bf16 is not supported (reduce in f32)");
+    IHA_CHECK(count >= 0, site, ": negative element count ", count);
+    const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
+    check_device_buffer(send, bytes * size_, site, "reduce-scatter send");
+    check_device_buffer(recv, bytes, site, "reduce-scatter receive");
+    wait_for_compute();
+    if (count > 0)
+      nccl_check(ncclReduceScatter(send, recv, static_cast<size_t>(count), nccl_type(dt), ncclSum, comm_,
+                                   comm_stream_), "ncclReduceScatter");
+    counters_->add(site, bus_bytes(1, static_cast<int64_t>(bytes) * size_));
+    return pending(site);
+  }
+
   void all_to_all(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
     IHA_CHECK(count >= 0, site, ": negative element count ", count);
     const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);

@@ -16,11 +16,12 @@
 //     the current ring/halo step overlaps the transfer. wait() makes the compute stream wait
 //     for the transfer and blocks the host until it is done; test() polls it. So after wait()
 //     a buffer may be read or reused from the host or from any stream, as with MPI.
-//   - start_all_reduce is non-blocking in the same way (the gradient buckets overlap backward).
+//   - start_all_reduce, start_all_gather and start_reduce_scatter are non-blocking in the same way
+//     (gradient buckets and sharded state overlap backward).
 //   - The blocking collectives return when their data is in place (host-synchronous, like MPI).
 //   - Blocking collectives also accept host pointers (the small control messages of
 //     collective_check and check_same_on_all_ranks): those are staged through a device buffer.
-//     Buffers of non-blocking calls (start_exchange, start_all_reduce) must be device memory.
+//     Buffers of non-blocking calls (start_exchange, start_all_reduce, ...) must be device memory.
 //
 // Counting: point-to-point counts the exact payload sent (self sends included, as with MPI);
 // collectives count the bus bytes of a ring algorithm per rank, as in comm.h; wait() adds the

@@ -8,8 +8,10 @@
 //   - mesh.h: the data x head x sequence process mesh and its sub-communicators.
 //   - layout.h: contiguous and zigzag sequence layouts, the one map of who holds which tokens
 //     (SequenceLayout), and its nesting in a head x sequence replica (ReplicaLayout).
-//   - grad_reduce.h: bucketed non-blocking gradient all-reduce (GradientBuckets) and the ZeRO-1
-//     split of a flat buffer into per-rank ranges (FlatPartition).
+//   - grad_reduce.h: bucketed non-blocking gradient all-reduce or reduce-scatter
+//     (GradientBuckets).
+//   - shard_layout.h: how sharded state (optim.zero) splits a flat buffer of tensors into
+//     per-rank shards (ShardLayout).
 //   - mpi_handle.h (not included here): the raw MPI_Comm of a communicator, for parallel HDF5.
 //   - nccl_comm.h, staged_comm.h (CUDA builds only, not included here): the NCCL Communicator
 //     over device memory, a drop-in for the MPI one, one rank per GPU; and MPI with host
@@ -27,5 +29,6 @@
 
 #include "parallel/comm.h"
 #include "parallel/grad_reduce.h"
+#include "parallel/shard_layout.h"
 #include "parallel/layout.h"
 #include "parallel/mesh.h"

@@ -130,6 +130,22 @@ class StagedCommunicator final : public Communicator {
     inner_->reduce_scatter(s.get(), r.get(), count, dt, site);
     r.finish();
   }
+  std::unique_ptr<PendingExchange> start_all_gather(const void* send, void* recv, int64_t count, DType dt,
+                                                    const std::string& site) override {
+    std::vector<Staged> s, r;
+    s.emplace_back(send, bytes(count, dt), true);
+    r.emplace_back(recv, bytes(count, dt) * size(), false);
+    auto inner = inner_->start_all_gather(s.back().get(), r.back().get(), count, dt, site);
+    return std::make_unique<StagedPending>(std::move(inner), std::move(s), std::move(r));
+  }
+  std::unique_ptr<PendingExchange> start_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
+                                                        const std::string& site) override {
+    std::vector<Staged> s, r;
+    s.emplace_back(send, bytes(count, dt) * size(), true);
+    r.emplace_back(recv, bytes(count, dt), false);
+    auto inner = inner_->start_reduce_scatter(s.back().get(), r.back().get(), count, dt, site);
+    return std::make_unique<StagedPending>(std::move(inner), std::move(s), std::move(r));
+  }
   void all_to_all(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
     Staged s(send, bytes(count, dt) * size(), true), r(recv, bytes(count, dt) * size(), false);
     inner_->all_to_all(s.get(), r.get(), count, dt, site);

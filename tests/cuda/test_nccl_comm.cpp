@@ -214,6 +214,26 @@ TEST_F(NcclComm, StartAllReduceMatchesMpi) {
   EXPECT_THROW(nccl().start_all_reduce(on_host.data(), 4, DType::f32, ReduceOp::sum, "test.err"), Error);
 }
 
+// The non-blocking all-gather and reduce-scatter (sharded state) give MPI's results and bytes.
+TEST_F(NcclComm, StartAllGatherAndReduceScatterMatchMpi) {
+  const int r = world().rank(), R = world().size();
+  const int64_t n = 1027;
+  std::vector<float> mine(n), all(static_cast<size_t>(n * R));
+  for (int64_t i = 0; i < n; ++i) mine[i] = static_cast<float>((i + 7 * r) % 31);
+  for (int64_t i = 0; i < n * R; ++i) all[i] = static_cast<float>((i * 3 + r) % 17);
+  DeviceBuf<float> d_mine(mine), d_all(all), d_gathered(static_cast<size_t>(n * R)), d_scattered(n);
+  nccl().start_all_gather(d_mine.get(), d_gathered.get(), n, DType::f32, "test.iag")->wait();
+  nccl().start_reduce_scatter(d_all.get(), d_scattered.get(), n, DType::f32, "test.irs")->wait();
+  std::vector<float> gathered(static_cast<size_t>(n * R)), scattered(n);
+  world().start_all_gather(mine.data(), gathered.data(), n, DType::f32, "test.iag.mpi")->wait();
+  world().start_reduce_scatter(all.data(), scattered.data(), n, DType::f32, "test.irs.mpi")->wait();
+  EXPECT_EQ(d_gathered.host(), gathered);
+  EXPECT_EQ(d_scattered.host(), scattered);
+  EXPECT_EQ(nccl().counters().bytes("test.iag"), world().counters().bytes("test.iag.mpi"));
+  EXPECT_EQ(nccl().counters().bytes("test.irs"), world().counters().bytes("test.irs.mpi"));
+  EXPECT_THROW(nccl().start_all_gather(mine.data(), d_gathered.get(), n, DType::f32, "test.err"), Error);
+}
+
 // The bucketed gradient reduction of lib/parallel runs unchanged over NCCL on a device buffer.
 TEST_F(NcclComm, GradientBucketsRunOverNccl) {
   const int r = world().rank();

@@ -3,8 +3,9 @@
 // with hp = 1), with and without ZeRO-1, a global-collapse and a per-head-collapse model (plus
 // an mha global layer). float64: losses and parameters within 1e-10 normwise; float32: losses
 // within 1e-4. Every rank ends each run with the same parameter bits; a run repeated gives the
-// same bits. Checkpoints saved on one mesh (ZeRO or not) resume on another; ZeRO moments load
-// into a replicated run bit-exactly. Invalid meshes stop every rank with a ConfigError.
+// same bits. Checkpoints saved on one mesh and ZeRO level resume on another mesh and level;
+// sharded moments load into a replicated run bit-exactly. Invalid meshes and ZeRO levels stop
+// every rank with a ConfigError naming the key.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -26,13 +27,13 @@ using test::world;
 struct RunSetup {
   MeshShape mesh;
   std::string global = "sequence", window = "sequence";  // mesh.schemes
-  bool zero = false;
+  int64_t zero = 0;  // optim.zero level
   std::string collapse = "global";
   std::string global_kind = "iha";
   std::string dtype = "float64";
   int64_t H = 12;  // divisible by every head degree 1-4
   std::string str() const {
-    return mesh.str() + " schemes global=" + global + " window=" + window + (zero ? " zero" : "") +
+    return mesh.str() + " schemes global=" + global + " window=" + window + (zero ? " zero=" + std::to_string(zero) : "") +
            " collapse=" + collapse + " global_kind=" + global_kind + " " + dtype;
   }
 };
@@ -51,8 +52,8 @@ RunConfig run_config(const RunSetup& s, const std::vector<std::string>& override
       ", global_kind: " + s.global_kind + "}\n"
       "train: {dtype: " + s.dtype + ", steps: 5, batch_size: 12, micro_batch: " + std::to_string(mb) +
       ", seed: 3}\n"
-      "optim: {lr: 1.0e-2, warmup_steps: 2, weight_decay: 0.1, clip: 0.5, zero: " +
-      (s.zero ? "true" : "false") + "}\n"
+      "optim: {lr: 1.0e-2, warmup_steps: 2, weight_decay: 0.1, clip: 0.5, zero: " + std::to_string(s.zero) +
+      "}\n"
       "data: {kind: multikey, seed: 5, pairs: 4, queries: 2, key_tokens: 8, value_tokens: 8, loss_on: all}\n"
       "eval: {sequences: 6, batch: 2}\n";
   return test::run_config_from(yaml, overrides);
@@ -95,16 +96,20 @@ bool same_on_all_ranks(const std::vector<double>& v) {
   return true;
 }
 
-// The whole of a ZeRO moment (every rank's range gathered), or the replicated one.
+// The whole of a sharded moment (every rank's shard gathered and put in place), or the
+// replicated one.
 template <class T>
 std::vector<double> gathered(Trainer<T>& t, Tensor& moment) {
-  const FlatPartition& p = t.partition();
-  const int64_t L = t.model().params().flat().numel();
-  if (p.ranks == 1) return test::as_f64(moment);
-  std::vector<T> mine(p.per_rank(), T(0)), all(p.padded());
-  std::copy(moment.data<T>(), moment.data<T>() + moment.numel(), mine.begin());
-  t.mesh().world().all_gather(mine.data(), all.data(), p.per_rank(), dtype_of<T>(), "test");
-  return std::vector<double>(all.begin(), all.begin() + L);
+  if (t.config().optim.zero == 0) return test::as_f64(moment);
+  const ShardLayout& sl = t.shard_layout();
+  const int64_t n = sl.shard_size(), R = sl.ranks();
+  std::vector<T> all(static_cast<size_t>(n * R));
+  t.mesh().world().all_gather(moment.data<T>(), all.data(), n, dtype_of<T>(), "test");
+  std::vector<double> out(static_cast<size_t>(sl.total()), 0.0);
+  for (int64_t r = 0; r < R; ++r)
+    for (const ShardRange& p : sl.ranges(r))
+      for (int64_t e = p.begin; e < p.end; ++e) out[e] = static_cast<double>(all[r * n + p.local + (e - p.begin)]);
+  return out;
 }
 
 struct ModelVariant {
@@ -129,7 +134,7 @@ TEST_P(FullMesh, Float64LossesAndParametersMatchOneProcess) {
   int runs = 0;
   for (const MeshShape& m : meshes_of(world().size()))
     for (const auto& [g, w] : schemes_for(m))
-      for (bool zero : {false, true}) {
+      for (int64_t zero : {0, 1, 2}) {
         RunSetup s = ref_setup;
         s.mesh = m;
         s.global = g;
@@ -156,7 +161,7 @@ TEST(FullMeshFloat32, LossesMatchOneProcess) {
   ref_setup.dtype = "float32";
   const TrainRun ref = train<float>(run_config(ref_setup), self_comm());
   for (const MeshShape& m : meshes_of(world().size()))
-    for (bool zero : {false, true}) {
+    for (int64_t zero : {0, 1, 2}) {
       RunSetup s = ref_setup;
       s.mesh = m;
       s.zero = zero;
@@ -170,7 +175,7 @@ TEST(FullMeshFloat32, LossesMatchOneProcess) {
 
 TEST(FullMeshDeterminism, TheSameRunTwiceGivesTheSameBits) {
   for (const MeshShape& m : meshes_of(world().size()))
-    for (bool zero : {false, true}) {
+    for (int64_t zero : {0, 2}) {
       RunSetup s;
       s.mesh = m;
       s.zero = zero;
@@ -186,32 +191,98 @@ TEST(FullMeshDeterminism, TheSameRunTwiceGivesTheSameBits) {
 
 TEST(FullMeshZero, MomentsAreShardedOverTheWorld) {
   const int64_t R = world().size();
-  RunSetup s;
-  s.mesh = {1, 1, R};
-  s.zero = true;
-  Trainer<double> t(run_config(s), test::world_ptr());
-  t.init();
-  t.train_step();
-  const int64_t L = t.model().params().flat().numel();
-  const FlatPartition& p = t.partition();
-  EXPECT_EQ(p.ranks, R);
-  EXPECT_EQ(t.optimizer().begin(), std::min(p.begin(world().rank()), L));
-  EXPECT_LE(t.optimizer().m().numel(), (L + R - 1) / R);
-  EXPECT_LE(t.optimizer().v().numel(), (L + R - 1) / R);
-  int64_t held = t.optimizer().m().numel();
-  world().all_reduce(&held, 1, DType::i64, ReduceOp::sum, "test");
-  EXPECT_EQ(held, L);  // the ranges cover the buffer exactly once
-  // The checkpoint view: each moment tensor's pieces over the ranks add up to the tensor.
-  for (const NamedTensor& nt : t.state_tensors()) {
-    if (nt.name.rfind("param/", 0) == 0) {
-      EXPECT_FALSE(nt.sharded()) << nt.name;
-      continue;
+  for (int64_t level : {1, 2}) {
+    SCOPED_TRACE("optim.zero " + std::to_string(level));
+    RunSetup s;
+    s.mesh = {1, 1, R};
+    s.zero = level;
+    Trainer<double> t(run_config(s), test::world_ptr());
+    t.init();
+    t.train_step();
+    const int64_t L = t.model().params().flat().numel();
+    const ShardLayout& sl = t.shard_layout();
+    EXPECT_EQ(sl.ranks(), R);
+    EXPECT_EQ(sl.units().size() > 1, level == 2);  // level 2: the 1 KiB buckets
+    EXPECT_EQ(t.optimizer().m().numel(), sl.shard_size());
+    EXPECT_EQ(t.optimizer().v().numel(), sl.shard_size());
+    EXPECT_LE(sl.shard_size(), L / R + static_cast<int64_t>(sl.units().size()));
+    int64_t held = sl.held(world().rank());
+    world().all_reduce(&held, 1, DType::i64, ReduceOp::sum, "test");
+    EXPECT_EQ(held, L);  // the shards cover the buffer exactly once
+    // Resident bytes: the moments are 1/R of the replicated ones (up to the padding).
+    const StateBytes b = t.state_bytes();
+    EXPECT_EQ(b.optimizer, 2 * sl.shard_size() * 8);
+    EXPECT_EQ(b.grads, (t.model().grads().padded().numel() + sl.shard_size()) * 8);
+    // The checkpoint view: each moment tensor's pieces over the ranks add up to the tensor.
+    for (const NamedTensor& nt : t.state_tensors()) {
+      if (nt.name.rfind("param/", 0) == 0) {
+        EXPECT_FALSE(nt.sharded()) << nt.name;
+        continue;
+      }
+      ASSERT_TRUE(nt.sharded()) << nt.name;
+      int64_t n = nt.end - nt.begin;
+      EXPECT_EQ(n, nt.tensor.numel()) << nt.name;
+      world().all_reduce(&n, 1, DType::i64, ReduceOp::sum, "test");
+      EXPECT_EQ(n, shape_numel(nt.shape)) << nt.name;
     }
-    ASSERT_TRUE(nt.sharded()) << nt.name;
-    int64_t n = nt.end - nt.begin;
-    EXPECT_EQ(n, nt.tensor.numel()) << nt.name;
-    world().all_reduce(&n, 1, DType::i64, ReduceOp::sum, "test");
-    EXPECT_EQ(n, shape_numel(nt.shape)) << nt.name;
+  }
+}
+
+// The traffic of one step over R ranks, per rank, in the counters' ring convention (docs/
+// parallel.md "Sharded state"): level 0 all-reduces the gradients, 2 (R - 1) / R of the
+// buffer; levels 1 and 2 reduce-scatter each unit's window and all-gather it again, (R - 1) / R
+// of the window each; the norm is an all-gather of one double per rank.
+TEST(FullMeshZero, StepTrafficFollowsTheFormula) {
+  const int64_t R = world().size();
+  for (int64_t level : {0, 1, 2}) {
+    SCOPED_TRACE("optim.zero " + std::to_string(level));
+    RunSetup s;
+    s.mesh = {R, 1, 1};
+    s.zero = level;
+    Trainer<double> t(run_config(s), test::world_ptr());
+    t.init();
+    world().counters().reset();
+    t.train_step();
+    const int64_t L = t.model().params().flat().numel(), es = 8;
+    uint64_t window = 0, all_reduce = 0;  // all-reduce: counted per bucket, rounded down
+    for (const ShardUnit& u : t.shard_layout().units()) {
+      window += static_cast<uint64_t>(R * u.chunk * es);
+      all_reduce += static_cast<uint64_t>(2 * (R - 1) * u.count * es / R);
+    }
+    const CommCounters& c = world().counters();
+    if (level == 0) {
+      EXPECT_EQ(c.bytes("train.grad"), all_reduce);
+      EXPECT_LE(all_reduce, static_cast<uint64_t>(2 * (R - 1) * L * es / R));
+      EXPECT_EQ(c.bytes("train.params"), 0u);
+      EXPECT_EQ(c.bytes("train.norm"), 0u);
+    } else {
+      EXPECT_EQ(c.bytes("train.grad"), static_cast<uint64_t>(R - 1) * window / R);
+      EXPECT_EQ(c.bytes("train.params"), static_cast<uint64_t>(R - 1) * window / R);
+      EXPECT_EQ(c.bytes("train.norm"), static_cast<uint64_t>((R - 1) * es));
+    }
+    if (level == 1) EXPECT_EQ(window, static_cast<uint64_t>(((L + R - 1) / R) * R * es));
+  }
+}
+
+// Gradient accumulation at level 2 (accumulate whole, scatter once): one to six micro-batches
+// per step give the single-process trajectory; the scatter's bytes do not grow with them.
+TEST(FullMeshZero, AccumulationOverMicroBatchesMatchesOneProcess) {
+  const int64_t R = world().size();
+  for (int64_t mb : {1, 2, 6}) {
+    if (12 % (mb * R) != 0) continue;
+    const std::string micro = "train.micro_batch=" + std::to_string(mb);
+    RunSetup one;
+    one.mesh = {1, 1, 1};
+    const TrainRun ref = train<double>(run_config(one, {micro}), self_comm(), 3);
+    for (int64_t level : {1, 2}) {
+      RunSetup s;
+      s.mesh = {R, 1, 1};
+      s.zero = level;
+      SCOPED_TRACE(s.str() + " " + micro);
+      const TrainRun got = train<double>(run_config(s, {micro}), test::world_ptr(), 3);
+      EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-10, "losses"));
+      EXPECT_TRUE(close_normwise(got.params, ref.params, 1e-10, "parameters"));
+    }
   }
 }
 
@@ -227,15 +298,15 @@ TEST(FullMeshResume, SaveOnOneMeshResumeOnAnother) {
   ref_setup.mesh = {1, 1, 1};
   const TrainRun ref = train<double>(run_config(ref_setup), self_comm());
   const auto [a_mesh, b_mesh] = resume_meshes(R);
-  // (save mesh, save with ZeRO) -> (resume mesh, resume with ZeRO), both directions.
+  // (save mesh, save ZeRO level) -> (resume mesh, resume level), across meshes and levels.
   struct Move {
     MeshShape from;
-    bool from_zero;
+    int64_t from_zero;
     MeshShape to;
-    bool to_zero;
+    int64_t to_zero;
   };
-  for (const Move& mv : {Move{a_mesh, true, b_mesh, false}, Move{b_mesh, false, a_mesh, true},
-                         Move{a_mesh, true, a_mesh, true}}) {
+  for (const Move& mv : {Move{a_mesh, 1, b_mesh, 0}, Move{b_mesh, 0, a_mesh, 2}, Move{a_mesh, 2, b_mesh, 1},
+                         Move{a_mesh, 1, a_mesh, 1}, Move{b_mesh, 2, b_mesh, 2}}) {
     RunSetup from = ref_setup, to = ref_setup;
     from.mesh = mv.from;
     from.zero = mv.from_zero;
@@ -276,40 +347,44 @@ TEST(FullMeshResume, SaveOnOneMeshResumeOnAnother) {
 
 TEST(FullMeshResume, ZeroMomentsLoadIntoAReplicatedRunBitExactly) {
   const int64_t R = world().size();
-  test::SharedDir dir("moments");
-  RunSetup s;
-  s.mesh = resume_meshes(R).first;
-  s.zero = true;
-  s.global = s.mesh.hp > 1 ? "head" : "sequence";
-  Trainer<double> a(run_config(s), test::world_ptr());
-  a.init();
-  for (int i = 0; i < 2; ++i) a.train_step();
-  TrainCheckpoints<double> cka(a, 2);
-  cka.save(dir.str());
-  const std::vector<double> m = gathered(a, a.optimizer().m()), v = gathered(a, a.optimizer().v());
-  EXPECT_EQ(static_cast<int64_t>(m.size()), a.model().params().flat().numel());
+  for (int64_t level : {1, 2}) {
+    SCOPED_TRACE("saved at optim.zero " + std::to_string(level));
+    test::SharedDir dir("moments");
+    RunSetup s;
+    s.mesh = resume_meshes(R).first;
+    s.zero = level;
+    s.global = s.mesh.hp > 1 ? "head" : "sequence";
+    Trainer<double> a(run_config(s), test::world_ptr());
+    a.init();
+    for (int i = 0; i < 2; ++i) a.train_step();
+    TrainCheckpoints<double> cka(a, 2);
+    cka.save(dir.str());
+    const std::vector<double> m = gathered(a, a.optimizer().m()), v = gathered(a, a.optimizer().v());
+    EXPECT_EQ(static_cast<int64_t>(m.size()), a.model().params().flat().numel());
 
-  // Into one process without ZeRO: the whole moments, the same bits.
-  RunSetup one;
-  one.mesh = {1, 1, 1};
-  Trainer<double> b(run_config(one), self_comm());
-  b.init();
-  TrainCheckpoints<double> ckb(b, 2);
-  ckb.load(dir.str(), StateParts::everything);
-  EXPECT_EQ(test::as_f64(b.optimizer().m()), m);
-  EXPECT_EQ(test::as_f64(b.optimizer().v()), v);
-  EXPECT_EQ(test::as_f64(b.model().params().flat()), test::as_f64(a.model().params().flat()));
+    // Into one process without ZeRO: the whole moments, the same bits.
+    RunSetup one;
+    one.mesh = {1, 1, 1};
+    Trainer<double> b(run_config(one), self_comm());
+    b.init();
+    TrainCheckpoints<double> ckb(b, 2);
+    ckb.load(dir.str(), StateParts::everything);
+    EXPECT_EQ(test::as_f64(b.optimizer().m()), m);
+    EXPECT_EQ(test::as_f64(b.optimizer().v()), v);
+    EXPECT_EQ(test::as_f64(b.model().params().flat()), test::as_f64(a.model().params().flat()));
 
-  // And back into ZeRO on another mesh: each rank's range holds the same bits.
-  RunSetup other = s;
-  other.mesh = resume_meshes(R).second;
-  other.global = "sequence";
-  Trainer<double> c(run_config(other), test::world_ptr());
-  c.init();
-  TrainCheckpoints<double> ckc(c, 2);
-  ckc.load(dir.str(), StateParts::everything);
-  EXPECT_EQ(gathered(c, c.optimizer().m()), m);
-  EXPECT_EQ(gathered(c, c.optimizer().v()), v);
+    // And back into sharded state on another mesh and level: each rank's shard holds the same bits.
+    RunSetup other = s;
+    other.zero = 3 - level;
+    other.mesh = resume_meshes(R).second;
+    other.global = "sequence";
+    Trainer<double> c(run_config(other), test::world_ptr());
+    c.init();
+    TrainCheckpoints<double> ckc(c, 2);
+    ckc.load(dir.str(), StateParts::everything);
+    EXPECT_EQ(gathered(c, c.optimizer().m()), m);
+    EXPECT_EQ(gathered(c, c.optimizer().v()), v);
+  }
 }
 
 // Runs `make` expecting a ConfigError containing every needle, on every rank.
@@ -358,6 +433,17 @@ TEST(FullMeshErrors, HeadsMustDivideWhereTheHeadSchemeIsUsed) {
   const TrainRun ref = train<double>(run_config(one), self_comm(), 2);
   const TrainRun got = train<double>(run_config(s), test::world_ptr(), 2);
   EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-10, "losses"));
+}
+
+TEST(FullMeshErrors, ZeroLevelNamesTheKey) {
+  RunSetup s;
+  s.mesh = {1, 1, world().size()};
+  for (const char* bad : {"3", "-1", "7", "maybe", "1.5"})
+    expect_config_error_everywhere([&] { run_config(s, {std::string("optim.zero=") + bad}); }, {"optim.zero", bad});
+  // The boolean aliases of earlier configs.
+  EXPECT_EQ(run_config(s, {"optim.zero=true"}).optim.zero, 1);
+  EXPECT_EQ(run_config(s, {"optim.zero=false"}).optim.zero, 0);
+  EXPECT_EQ(run_config(s, {"optim.zero=2"}).optim.zero, 2);
 }
 
 TEST(FullMeshErrors, UnknownSchemeNamesTheKey) {

@@ -241,7 +241,8 @@ TEST(Optim, RangesGiveTheBitsOfTheWholeBuffer) {
 TEST(Params, PaddedBufferIsZeroBeyondTheParameters) {
   auto layout = std::make_shared<ParamLayout>();
   layout->add("a", {7}, false);
-  ParamSet<double> s(layout, 4);
+  EXPECT_EQ(ParamSet<double>(layout, 4).padded().numel(), 7);  // never below the parameters
+  ParamSet<double> s(layout, 8);
   EXPECT_EQ(s.flat().numel(), 7);
   EXPECT_EQ(s.padded().numel(), 8);
   EXPECT_EQ(s.flat().data<double>(), s.padded().data<double>());

@@ -60,6 +60,28 @@ TEST(Comm, CollectivesExact) {
   EXPECT_EQ(x, 77);
 }
 
+// The non-blocking all-gather and reduce-scatter: the blocking forms' results and bytes.
+TEST(Comm, NonBlockingGatherAndScatterMatchTheBlockingOnes) {
+  Communicator& c = world();
+  const int R = c.size(), r = c.rank();
+  float mine[3] = {float(r), float(10 * r), -1.5f};
+  std::vector<float> g(3 * R), g_blocking(3 * R);
+  c.counters().reset();
+  auto pending = c.start_all_gather(mine, g.data(), 3, DType::f32, "nb");
+  pending->wait();
+  c.all_gather(mine, g_blocking.data(), 3, DType::f32, "b");
+  EXPECT_EQ(g, g_blocking);
+  EXPECT_EQ(g[3 * (R - 1) + 1], 10 * (R - 1));
+  std::vector<double> send(R * 2), recv(2, -1), recv_blocking(2, -1);
+  for (int q = 0; q < R; ++q) send[2 * q] = send[2 * q + 1] = q + r;  // block q
+  c.start_reduce_scatter(send.data(), recv.data(), 2, DType::f64, "nb")->wait();
+  c.reduce_scatter(send.data(), recv_blocking.data(), 2, DType::f64, "b");
+  EXPECT_EQ(recv, recv_blocking);
+  EXPECT_EQ(recv[1], R * r + R * (R - 1) / 2.0);
+  EXPECT_EQ(c.counters().bytes("nb"), c.counters().bytes("b"));
+  EXPECT_EQ(c.counters().bytes("nb"), static_cast<uint64_t>((R - 1) * (3 * 4 + 2 * 8)));
+}
+
 TEST(Comm, ErrorOnOneRankIsTheSameErrorOnEvery) {
   Communicator& c = world();
   const int bad = c.size() - 1;

@@ -1,4 +1,5 @@
-// Bucketed gradient all-reduce and the ZeRO-1 flat partition, under mpiexec with 1-4 ranks.
+// Bucketed gradient all-reduce and reduce-scatter and the shard layout of sharded state, under
+// mpiexec with 1-4 ranks.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -49,26 +50,97 @@ TEST(GradientBuckets, MisuseIsAnError) {
   gb.finish();
 }
 
-TEST(FlatPartition, RangesCoverEachElementOnceAndTensorPiecesAreContiguous) {
-  for (int64_t R = 1; R <= 5; ++R) {
-    for (int64_t L : {1, 7, 64, 101}) {
-      FlatPartition fp{L, R};
-      EXPECT_EQ(fp.padded() % R, 0);
-      int64_t covered = 0;
-      for (int64_t q = 0; q < R; ++q) {
-        EXPECT_LE(fp.begin(q), std::max(fp.begin(q), fp.end(q)));
-        covered += std::max<int64_t>(0, fp.end(q) - fp.begin(q));
-      }
-      EXPECT_EQ(covered, L);
-      // A tensor occupying [3, 40) of the buffer splits into per-rank pieces that tile it.
-      const int64_t tb = std::min<int64_t>(3, L), te = std::min<int64_t>(40, L);
-      int64_t sum = 0;
-      for (int64_t q = 0; q < R; ++q) {
-        const auto [a, b] = fp.piece(q, tb, te);
-        sum += b - a;
-      }
-      EXPECT_EQ(sum, te - tb);
+// Every buffer element is held by exactly one rank, each tensor's piece of a rank's shard is
+// one flat range at the right local place, and the windows fit window_end().
+void check_layout(const ShardLayout& sl, const std::vector<int64_t>& sizes) {
+  const int64_t R = sl.ranks();
+  int64_t L = 0;
+  for (int64_t n : sizes) L += n;
+  ASSERT_EQ(sl.total(), L);
+  std::vector<int> owner(static_cast<size_t>(L), 0);
+  for (int64_t r = 0; r < R; ++r) {
+    int64_t held = 0;
+    for (const ShardRange& p : sl.ranges(r)) {
+      EXPECT_LE(p.local + p.size(), sl.shard_size());
+      for (int64_t e = p.begin; e < p.end; ++e) owner[e] += 1;
+      held += p.size();
     }
+    EXPECT_EQ(held, sl.held(r));
+    int64_t off = 0;
+    for (int64_t t = 0; t < static_cast<int64_t>(sizes.size()); ++t) {
+      const ShardRange tp = sl.tensor_piece(t, r);
+      EXPECT_GE(tp.begin, off);
+      EXPECT_LE(tp.end, off + sizes[t]);
+      if (tp.size() > 0) {
+        const ShardRange up = sl.piece(sl.unit_of(t), r);
+        EXPECT_EQ(tp.local, up.local + (tp.begin - up.begin));
+      }
+      off += sizes[t];
+    }
+  }
+  for (int64_t e = 0; e < L; ++e) EXPECT_EQ(owner[e], 1) << "element " << e;
+  for (const ShardUnit& u : sl.units()) {
+    EXPECT_LE(u.offset + R * u.chunk, sl.window_end());
+    EXPECT_EQ(u.chunk, (u.count + R - 1) / R);
+  }
+  EXPECT_LE(sl.window_end(), L + R - 1);
+}
+
+TEST(ShardLayout, EachElementHasOneOwnerAndTensorPiecesAreContiguous) {
+  const std::vector<int64_t> sizes = {5, 1, 17, 3, 3, 40, 2, 9};
+  for (int64_t R = 1; R <= 5; ++R) {
+    SCOPED_TRACE("R = " + std::to_string(R));
+    check_layout(ShardLayout::whole(sizes, R), sizes);
+    for (int64_t bucket : {8, 64, 1 << 20}) check_layout(ShardLayout::bucketed(sizes, 8, bucket, R), sizes);
+  }
+  // Whole: one contiguous range per rank, the classic ZeRO-1 split.
+  const ShardLayout w = ShardLayout::whole(sizes, 4);
+  ASSERT_EQ(w.units().size(), 1u);
+  EXPECT_EQ(w.shard_size(), (80 + 3) / 4);
+  EXPECT_EQ(w.piece(0, 3).begin, 60);
+  // Bucketed: units formed from the end backwards, tensor boundaries kept.
+  const ShardLayout b = ShardLayout::bucketed(sizes, 8, 8 * 10, 2);
+  ASSERT_EQ(b.units().size(), 4u);  // {2, 9}: 11 >= 10; {40}; {17, 3, 3}: 23; {5, 1}
+  EXPECT_EQ(b.units()[3].first_tensor, 6);
+  EXPECT_EQ(b.units()[2].first_tensor, 5);
+  EXPECT_EQ(b.units()[1].first_tensor, 2);
+  EXPECT_EQ(b.units()[1].count, 23);
+  EXPECT_EQ(b.units()[1].chunk, 12);
+  EXPECT_EQ(b.units()[1].local_offset, 3);
+  EXPECT_EQ(b.shard_size(), 3 + 12 + 20 + 6);
+  EXPECT_THROW(ShardLayout(sizes, {0, 3, 2}, 2), Error);
+  EXPECT_THROW(ShardLayout(sizes, {1}, 2), Error);
+}
+
+TEST(GradientBuckets, ReduceScatterGivesEachRankTheSumsOfItsShard) {
+  const int64_t R = test::world().size(), me = test::world().rank();
+  const std::vector<int64_t> sizes = {5, 1, 17, 3, 3, 40, 2, 9};
+  for (int64_t bucket_bytes : {8, 8 * 10, 1 << 20}) {
+    SCOPED_TRACE("bucket bytes " + std::to_string(bucket_bytes));
+    const ShardLayout sl = ShardLayout::bucketed(sizes, 8, bucket_bytes, R);
+    const int64_t L = sl.total();
+    // Rank q's gradient element e is (q + 1) * (e + 1) / 8 (exact in binary): the sum over
+    // ranks is R (R + 1) / 2 * (e + 1) / 8. The window past the buffer holds non-zero junk
+    // that must not reach the shard.
+    std::vector<double> buf(static_cast<size_t>(sl.window_end()), 1e6), shard(sl.shard_size(), -1.0);
+    for (int64_t e = 0; e < L; ++e) buf[e] = static_cast<double>((me + 1) * (e + 1)) / 8;
+    GradientBuckets gb(test::world_ptr(), sl, true, DType::f64, "test.rs");
+    test::world().counters().reset();
+    gb.begin(buf.data(), shard.data());
+    for (int64_t t = static_cast<int64_t>(sizes.size()); t-- > 0;) {
+      gb.mark_ready(t);
+      gb.progress();
+    }
+    gb.finish();
+    std::vector<double> want(shard.size(), 0.0);
+    for (const ShardRange& p : sl.ranges(me))
+      for (int64_t e = p.begin; e < p.end; ++e)
+        want[p.local + (e - p.begin)] = static_cast<double>(R * (R + 1) / 2 * (e + 1)) / 8;
+    EXPECT_EQ(shard, want);
+    // Bytes: each unit's reduce-scatter counts (R - 1) / R of its window.
+    uint64_t bytes = 0;
+    for (const ShardUnit& u : sl.units()) bytes += static_cast<uint64_t>((R - 1) * u.chunk * 8);
+    EXPECT_EQ(test::world().counters().bytes("test.rs"), bytes);
   }
 }
 

@@ -319,6 +319,13 @@ class RecordingComm final : public Communicator {
   }
   void all_gather(const void* a, void* b, int64_t n, DType t, const std::string& s) override { inner_->all_gather(a, b, n, t, s); }
   void reduce_scatter(const void* a, void* b, int64_t n, DType t, const std::string& s) override { inner_->reduce_scatter(a, b, n, t, s); }
+  std::unique_ptr<PendingExchange> start_all_gather(const void* a, void* b, int64_t n, DType t, const std::string& s) override {
+    return inner_->start_all_gather(a, b, n, t, s);
+  }
+  std::unique_ptr<PendingExchange> start_reduce_scatter(const void* a, void* b, int64_t n, DType t,
+                                                        const std::string& s) override {
+    return inner_->start_reduce_scatter(a, b, n, t, s);
+  }
   void all_to_all(const void* a, void* b, int64_t n, DType t, const std::string& s) override { inner_->all_to_all(a, b, n, t, s); }
   void broadcast(void* b, int64_t n, DType t, int root, const std::string& s) override { inner_->broadcast(b, n, t, root, s); }
   void barrier() override { inner_->barrier(); }

@@ -1,0 +1,80 @@
+// How sharded state (optim.zero levels 1-3) divides a flat buffer of tensors over the R ranks
+// that hold the same weights. The one place that decides where a shard's elements come from.
+//
+// Layout
+//   - The flat buffer (tensors back to back, buffer order) is cut into units at tensor
+//     boundaries. A unit of `count` elements at `offset` has chunk c = ceil(count / R); rank r
+//     owns elements [offset + r c, offset + min((r + 1) c, count)) of it (empty past the end).
+//   - A rank's shard is its chunk of every unit, in unit order: unit u's chunk starts at local
+//     element `local_offset` = the sum of the chunks before it. Every rank's shard has the same
+//     size, shard_size() = sum of chunks; elements past a short piece are padding (zero).
+//   - A unit's collective works on the window [offset, offset + R c) of the flat buffer:
+//     reduce-scatter sends it (rank r receives the sum of its chunk), all-gather fills it. The
+//     window may run past the unit (into the next unit, or the buffer's padding): a buffer that
+//     a unit's collective uses must hold window_end() elements.
+//   - Level 1 uses one unit (the whole buffer: rank r owns one contiguous range, the ZeRO-1
+//     split); level 2 cuts units like gradient buckets (about bucket_bytes each, formed from
+//     the end of the buffer backwards, the order backward finishes gradients), so each unit's
+//     reduce-scatter starts as soon as its gradients are final.
+//   - A tensor lies in one unit, so its part of a rank's shard is one flat range: what a
+//     checkpoint stores of sharded state.
+// With R = 1 every unit is owned whole by rank 0: the units are then just the gradient buckets of
+// an all-reduce.
+// defines: iha::ShardUnit, iha::ShardRange, iha::ShardLayout
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace iha {
+
+struct ShardUnit {
+  int64_t first_tensor = 0, end_tensor = 0;  // tensors [first, end)
+  int64_t offset = 0, count = 0;             // elements of the flat buffer
+  int64_t chunk = 0;                         // ceil(count / R): elements per rank
+  int64_t local_offset = 0;                  // where each rank's chunk starts in its shard
+};
+
+// Elements [begin, end) of the flat buffer held at element `local` of a rank's shard.
+struct ShardRange {
+  int64_t begin = 0, end = 0, local = 0;
+  int64_t size() const { return end - begin; }
+};
+
+class ShardLayout {
+ public:
+  ShardLayout() = default;
+  // Units start at the given tensor indices (ascending, the first 0).
+  ShardLayout(std::vector<int64_t> tensor_sizes, const std::vector<int64_t>& unit_starts, int64_t ranks);
+  // One unit: the whole buffer.
+  static ShardLayout whole(std::vector<int64_t> tensor_sizes, int64_t ranks);
+  // Units of about bucket_bytes (elements of elem_bytes each), formed backwards from the end.
+  static ShardLayout bucketed(std::vector<int64_t> tensor_sizes, int64_t elem_bytes, int64_t bucket_bytes,
+                              int64_t ranks);
+
+  int64_t ranks() const { return ranks_; }
+  int64_t total() const { return offsets_.back(); }
+  int64_t num_tensors() const { return static_cast<int64_t>(sizes_.size()); }
+  const std::vector<ShardUnit>& units() const { return units_; }
+  int64_t unit_of(int64_t tensor) const { return unit_of_.at(static_cast<size_t>(tensor)); }
+  int64_t shard_size() const { return shard_size_; }
+  // The largest offset + R * chunk over the units: elements a buffer needs for in-place
+  // collectives on every unit.
+  int64_t window_end() const { return window_end_; }
+  // Rank r's piece of unit u (possibly empty).
+  ShardRange piece(int64_t u, int64_t r) const;
+  // Rank r's non-empty pieces, in unit order.
+  std::vector<ShardRange> ranges(int64_t r) const;
+  // Rank r's part of tensor t (possibly empty; begin/end in buffer coordinates).
+  ShardRange tensor_piece(int64_t t, int64_t r) const;
+  // Elements of real data rank r holds (the sum of its pieces).
+  int64_t held(int64_t r) const;
+
+ private:
+  std::vector<int64_t> sizes_, offsets_, unit_of_;
+  std::vector<ShardUnit> units_;
+  int64_t ranks_ = 1, shard_size_ = 0, window_end_ = 0;
+};
+
+}  // namespace iha
