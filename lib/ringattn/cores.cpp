@@ -102,7 +102,7 @@ class PremixCore final : public AttentionCore<T> {
  public:
   PremixCore(const LayerConfig& cfg, int64_t N, std::shared_ptr<Communicator> comm,
              std::vector<std::vector<int64_t>> tokens, SeqParallelOptions opt, bool halo)
-      : AttentionCore<T>(cfg, backend_of(opt, dtype_of<T>(), cpu_backend<T>(opt.tiles))), comm_(comm) {
+      : AttentionCore<T>(cfg, backend_of(opt, dtype_of<T>(), cpu_backend<T>(opt.tiles))), comm_(comm), N_(N) {
     IHA_CHECK(comm_ != nullptr && comm_->device() == this->be_->device(), "sequence-parallel core on ",
               this->be_->name(), " needs a communicator of ", device_name(this->be_->device()), " memory");
     check_agreement(*comm_, this->cfg_, N, opt.layout);
@@ -112,6 +112,11 @@ class PremixCore final : public AttentionCore<T> {
 
   int64_t local_tokens() const override { return static_cast<int64_t>(engine_->tokens().size()); }
   std::unique_ptr<CoreCache> make_cache() const override { return std::make_unique<PremixCache>(); }
+  void set_segments(SegmentStarts starts) override {
+    engine_->set_segments(starts, N_);
+    this->segs_ = std::move(starts);
+  }
+  SegmentSavings savings() const override { return engine_->savings(); }
 
   void forward(const IhaWeights<T>& w, int64_t B, CBuf q, CBuf k, CBuf v, Buf out, CoreCache& cache_base) override {
     auto& cache = static_cast<PremixCache&>(cache_base);
@@ -177,6 +182,7 @@ class PremixCore final : public AttentionCore<T> {
   }
 
   std::shared_ptr<Communicator> comm_;
+  int64_t N_;
   std::unique_ptr<SeqEngine> engine_;
   std::shared_ptr<const RopeRows> rope_;
 };
@@ -194,7 +200,7 @@ class UlyssesCore final : public AttentionCore<T> {
  public:
   UlyssesCore(const LayerConfig& cfg, int64_t N, const ReplicaGroups& g, SeqParallelOptions opt)
       : AttentionCore<T>(cfg, backend_of(opt, dtype_of<T>(), cpu_backend<T>(opt.tiles))),
-        head_(g.head), seq_(g.seq), T_(g.T), t_(g.hp_index) {
+        head_(g.head), seq_(g.seq), T_(g.T), t_(g.hp_index), N_(N) {
     IHA_CHECK(head_ && seq_ && head_->size() == g.T && seq_->size() == g.S,
               "head-parallel core: communicators do not match the replica shape");
     IHA_CHECK(head_->device() == this->be_->device() && seq_->device() == this->be_->device(),
@@ -226,6 +232,12 @@ class UlyssesCore final : public AttentionCore<T> {
 
   int64_t local_tokens() const override { return static_cast<int64_t>(mine_.size()); }
   std::unique_ptr<CoreCache> make_cache() const override { return std::make_unique<UlyssesCache>(); }
+  // The head group attends over its union of tokens: the engine masks those rows.
+  void set_segments(SegmentStarts starts) override {
+    engine_->set_segments(starts, N_);
+    this->segs_ = std::move(starts);
+  }
+  SegmentSavings savings() const override { return engine_->savings(); }
 
   void forward(const IhaWeights<T>& w, int64_t B, CBuf q, CBuf k, CBuf v, Buf out, CoreCache& cache_base) override {
     auto& cache = static_cast<UlyssesCache&>(cache_base);
@@ -419,7 +431,7 @@ class UlyssesCore final : public AttentionCore<T> {
   }
 
   std::shared_ptr<Communicator> head_, seq_;
-  int64_t T_, t_, Hl_ = 0, Hkvl_ = 0;
+  int64_t T_, t_, N_, Hl_ = 0, Hkvl_ = 0;
   std::vector<int64_t> mine_;
   std::vector<std::vector<int64_t>> part_idx_;  // per head rank u: indices of its tokens among the group's
   std::unique_ptr<SeqEngine> engine_;
