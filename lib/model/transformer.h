@@ -107,6 +107,8 @@ class Transformer {
   // Forward without activations through the final RMSNorm: [B * n, D] (logits, evaluate).
   Tensor final_hidden(const TokenBatch& batch);
   void check_batch(const TokenBatch& batch) const;
+  // Hands the batch's document segments to every layer's core.
+  void use_segments(const TokenBatch& batch);
   // The compute-dtype copy of parameter i (the master itself when the dtypes agree).
   Tensor weight(size_t i) const;
   Tensor weight(const std::string& name) const { return weight(layout_->index(name)); }
