@@ -78,7 +78,7 @@ void balance() {
         const std::vector<int64_t> st = lognormal_starts(N, 2048, 100 + sd);
         std::vector<std::vector<int64_t>> tok;
         if (std::string(name) == "balanced") {
-          tok = balanced_tokens(N, R, cost, {st});
+          tok = balanced_tokens(N, R, {cost}, {st});
         } else {
           const SequenceLayout L(parse_layout(name), N, R);
           for (int64_t r = 0; r < R; ++r) tok.push_back(L.tokens_of(r));

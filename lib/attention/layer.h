@@ -96,6 +96,11 @@ class AttentionCore {
   const SegmentStarts& segments() const { return segs_; }
   // What the segments saved in this rank's exchange plan (zero for a core that exchanges nothing).
   virtual SegmentSavings savings() const { return {}; }
+  // A new token map for the following forward calls (DESIGN.md section 10: a data-dependent
+  // layout per micro-batch): parts[p] holds the tokens of layout part p, ascending, the parts a
+  // partition of [0, N), the same on every rank of the group. local_tokens() follows it. Cores
+  // whose map cannot change (all tokens local, head parallelism) refuse with a ConfigError.
+  virtual void set_token_map(const std::vector<std::vector<int64_t>>& parts);
 
  protected:
   MixView mix_view(const IhaWeights<T>& w) const;

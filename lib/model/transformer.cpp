@@ -203,6 +203,12 @@ void Transformer<T>::init(uint64_t seed) {
 }
 
 template <class T>
+void Transformer<T>::set_token_map(const std::vector<std::vector<int64_t>>& parts) {
+  for (auto& blk : blocks_) blk->attn->core().set_token_map(parts);
+  if (!blocks_.empty()) n_local_ = blocks_[0]->attn->core().local_tokens();
+}
+
+template <class T>
 void Transformer<T>::use_segments(const TokenBatch& batch) {
   // Every layer masks the batch's documents (DESIGN.md section 10); the cores check the starts.
   for (auto& blk : blocks_) blk->attn->core().set_segments(batch.seg_starts);

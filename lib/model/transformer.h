@@ -93,6 +93,9 @@ class Transformer {
                                      const GradientsReady& ready = nullptr);
   // Forward only (evaluation); keeps no activations.
   CrossEntropyStats evaluate(const TokenBatch& batch);
+  // A new token map for every layer (a balanced layout's map for the next micro-batch; see
+  // AttentionCore::set_token_map): local_tokens() follows it. Collective over the group.
+  void set_token_map(const std::vector<std::vector<int64_t>>& parts);
 
   // Forward only, returning the logits [B * n, V] (T, on the backend's device; tests and
   // inspection).

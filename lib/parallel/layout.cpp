@@ -6,13 +6,16 @@
 
 namespace iha {
 
-const char* layout_name(LayoutKind k) { return k == LayoutKind::zigzag ? "zigzag" : "contiguous"; }
+const char* layout_name(LayoutKind k) {
+  return k == LayoutKind::zigzag ? "zigzag" : k == LayoutKind::balanced ? "balanced" : "contiguous";
+}
 
 LayoutKind parse_layout(const std::string& s, const std::string& key) {
   if (s == "contiguous") return LayoutKind::contiguous;
   if (s == "zigzag") return LayoutKind::zigzag;
+  if (s == "balanced") return LayoutKind::balanced;
   throw ConfigError("config key '" + key + "': unknown layout '" + s +
-                    "' (expected contiguous or zigzag)");
+                    "' (expected contiguous, zigzag or balanced)");
 }
 
 SequenceLayout::SequenceLayout(LayoutKind kind, int64_t N, int64_t R) : kind_(kind), N_(N), R_(R) {
@@ -112,7 +115,7 @@ int64_t token_pairs(const PairCost& c, int64_t n, int64_t s) {
   return pairs;
 }
 
-std::vector<std::vector<int64_t>> balanced_tokens(int64_t N, int64_t R, const PairCost& cost,
+std::vector<std::vector<int64_t>> balanced_tokens(int64_t N, int64_t R, const std::vector<PairCost>& costs,
                                                   const std::vector<std::vector<int64_t>>& starts,
                                                   int64_t chunks_per_rank) {
   IHA_CHECK(N >= 1 && R >= 1 && chunks_per_rank >= 1, "balanced layout: bad N=", N, " R=", R,
@@ -125,7 +128,7 @@ std::vector<std::vector<int64_t>> balanced_tokens(int64_t N, int64_t R, const Pa
     for (int64_t c = 0; c < C; ++c)
       for (int64_t n = chunk_begin(N, C, c); n < chunk_begin(N, C, c + 1); ++n) {
         while (k + 1 < st.size() && st[k + 1] <= n) ++k;
-        chunk_cost[c] += token_pairs(cost, n, st.empty() ? 0 : st[k]);
+        for (const PairCost& cost : costs) chunk_cost[c] += token_pairs(cost, n, st.empty() ? 0 : st[k]);
       }
   }
   // Largest first (ties by chunk index, so the map is deterministic).

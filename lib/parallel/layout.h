@@ -18,7 +18,10 @@
 
 namespace iha {
 
-enum class LayoutKind : uint8_t { contiguous, zigzag };
+// balanced (DESIGN.md section 10) is data-dependent: balanced_tokens gives its map for a
+// micro-batch's boundaries. Before one is known (and in the chunk arithmetic below) it is the
+// contiguous map.
+enum class LayoutKind : uint8_t { contiguous, zigzag, balanced };
 const char* layout_name(LayoutKind k);
 LayoutKind parse_layout(const std::string& s, const std::string& key = "layout");
 
@@ -115,7 +118,8 @@ constexpr int64_t kBalancedChunksPerRank = 8;
 // largest first to the rank with the fewest pairs that still has room, then pairs of chunks
 // are swapped between the most and least loaded ranks while that lowers the maximum. A pure
 // function of its arguments: every rank computes the same map.
-std::vector<std::vector<int64_t>> balanced_tokens(int64_t N, int64_t R, const PairCost& cost,
+// costs: one per layer of the model (every layer attends over the same map), summed.
+std::vector<std::vector<int64_t>> balanced_tokens(int64_t N, int64_t R, const std::vector<PairCost>& costs,
                                                   const std::vector<std::vector<int64_t>>& starts,
                                                   int64_t chunks_per_rank = kBalancedChunksPerRank);
 

@@ -80,7 +80,8 @@ INSTANTIATE_TEST_SUITE_P(Mesh, MeshCases,
                                            MeshCase{"contiguous", "all", 23},
                                            MeshCase{"zigzag", "answer", 23},
                                            MeshCase{"contiguous", "answer", 16},
-                                           MeshCase{"zigzag", "all", 7}),
+                                           MeshCase{"zigzag", "all", 7},
+                                           MeshCase{"balanced", "all", 23}),
                          mesh_name);
 
 TEST(Mesh, EveryRankHoldsTheSameParameterBits) {

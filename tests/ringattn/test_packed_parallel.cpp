@@ -130,6 +130,49 @@ TEST_P(PackedParallel, ReplicaCoresMatchEachSegmentAloneOnEveryMesh) {
 
 INSTANTIATE_TEST_SUITE_P(AllCases, PackedParallel, ::testing::ValuesIn(cases()), case_name);
 
+// The engines take a new token map per micro-batch: the balanced layout of each micro-batch's
+// boundaries, on the same core, one micro-batch after another, ring and halo, matches each
+// segment alone; so does the replica core of the sequence scheme on every mesh.
+TEST(PackedBalanced, ANewTokenMapPerMicroBatchMatchesEachSegmentAlone) {
+  const int64_t R = world().size();
+  for (int64_t W : {int64_t(0), int64_t(5)}) {
+    const Case c{MaskKind::flat_causal, 2, 29, W, 0};
+    LayerConfig cfg = cfg_of(c);
+    auto ring = make_sequence_parallel_core<double>(cfg, c.N, test::world_ptr(), {LayoutKind::balanced, {3, 4}, 2});
+    for (int v : {0, 1, 2}) {
+      SCOPED_TRACE("micro-batch " + std::to_string(v) + " W=" + std::to_string(W));
+      Case cv = c;
+      cv.variant = v;
+      const Inputs in = inputs_of(cv);
+      const auto map = balanced_tokens(c.N, R, {PairCost{cfg.P, W, false}}, in.starts, 2);
+      ring->set_token_map(map);
+      expect_core_matches(in, ring, map[world().rank()]);
+    }
+  }
+  for (int64_t hp = 1; hp <= R; ++hp) {
+    if (R % hp != 0) continue;
+    const MeshShape shape{1, hp, R / hp};
+    SCOPED_TRACE(shape.str());
+    ProcessMesh mesh(test::world_ptr(), shape);
+    const Inputs in = inputs_of({MaskKind::token_causal, 2, 23, 0, 1});
+    auto core = make_replica_core<double>(in.cfg, 23, ReplicaGroups::from(mesh), ParallelScheme::sequence,
+                                          {LayoutKind::balanced, FlashTiles{3, 4}});
+    const auto map = balanced_tokens(23, R, {PairCost{2, 0, true}}, in.starts, 3);
+    core->set_token_map(map);
+    expect_core_matches(in, core, map[mesh.sp_index() * hp + mesh.hp_index()]);
+  }
+}
+
+TEST(PackedBalanced, CoresThatKeepTheirMapRefuseANewOne) {
+  LayerConfig cfg = cfg_of({MaskKind::flat_causal, 1, 8, 0, 0});
+  auto local = make_local_core<double>(cfg, 8);
+  EXPECT_THROW(local->set_token_map({{0, 1, 2, 3, 4, 5, 6, 7}}), ConfigError);
+  auto ring = make_ring_core<double>(cfg, 8, test::world_ptr(), {});
+  std::vector<std::vector<int64_t>> bad(world().size());
+  bad[0] = {0, 1, 2};  // tokens 3..7 in no part
+  EXPECT_THROW(ring->set_token_map(bad), Error);
+}
+
 int64_t sum_over_ranks(int64_t v) {
   world().all_reduce(&v, 1, DType::i64, ReduceOp::sum, "test.sum");
   return v;
