@@ -26,14 +26,7 @@ struct PackedCase {
   int variant;
 };
 
-LayerConfig packed_cfg(const PackedCase& c) {
-  LayerConfig cfg;
-  cfg.D = 8; cfg.H = 2; cfg.d = 4; cfg.P = c.P;
-  cfg.mask = c.mask;
-  cfg.window_virtual = c.window;
-  cfg.rope_base = 100.0;
-  return cfg;
-}
+LayerConfig packed_cfg(const PackedCase& c) { return test::packed_layer(c.mask, c.P, c.window, 2, 4, 100.0); }
 
 std::vector<PackedCase> packed_cases() {
   std::vector<PackedCase> out;

@@ -11,6 +11,19 @@
 
 namespace iha::test {
 
+// The small layer of the packed tests (D = 8).
+inline LayerConfig packed_layer(MaskKind mask, int64_t P, int64_t window, int64_t H, int64_t d, double rope_base) {
+  LayerConfig cfg;
+  cfg.D = 8;
+  cfg.H = H;
+  cfg.d = d;
+  cfg.P = P;
+  cfg.mask = mask;
+  cfg.window_virtual = window;
+  cfg.rope_base = rope_base;
+  return cfg;
+}
+
 struct PackedOracle {
   Tensor z, dx;  // [B, N, D]
   IhaWeights<double> grads;

@@ -47,14 +47,8 @@ std::vector<Case> cases() {
   return out;
 }
 
-LayerConfig cfg_of(const Case& c) {
-  LayerConfig cfg;
-  cfg.D = 8; cfg.H = 4; cfg.d = 2; cfg.P = c.P;  // H divisible by head degrees 1, 2, 4
-  cfg.mask = c.mask;
-  cfg.window_virtual = c.window;
-  cfg.rope_base = 50.0;
-  return cfg;
-}
+// H divisible by the head degrees 1, 2, 4.
+LayerConfig cfg_of(const Case& c) { return test::packed_layer(c.mask, c.P, c.window, 4, 2, 50.0); }
 
 struct Inputs {
   LayerConfig cfg;
