@@ -11,6 +11,8 @@
 // cut into strips of kStripRows query rows, each limited to the keys that strip can see, so
 // the masked triangles cost O(strip x tile) pairs instead of O(tile^2): with a window,
 // tile-sized triangles on both edges of the band would otherwise add ~tiles.q / Wv to the cost.
+// With documents (mask.q_seg) the mask's extra lower bound is per row; strips also end at
+// segment boundaries, so masked work per document is one strip-sized triangle.
 // The order of every reduction depends only on the positions and the tile sizes, so results
 // are bitwise reproducible.
 #include <algorithm>
@@ -35,21 +37,23 @@ namespace {
 // (8 to 48 measured within noise of each other).
 constexpr int64_t kStripRows = 16;
 
-// Range [begin, end) of key rows that any query in [q_lo, q_hi] can see.
+// Range [begin, end) of key rows that any query in [q_lo, q_hi] with segment start >= seg_lo
+// can see.
 std::pair<int64_t, int64_t> key_range(const MaskSpec& m, const int64_t* k_pos, int64_t nk,
-                                      int64_t q_lo, int64_t q_hi) {
-  const IndexRange r = visible_key_rows(m, k_pos, nk, q_lo, q_hi);  // shared with the CUDA kernels
+                                      int64_t q_lo, int64_t q_hi, int64_t seg_lo) {
+  const IndexRange r = visible_key_rows(m, k_pos, nk, q_lo, q_hi, seg_lo);  // shared with the CUDA kernels
   return {r.begin, r.end};
 }
 
-// Writes -inf into the masked entries of a (rows x cols) score tile. For one query the
-// visible keys form one interval of positions, [first_visible_key, last_visible_key] of that
-// query alone, so each row is two binary searches and two fills, not a predicate per entry.
+// Writes -inf into the masked entries of a (rows x cols) score tile whose first query is row
+// r0 of the call. For one query the visible keys form one interval of positions,
+// [first_visible_key, last_visible_key] of that query and its segment alone, so each row is
+// two binary searches and two fills, not a predicate per entry.
 template <class T>
-void mask_tile(const MaskSpec& m, const int64_t* qp, int64_t rows, const int64_t* kp,
+void mask_tile(const MaskSpec& m, const int64_t* qp, int64_t r0, int64_t rows, const int64_t* kp,
                int64_t cols, T* s, int64_t lds) {
   for (int64_t r = 0; r < rows; ++r) {
-    const auto [b, e] = key_range(m, kp, cols, qp[r], qp[r]);
+    const auto [b, e] = key_range(m, kp, cols, qp[r0 + r], qp[r0 + r], segment_start(m, r0 + r));
     T* sr = s + r * lds;
     std::fill(sr, sr + std::min(b, e), neg_inf<T>());
     std::fill(sr + std::max(b, e), sr + cols, neg_inf<T>());
@@ -69,7 +73,7 @@ void check_args(int64_t d, int64_t nq, int64_t nk, const FlashTiles& t) {
 template <class F>
 void for_each_key_tile(const MaskSpec& m, const int64_t* q_pos, int64_t i0, int64_t rows,
                        const int64_t* k_pos, int64_t nk, int64_t BK, int64_t align, F&& f) {
-  const auto [kb, ke] = key_range(m, k_pos, nk, q_pos[i0], q_pos[i0 + rows - 1]);
+  const auto [kb, ke] = key_range(m, k_pos, nk, q_pos[i0], q_pos[i0 + rows - 1], segment_start(m, i0));
   int64_t j1 = ke;
   while (j1 > kb) {
     int64_t j0 = j1 - BK;
@@ -146,11 +150,15 @@ struct Block {
 };
 
 // Calls f(Block) for the blocks of the tile (query rows [i0, i0 + rows), key rows
-// [j0, j0 + cols)) that hold a visible pair, and counts them into st.
+// [j0, j0 + cols)) that hold a visible pair, and counts them into st. A strip ends at a
+// segment boundary too: a strip over two documents would compute the earlier document's keys
+// for the later one's rows, waste that grows with the number of documents.
 template <class F>
 void for_each_block(const MaskSpec& m, const int64_t* q_pos, int64_t i0, int64_t rows,
                     const int64_t* k_pos, int64_t j0, int64_t cols, FlashStats& st, F&& f) {
-  const TileMask tm = classify_tile(m, q_pos[i0], q_pos[i0 + rows - 1], k_pos[j0], k_pos[j0 + cols - 1]);
+  const int64_t i1 = i0 + rows;
+  const TileMask tm = classify_tile(m, q_pos[i0], q_pos[i1 - 1], k_pos[j0], k_pos[j0 + cols - 1],
+                                    segment_start(m, i0), segment_start(m, i1 - 1));
   if (tm == TileMask::hidden) return;
   if (tm == TileMask::full) {
     ++st.tiles_full;
@@ -158,16 +166,21 @@ void for_each_block(const MaskSpec& m, const int64_t* q_pos, int64_t i0, int64_t
     f(Block{i0, rows, j0, cols, tm});
     return;
   }
-  for (int64_t r0 = i0; r0 < i0 + rows; r0 += kStripRows) {
-    const int64_t nr = std::min(kStripRows, i0 + rows - r0);
-    const int64_t lo = q_pos[r0], hi = q_pos[r0 + nr - 1];
-    const auto [b, e] = key_range(m, k_pos + j0, cols, lo, hi);
+  for (int64_t r0 = i0; r0 < i1;) {
+    int64_t r1 = std::min(r0 + kStripRows, i1);
+    if (m.q_seg && m.q_seg[r1 - 1] != m.q_seg[r0])
+      r1 = first_after(m.q_seg + r0, r1 - r0, m.q_seg[r0]) + r0;
+    const int64_t nr = r1 - r0, seg = segment_start(m, r0);
+    const int64_t lo = q_pos[r0], hi = q_pos[r1 - 1];
+    const int64_t strip = r0;
+    r0 = r1;
+    const auto [b, e] = key_range(m, k_pos + j0, cols, lo, hi, seg);
     if (b >= e) continue;
-    const TileMask sm = classify_tile(m, lo, hi, k_pos[j0 + b], k_pos[j0 + e - 1]);
+    const TileMask sm = classify_tile(m, lo, hi, k_pos[j0 + b], k_pos[j0 + e - 1], seg, seg);
     if (sm == TileMask::hidden) continue;
     (sm == TileMask::full ? st.tiles_full : st.tiles_partial)++;
     st.pairs_computed += nr * (e - b);
-    f(Block{r0, nr, j0 + b, e - b, sm});
+    f(Block{strip, nr, j0 + b, e - b, sm});
   }
 }
 
@@ -198,7 +211,7 @@ FlashStats flash_forward(const MaskSpec& mask, int64_t d, const T* q, const int6
     // One block: S = scale Q K^T, online-softmax update of its rows, acc += exp(S - m) V.
     auto block = [&](const Block& b) {
       T* sb = tp.scores(q + b.r0 * d, b.nr, k, k_panels, b.c0, b.nc, scale, s.data(), lds);
-      if (b.mask == TileMask::partial) mask_tile(mask, q_pos + b.r0, b.nr, k_pos + b.c0, b.nc, sb, lds);
+      if (b.mask == TileMask::partial) mask_tile(mask, q_pos, b.r0, b.nr, k_pos + b.c0, b.nc, sb, lds);
       for (int64_t r = 0; r < b.nr; ++r) {
         T* sr = sb + r * lds;
         const int64_t ri = b.r0 - i0 + r;
@@ -267,7 +280,7 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
   auto block = [&](const Block& b) {
     const int64_t nr = b.nr, nc = b.nc;
     T* ab = tp.scores(q + b.r0 * d, nr, k, k_panels, b.c0, nc, scale, a.data(), lds);
-    if (b.mask == TileMask::partial) mask_tile(mask, q_pos + b.r0, nr, k_pos + b.c0, nc, ab, lds);
+    if (b.mask == TileMask::partial) mask_tile(mask, q_pos, b.r0, nr, k_pos + b.c0, nc, ab, lds);
     for (int64_t r = 0; r < nr; ++r) {
       T* ar = ab + r * lds;
       const T l = lse[b.r0 + r];

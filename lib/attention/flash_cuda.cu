@@ -49,8 +49,8 @@ __device__ inline float warp_sum(float x) {
 
 // The block's key (or query) rows into shared memory, from mask.h's shared bounds.
 __device__ void visible_key_range(const MaskSpec& m, const int64_t* k_pos, int64_t nk, int64_t q_lo,
-                                  int64_t q_hi, int64_t* range) {
-  const IndexRange r = visible_key_rows(m, k_pos, nk, q_lo, q_hi);
+                                  int64_t q_hi, int64_t seg_lo, int64_t* range) {
+  const IndexRange r = visible_key_rows(m, k_pos, nk, q_lo, q_hi, seg_lo);
   range[0] = r.begin;
   range[1] = r.end;
 }
@@ -104,7 +104,7 @@ simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int6
   load_rows_f32(qs, d, q, rows, kSimtRows, d);
   if (tid < kSimtRows) qpos_s[tid] = q_pos[i0 + min(tid, rows - 1)];
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, range_s);
+  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), range_s);
   __syncthreads();
   const int64_t kb = range_s[0], ke = range_s[1];
 
@@ -119,7 +119,8 @@ simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int6
 
   for (int64_t j0 = kb; j0 < ke; j0 += kSimtTile) {
     const int cols = static_cast<int>(min(static_cast<int64_t>(kSimtTile), ke - j0));
-    const TileMask tm = classify_tile(mask, q_lo, q_hi, k_pos[j0], k_pos[j0 + cols - 1]);
+    const TileMask tm = classify_tile(mask, q_lo, q_hi, k_pos[j0], k_pos[j0 + cols - 1], segment_start(mask, i0),
+                                      segment_start(mask, i0 + rows - 1));
     if (tm == TileMask::hidden) continue;  // uniform: every thread computed the same tm
     __syncthreads();                       // nobody still reads the previous tile
     load_rows_f32(ks, d + 1, k + j0 * d, cols, kSimtTile, d);
@@ -132,7 +133,7 @@ simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int6
       const int row = warp * kSimtRowsPerWarp + rr;
       if (row < rows) {  // warp-uniform
         float s = kNegInf;
-        if (lane < cols && (tm == TileMask::full || key_visible(mask, qpos_s[row], kpos_s[lane]))) {
+        if (lane < cols && (tm == TileMask::full || key_visible(mask, qpos_s[row], kpos_s[lane], segment_start(mask, i0 + row)))) {
           const float* qrow = qs + row * d;
           const float* krow = ks + lane * (d + 1);
           float dot = 0.f;
@@ -206,7 +207,7 @@ simt_backward_dq_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, 
   load_rows_f32(dos, d, dout, rows, kSimtRows, d);
   if (tid < kSimtRows) qpos_s[tid] = q_pos[i0 + min(tid, rows - 1)];
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, range_s);
+  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), range_s);
   __syncthreads();
   const int64_t kb = range_s[0], ke = range_s[1];
 
@@ -218,7 +219,8 @@ simt_backward_dq_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, 
 
   for (int64_t j0 = kb; j0 < ke; j0 += kSimtTile) {
     const int cols = static_cast<int>(min(static_cast<int64_t>(kSimtTile), ke - j0));
-    const TileMask tm = classify_tile(mask, q_lo, q_hi, k_pos[j0], k_pos[j0 + cols - 1]);
+    const TileMask tm = classify_tile(mask, q_lo, q_hi, k_pos[j0], k_pos[j0 + cols - 1], segment_start(mask, i0),
+                                      segment_start(mask, i0 + rows - 1));
     if (tm == TileMask::hidden) continue;
     __syncthreads();
     load_rows_f32(ks, d + 1, k + j0 * d, cols, kSimtTile, d);
@@ -233,7 +235,7 @@ simt_backward_dq_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, 
       const float l = lse[row];
       if (l == kNegInf) continue;  // the row sees no key anywhere: no gradient flows
       float ds = 0.f;
-      if (lane < cols && (tm == TileMask::full || key_visible(mask, qpos_s[row], kpos_s[lane]))) {
+      if (lane < cols && (tm == TileMask::full || key_visible(mask, qpos_s[row], kpos_s[lane], segment_start(mask, i0 + row)))) {
         const float* qrow = qs + row * d;
         const float* dorow = dos + row * d;
         const float* krow = ks + lane * (d + 1);
@@ -317,7 +319,8 @@ simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos
 
   for (int64_t i0 = qb; i0 < qe; i0 += kSimtTile) {
     const int qrows = static_cast<int>(min(static_cast<int64_t>(kSimtTile), qe - i0));
-    const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi);
+    const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi, segment_start(mask, i0),
+                                      segment_start(mask, i0 + qrows - 1));
     if (tm == TileMask::hidden) continue;
     __syncthreads();
     load_rows_f32(qs, d + 1, q + i0 * d, qrows, kSimtTile, d);
@@ -337,7 +340,7 @@ simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos
       float a = 0.f, ds = 0.f;
       const float l = lse_s[lane];
       if (lane < qrows && l != kNegInf &&
-          (tm == TileMask::full || key_visible(mask, qpos_s[lane], kpos_s[key]))) {
+          (tm == TileMask::full || key_visible(mask, qpos_s[lane], kpos_s[key], segment_start(mask, i0 + lane)))) {
         const float* qrow = qs + lane * (d + 1);
         const float* dorow = dos + lane * (d + 1);
         const float* krow = ks + key * d;
@@ -487,7 +490,7 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
   }
   for (int idx = tid; idx < 256; idx += kTcThreads) sm.row_ids[idx] = static_cast<float>(idx / 16);
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, sm.range);
+  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), sm.range);
   __syncthreads();
   const int64_t kb = sm.range[0], ke = sm.range[1];
 
@@ -511,7 +514,8 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
   bf16_t* p_w = sm.u.w.p[warp];
   for (int64_t j0 = kb; j0 < ke; j0 += kTcKeys) {
     const int cols = static_cast<int>(min(static_cast<int64_t>(kTcKeys), ke - j0));
-    const TileMask tm = classify_tile(mask, q_lo, q_hi, k_pos[j0], k_pos[j0 + cols - 1]);
+    const TileMask tm = classify_tile(mask, q_lo, q_hi, k_pos[j0], k_pos[j0 + cols - 1], segment_start(mask, i0),
+                                      segment_start(mask, i0 + rows - 1));
     if (tm == TileMask::hidden) continue;
     __syncthreads();  // every warp is done with the previous K/V tile and the Q staging
     stage_rows_bf16(sm.k, k + j0 * d, cols, kTcKeys, d, vec);
@@ -540,13 +544,13 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
     {
       const int r = lane / 2, half = lane % 2, row = warp * 16 + r;
       const bool row_ok = row < rows;
-      const int64_t tq = sm.qpos[row];
+      const int64_t tq = sm.qpos[row], seg = row_ok ? segment_start(mask, i0 + row) : 0;
       const float m_old = sm.m[row], l_old = sm.l[row];
       float* srow = s_w + r * kLdS;
       bf16_t* prow = p_w + r * kLdP;
       float mx = kNegInf;
       for (int c = half * 32; c < half * 32 + 32; ++c) {
-        const bool vis = row_ok && c < cols && (tm == TileMask::full || key_visible(mask, tq, sm.kpos[c]));
+        const bool vis = row_ok && c < cols && (tm == TileMask::full || key_visible(mask, tq, sm.kpos[c], seg));
         const float x = vis ? srow[c] * scale : kNegInf;
         srow[c] = x;
         mx = fmaxf(mx, x);
@@ -670,7 +674,7 @@ tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_po
     sm.drow[tid] = ok ? drow[tid] : 0.f;
   }
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, sm.range);
+  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), sm.range);
   __syncthreads();
   const int64_t kb = sm.range[0], ke = sm.range[1];
 
@@ -691,7 +695,8 @@ tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_po
   bf16_t* ds_w = sm.u.w.ds[warp];
   for (int64_t j0 = kb; j0 < ke; j0 += kTcKeys) {
     const int cols = static_cast<int>(min(static_cast<int64_t>(kTcKeys), ke - j0));
-    const TileMask tm = classify_tile(mask, q_lo, q_hi, k_pos[j0], k_pos[j0 + cols - 1]);
+    const TileMask tm = classify_tile(mask, q_lo, q_hi, k_pos[j0], k_pos[j0 + cols - 1], segment_start(mask, i0),
+                                      segment_start(mask, i0 + rows - 1));
     if (tm == TileMask::hidden) continue;
     __syncthreads();
     stage_rows_bf16(sm.k, k + j0 * d, cols, kTcKeys, d, vec);
@@ -725,7 +730,7 @@ tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_po
       const int r = idx / kTcKeys, c = idx % kTcKeys, row = warp * 16 + r;
       const float l = sm.lse[row];
       const bool vis = row < rows && c < cols && l != kNegInf &&
-                       (tm == TileMask::full || key_visible(mask, sm.qpos[row], sm.kpos[c]));
+                       (tm == TileMask::full || key_visible(mask, sm.qpos[row], sm.kpos[c], segment_start(mask, i0 + row)));
       const float a = vis ? expf(s_w[r * kLdS + c] * scale - l) : 0.f;
       ds_w[r * kLdP + c] = __float2bfloat16(a * (dp_w[r * kLdS + c] - sm.drow[row]));
     }
@@ -815,7 +820,8 @@ tc_backward_dkdv_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_
 
   for (int64_t i0 = qb; i0 < qe; i0 += kTcBwdQ) {
     const int qrows = static_cast<int>(min(static_cast<int64_t>(kTcBwdQ), qe - i0));
-    const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi);
+    const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi, segment_start(mask, i0),
+                                      segment_start(mask, i0 + qrows - 1));
     if (tm == TileMask::hidden) continue;
     __syncthreads();
     stage_rows_bf16(sm.q, q + i0 * d, qrows, kTcBwdQ, d, vec);
@@ -858,7 +864,7 @@ tc_backward_dkdv_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_
       const int r = idx / kTcBwdQ, c = idx % kTcBwdQ, key = warp * 16 + r;
       const float l = sm.lse[c];
       const bool vis = key < krows && c < qrows && l != kNegInf &&
-                       (tm == TileMask::full || key_visible(mask, sm.qpos[c], sm.kpos[key]));
+                       (tm == TileMask::full || key_visible(mask, sm.qpos[c], sm.kpos[key], segment_start(mask, i0 + c)));
       const float a = vis ? expf(st_w[r * kLdS2 + c] * scale - l) : 0.f;
       pt_w[r * kLdP2 + c] = __float2bfloat16(a);
       dst_w[r * kLdP2 + c] = __float2bfloat16(a * (dpt_w[r * kLdS2 + c] - sm.drow[c]));

@@ -73,6 +73,12 @@ void IhaWeights<T>::zero() {
 }
 
 template <class T>
+void AttentionCore<T>::set_token_map(const std::vector<std::vector<int64_t>>&) {
+  throw ConfigError("config key 'sequence.layout': this attention core (one device or head-parallel) keeps its "
+                    "token map; a per-micro-batch layout (balanced) needs the sequence scheme over several ranks");
+}
+
+template <class T>
 AttentionCore<T>::AttentionCore(LayerConfig cfg, std::shared_ptr<const Backend> backend)
     : cfg_(std::move(cfg)), be_(std::move(backend)) {
   cfg_.validate();

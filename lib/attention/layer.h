@@ -21,6 +21,7 @@
 #include "attention/backend.h"
 #include "attention/flash.h"
 #include "attention/layer_config.h"
+#include "attention/segments.h"
 #include "core/tensor.h"
 
 namespace iha {
@@ -87,6 +88,19 @@ class AttentionCore {
   }
   // Sums parameter gradients over the ranks that share this layer's sequences (no-op here).
   virtual void reduce_gradients(IhaWeights<T>& grads) {}
+  // The document segments (DESIGN.md section 10) of the sequences of the following forward
+  // calls, one list of starts per sequence (empty: one segment each), the same on every rank
+  // of a group. Kept until replaced; a forward and its backward must see the same segments.
+  // Checked here against N (forward checks the count against B).
+  virtual void set_segments(SegmentStarts starts) { segs_ = std::move(starts); }
+  const SegmentStarts& segments() const { return segs_; }
+  // What the segments saved in this rank's exchange plan (zero for a core that exchanges nothing).
+  virtual SegmentSavings savings() const { return {}; }
+  // A new token map for the following forward calls (DESIGN.md section 10: a data-dependent
+  // layout per micro-batch): parts[p] holds the tokens of layout part p, ascending, the parts a
+  // partition of [0, N), the same on every rank of the group. local_tokens() follows it. Cores
+  // whose map cannot change (all tokens local, head parallelism) refuse with a ConfigError.
+  virtual void set_token_map(const std::vector<std::vector<int64_t>>& parts);
 
  protected:
   MixView mix_view(const IhaWeights<T>& w) const;
@@ -95,6 +109,7 @@ class AttentionCore {
   MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual, cfg_.logit_scale()}; }
   LayerConfig cfg_;
   std::shared_ptr<const Backend> be_;
+  SegmentStarts segs_;
   Tensor identity_alpha_, identity_kv_alpha_, identity_collapse_;  // used when !cfg_.mixing
 };
 

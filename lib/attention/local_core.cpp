@@ -12,6 +12,7 @@ namespace {
 struct LocalCache : CoreCache {
   Tensor qv, kv, vv;  // compute qv [B, H, N*P, d]; kv, vv [B, Hkv, N*P, d]
   Tensor ov, lse;     // acc [B, H, N*P, d] and [B, H, N*P]
+  Tensor qseg;        // i64 [B, N*P]: each row's segment start (empty: one segment a sequence)
 };
 
 template <class T>
@@ -46,9 +47,13 @@ class LocalCore final : public AttentionCore<T> {
       be.mix_rope_forward(k.at(kin), Kd, N_, Hkv, d, P, mv.ak, 0, Hkv, *rope_, true, Buf(cache.kv).at(ko), hs);
       be.mix_rope_forward(v.at(kin), Kd, N_, Hkv, d, P, mv.av, 0, Hkv, *rope_, false, Buf(cache.vv).at(ko), hs);
     }
+    cache.qseg = segment_rows(B);
     const Tensor& pos = rope_->positions();
-    be.flash_forward(this->mask(), d, B * H, cache.qv, pos, NP, cache.kv, cache.vv, pos, NP, cache.ov, cache.lse,
-                     c.group());
+    for_each_call(B, cache.qseg, [&](const MaskSpec& m, int64_t b0, int64_t nb) {
+      be.flash_forward(m, d, nb * H, CBuf(cache.qv).at(b0 * H * hs), pos, NP, CBuf(cache.kv).at(b0 * Hkv * hs),
+                       CBuf(cache.vv).at(b0 * Hkv * hs), pos, NP, Buf(cache.ov).at(b0 * H * hs),
+                       Buf(cache.lse).at(b0 * H * NP), c.group());
+    });
     for (int64_t b = 0; b < B; ++b)
       be.collapse_forward(CBuf(cache.ov).at(b * H * hs), hs, N_, H, d, P, mv.form, mv.c, out.at(b * N_ * Hd), Hd);
   }
@@ -70,8 +75,13 @@ class LocalCore final : public AttentionCore<T> {
     cache.ov = Tensor();
     Tensor dqv = be.alloc_acc({B, H, NP, d}), dkv = be.alloc_acc({B, Hkv, NP, d}), dvv = be.alloc_acc({B, Hkv, NP, d});
     const Tensor& pos = rope_->positions();
-    be.flash_backward(this->mask(), d, B * H, cache.qv, pos, NP, cache.kv, cache.vv, pos, NP, dov, cache.lse, drow,
-                      dqv, dkv, dvv, G);
+    for_each_call(B, cache.qseg, [&](const MaskSpec& m, int64_t b0, int64_t nb) {
+      const int64_t qo = b0 * H * hs, ko = b0 * Hkv * hs, lo = b0 * H * NP;
+      be.flash_backward(m, d, nb * H, CBuf(cache.qv).at(qo), pos, NP, CBuf(cache.kv).at(ko), CBuf(cache.vv).at(ko),
+                        pos, NP, CBuf(dov).at(qo), CBuf(cache.lse).at(lo), CBuf(drow).at(lo), Buf(dqv).at(qo),
+                        Buf(dkv).at(ko), Buf(dvv).at(ko), G);
+    });
+    cache.qseg = Tensor();
     be.fill(dq, B * N_ * Hd, 0);
     be.fill(dk, B * N_ * Kd, 0);
     be.fill(dv, B * N_ * Kd, 0);
@@ -87,6 +97,34 @@ class LocalCore final : public AttentionCore<T> {
   }
 
  private:
+  // The segment starts of every virtual row, [B][N*P] on the backend's device; empty without
+  // segments.
+  Tensor segment_rows(int64_t B) const {
+    if (this->segs_.empty()) return Tensor();
+    check_segment_starts(this->segs_, B, N_, "local attention core");
+    std::vector<int64_t> tokens(N_), rows;
+    std::iota(tokens.begin(), tokens.end(), 0);
+    for (const auto& s : this->segs_) {
+      const std::vector<int64_t> r = row_segment_starts(s, tokens, this->cfg_.P);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    return this->be_->positions(rows);
+  }
+
+  // Calls f(mask, b0, nb) over sequences [b0, b0 + nb): all B in one call without segments,
+  // else one call a sequence, its mask carrying the sequence's row segment starts.
+  template <class F>
+  void for_each_call(int64_t B, const Tensor& qseg, F&& f) const {
+    const MaskSpec m = this->mask();
+    if (qseg.numel() == 0) return f(m, 0, B);
+    const int64_t NP = N_ * this->cfg_.P;
+    for (int64_t b = 0; b < B; ++b) {
+      MaskSpec mb = m;
+      mb.q_seg = static_cast<const int64_t*>(qseg.raw()) + b * NP;
+      f(mb, b, 1);
+    }
+  }
+
   int64_t N_;
   std::shared_ptr<const RopeRows> rope_;
 };

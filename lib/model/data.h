@@ -40,6 +40,7 @@ struct TokenBatch {
   std::vector<int32_t> tokens;   // [B * n]
   std::vector<int32_t> targets;  // [B * n]
   std::vector<uint8_t> answer;   // [B * n] 1 where the target is an answer token
+  std::vector<std::vector<int64_t>> seg_starts;
   int64_t target_count() const;
 };
 
@@ -56,6 +57,7 @@ class TokenSource {
   virtual void fill(int64_t s, const std::vector<TokenRange>& chunks, int32_t* tokens,
                     int32_t* targets, uint8_t* answer) const = 0;
   virtual std::string describe() const = 0;
+  virtual std::vector<int64_t> segment_starts(int64_t s) const { return {0}; }
 };
 
 enum class LossOn : uint8_t { all, answer };

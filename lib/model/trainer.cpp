@@ -97,6 +97,17 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
   }
   const int64_t N = cfg_.seq_len, hp = cfg_.mesh.hp, sp = cfg_.mesh.sp;
   tokens_ = ReplicaLayout(cfg_.layout, N, sp, hp).tokens_of(mesh_->sp_index(), mesh_->hp_index());
+  if (per_batch_map()) {
+    // Only the pre-mix (sequence) scheme takes a new token map; the head scheme's all-to-all
+    // and its groups' token unions are fixed.
+    for (int64_t i = 0; i < cfg_.model.layers; ++i) {
+      const LayerConfig lc = cfg_.model.layer_config(i);
+      IHA_CONFIG_CHECK(hp == 1 || cfg_.schemes.for_layer(lc) == ParallelScheme::sequence,
+                       "config key 'sequence.layout': balanced needs the sequence scheme for every layer when "
+                       "mesh.hp > 1 (set mesh.schemes to sequence)");
+      pair_costs_.push_back({lc.P, lc.window_virtual, lc.mask == MaskKind::token_causal});
+    }
+  }
   const ReplicaGroups groups = ReplicaGroups::from(*cmesh);
   const SeqParallelOptions opt{cfg_.layout, cfg_.tiles, backend_};
   // The one place that decides where attention runs: all tokens local, or spread over the
@@ -108,9 +119,10 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
   build_state(make_core, world_->size(), world_->rank());
   const int64_t model_tokens = model_->local_tokens();
   collective_check(*world_, [&] {
-    train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), N, tokens_);
-    auto held = make_data_source(cfg_, true);
-    if (held) eval_loader_ = std::make_unique<DataLoader>(held, N, tokens_);
+    train_source_ = make_data_source(cfg_, false);
+    train_loader_ = std::make_unique<DataLoader>(train_source_, N, tokens_);
+    eval_source_ = make_data_source(cfg_, true);
+    if (eval_source_) eval_loader_ = std::make_unique<DataLoader>(eval_source_, N, tokens_);
     IHA_CHECK(train_loader_->local_tokens() == model_tokens, "data shard holds ",
               train_loader_->local_tokens(), " tokens, the attention cores ", model_tokens);
   });
@@ -171,12 +183,29 @@ double Trainer<T>::global_sum(double local, const std::string& site) {
 }
 
 template <class T>
+TokenBatch Trainer<T>::load(const DataLoader& loader, const std::shared_ptr<TokenSource>& source, int64_t first,
+                            int64_t count, std::vector<std::vector<int64_t>>* map) const {
+  if (!per_batch_map()) return loader.batch(first, count);
+  const int64_t N = cfg_.seq_len, total = source->num_sequences();
+  SegmentStarts starts;
+  for (int64_t i = 0; i < count; ++i) starts.push_back(source->segment_starts(total > 0 ? (first + i) % total : first + i));
+  *map = balanced_tokens(N, cfg_.mesh.hp * cfg_.mesh.sp, pair_costs_, starts);
+  // Part sp*hp_degree + hp, as ReplicaLayout numbers them.
+  const int64_t part = mesh_->sp_index() * cfg_.mesh.hp + mesh_->hp_index();
+  TokenBatch b = DataLoader(source, N, (*map)[part]).batch(first, count);
+  b.seg_starts = starts;
+  return b;
+}
+
+template <class T>
 StepStats Trainer<T>::train_step() {
   const int64_t dp = cfg_.mesh.dp, mb = cfg_.micro_batch, accum = cfg_.accumulation();
   const int64_t r = mesh_->dp_index(), cursor = scalars_.data_cursor;
   std::vector<TokenBatch> batches(static_cast<size_t>(accum));
+  std::vector<std::vector<std::vector<int64_t>>> maps(static_cast<size_t>(accum));
   collective_check(*world_, [&] {
-    for (int64_t u = 0; u < accum; ++u) batches[u] = train_loader_->batch(cursor + (u * dp + r) * mb, mb);
+    for (int64_t u = 0; u < accum; ++u)
+      batches[u] = load(*train_loader_, train_source_, cursor + (u * dp + r) * mb, mb, &maps[u]);
   });
   int64_t count = 0;
   for (const auto& b : batches) count += b.target_count();
@@ -202,6 +231,7 @@ StepStats Trainer<T>::train_step() {
   for (size_t u = 0; u < batches.size(); ++u) {
     const bool last = u + 1 == batches.size();
     if (last && buckets_) buckets_->begin(grads.padded().raw(), level == 2 ? grad_shard_.raw() : nullptr);
+    if (per_batch_map()) model_->set_token_map(maps[u]);
     local.add(model_->forward_backward(batches[u], scale, last ? ready : nullptr));
   }
 
@@ -297,12 +327,18 @@ EvalStats Trainer<T>::evaluate() {
   // Replica r evaluates batches r, r + dp, ... of the held-out sequences. All batches are read
   // first, under one world-wide check, so a bad file stops every rank at the same point.
   std::vector<TokenBatch> batches;
+  std::vector<std::vector<std::vector<int64_t>>> maps;
   collective_check(*world_, [&] {
-    for (int64_t first = mesh_->dp_index() * eb; first < total; first += dp * eb)
-      batches.push_back(eval_loader_->batch(first, std::min(eb, total - first)));
+    for (int64_t first = mesh_->dp_index() * eb; first < total; first += dp * eb) {
+      maps.emplace_back();
+      batches.push_back(load(*eval_loader_, eval_source_, first, std::min(eb, total - first), &maps.back()));
+    }
   });
   CrossEntropyStats local;
-  for (const auto& b : batches) local.add(model_->evaluate(b));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (per_batch_map()) model_->set_token_map(maps[i]);
+    local.add(model_->evaluate(batches[i]));
+  }
   double sums[6] = {local.loss_sum,
                     static_cast<double>(local.count),
                     static_cast<double>(local.correct),

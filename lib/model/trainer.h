@@ -173,6 +173,13 @@ class Trainer {
   StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
   // Sharded state: every rank's parameter shard into the model's flat buffer.
   void gather_params();
+  // Sequences [first, first + count) of `source` as this rank's rows. Under the balanced
+  // layout the token map is computed from their document starts (the same on every rank of
+  // the replica) into *map, and the rows follow it; otherwise `loader`'s fixed map.
+  TokenBatch load(const DataLoader& loader, const std::shared_ptr<TokenSource>& source, int64_t first,
+                  int64_t count, std::vector<std::vector<int64_t>>* map) const;
+  // True when each micro-batch gets its own map (layout balanced over more than one rank).
+  bool per_batch_map() const { return cfg_.layout == LayoutKind::balanced && cfg_.mesh.hp * cfg_.mesh.sp > 1; }
 
   RunConfig cfg_;
   std::shared_ptr<Communicator> world_;
@@ -189,6 +196,8 @@ class Trainer {
   std::unique_ptr<GradientBuckets> buckets_;  // level 0 with world size > 1, level 2
   Tensor grad_shard_, param_shard_;           // levels 1, 2: this rank's shard
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
+  std::shared_ptr<TokenSource> train_source_, eval_source_;
+  std::vector<PairCost> pair_costs_;  // balanced layout: each layer's cost of a token
   TrainerScalars scalars_;
 };
 

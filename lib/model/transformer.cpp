@@ -203,6 +203,18 @@ void Transformer<T>::init(uint64_t seed) {
 }
 
 template <class T>
+void Transformer<T>::set_token_map(const std::vector<std::vector<int64_t>>& parts) {
+  for (auto& blk : blocks_) blk->attn->core().set_token_map(parts);
+  if (!blocks_.empty()) n_local_ = blocks_[0]->attn->core().local_tokens();
+}
+
+template <class T>
+void Transformer<T>::use_segments(const TokenBatch& batch) {
+  // Every layer masks the batch's documents (DESIGN.md section 10); the cores check the starts.
+  for (auto& blk : blocks_) blk->attn->core().set_segments(batch.seg_starts);
+}
+
+template <class T>
 void Transformer<T>::check_batch(const TokenBatch& b) const {
   IHA_CHECK(b.n == n_local_, "batch holds ", b.n, " tokens per sequence, the model's cores ", n_local_);
   const size_t rows = static_cast<size_t>(b.B * b.n);
@@ -312,6 +324,7 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
   const ModelBackend& be = *be_;
   const int64_t rows = batch.B * batch.n, D = cfg_.D;
   std::vector<BlockActs> acts(blocks_.size());
+  use_segments(batch);
   Tensor x = embed(batch);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Tensor out;
@@ -349,6 +362,7 @@ Tensor Transformer<T>::final_hidden(const TokenBatch& batch) {
   check_batch(batch);
   refresh_compute_weights();
   const int64_t rows = batch.B * batch.n, D = cfg_.D;
+  use_segments(batch);
   Tensor x = embed(batch);
   for (auto& blk : blocks_) {
     BlockActs acts;

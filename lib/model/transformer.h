@@ -95,6 +95,9 @@ class Transformer {
                                      const GradientsReady& ready = nullptr);
   // Forward only (evaluation); keeps no activations.
   CrossEntropyStats evaluate(const TokenBatch& batch);
+  // A new token map for every layer (a balanced layout's map for the next micro-batch; see
+  // AttentionCore::set_token_map): local_tokens() follows it. Collective over the group.
+  void set_token_map(const std::vector<std::vector<int64_t>>& parts);
 
   // Forward only, returning the logits [B * n, V] (T, on the backend's device; tests and
   // inspection).
@@ -109,6 +112,8 @@ class Transformer {
   // Forward without activations through the final RMSNorm: [B * n, D] (logits, evaluate).
   Tensor final_hidden(const TokenBatch& batch);
   void check_batch(const TokenBatch& batch) const;
+  // Hands the batch's document segments to every layer's core.
+  void use_segments(const TokenBatch& batch);
   // The compute-dtype copy of parameter i (the master itself when the dtypes agree).
   Tensor weight(size_t i) const;
   Tensor weight(const std::string& name) const { return weight(layout_->index(name)); }

@@ -6,7 +6,8 @@
 // In a head x sequence mesh every head-parallel rank sees the same chunks (the map depends
 // only on the sequence rank). The chunk arithmetic is host-and-device code.
 // defines: iha::LayoutKind, iha::layout_name, iha::parse_layout, iha::TokenRange, iha::chunk_begin,
-//          iha::chunks_per_rank, iha::rank_chunk, iha::SequenceLayout, iha::ReplicaLayout
+//          iha::chunks_per_rank, iha::rank_chunk, iha::SequenceLayout, iha::ReplicaLayout,
+//          iha::PairCost, iha::token_pairs, iha::kBalancedChunksPerRank, iha::balanced_tokens
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,10 @@
 
 namespace iha {
 
-enum class LayoutKind : uint8_t { contiguous, zigzag };
+// balanced (DESIGN.md section 10) is data-dependent: balanced_tokens gives its map for a
+// micro-batch's boundaries. Before one is known (and in the chunk arithmetic below) it is the
+// contiguous map.
+enum class LayoutKind : uint8_t { contiguous, zigzag, balanced };
 const char* layout_name(LayoutKind k);
 LayoutKind parse_layout(const std::string& s, const std::string& key = "layout");
 
@@ -87,5 +91,36 @@ class ReplicaLayout {
   SequenceLayout parts_;
   int64_t S_, T_;
 };
+
+// ---- the `balanced` layout (DESIGN.md section 10)
+
+// What a token costs in attention: visible (query, key) pairs of its P virtual rows. The mask
+// of section 1 (flat or token causal, window Wv in virtual tokens, 0 for none) with the segment
+// bound of section 10.
+struct PairCost {
+  int64_t P = 1;
+  int64_t window = 0;
+  bool token_causal = false;
+};
+
+// Visible pairs of token n's queries in a sequence whose segment holding n starts at token s.
+int64_t token_pairs(const PairCost& c, int64_t n, int64_t s);
+
+// The cap on chunks per rank of the balanced layout: the sequence is cut into R * cap chunks
+// (chunk_begin), so every rank holds cap chunks and within one chunk of the same number of
+// tokens; more chunks balance finer but cut the ranks' token runs (halo sources, ring
+// messages) into more pieces.
+constexpr int64_t kBalancedChunksPerRank = 8;
+
+// Each rank's tokens (ascending) under the balanced layout for one micro-batch: the visible
+// pairs of each chunk are summed over the micro-batch's sequences (starts[b]: sequence b's
+// segment starts; empty: one segment each), so all of them share the layout; chunks are dealt
+// largest first to the rank with the fewest pairs that still has room, then pairs of chunks
+// are swapped between the most and least loaded ranks while that lowers the maximum. A pure
+// function of its arguments: every rank computes the same map.
+// costs: one per layer of the model (every layer attends over the same map), summed.
+std::vector<std::vector<int64_t>> balanced_tokens(int64_t N, int64_t R, const std::vector<PairCost>& costs,
+                                                  const std::vector<std::vector<int64_t>>& starts,
+                                                  int64_t chunks_per_rank = kBalancedChunksPerRank);
 
 }  // namespace iha

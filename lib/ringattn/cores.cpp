@@ -100,18 +100,48 @@ struct PremixCache : CoreCache {
 template <class T>
 class PremixCore final : public AttentionCore<T> {
  public:
+  // part_of_rank[r]: the layout part comm rank r holds (identity when empty), for set_token_map.
   PremixCore(const LayerConfig& cfg, int64_t N, std::shared_ptr<Communicator> comm,
-             std::vector<std::vector<int64_t>> tokens, SeqParallelOptions opt, bool halo)
-      : AttentionCore<T>(cfg, backend_of(opt, dtype_of<T>(), cpu_backend<T>(opt.tiles))), comm_(comm) {
+             std::vector<std::vector<int64_t>> tokens, SeqParallelOptions opt, bool halo,
+             std::vector<int64_t> part_of_rank = {})
+      : AttentionCore<T>(cfg, backend_of(opt, dtype_of<T>(), cpu_backend<T>(opt.tiles))),
+        comm_(comm),
+        N_(N),
+        halo_(halo),
+        pieces_(opt.ring_pieces),
+        part_of_rank_(std::move(part_of_rank)) {
     IHA_CHECK(comm_ != nullptr && comm_->device() == this->be_->device(), "sequence-parallel core on ",
               this->be_->name(), " needs a communicator of ", device_name(this->be_->device()), " memory");
     check_agreement(*comm_, this->cfg_, N, opt.layout);
-    engine_ = make_engine(this->cfg_, this->cfg_.H, comm_, std::move(tokens), this->be_, halo, "", opt.ring_pieces);
-    rope_ = this->be_->rope_rows(RopeSpec::from(this->cfg_), this->cfg_.d, engine_->qpos());
+    if (part_of_rank_.empty())
+      for (int64_t r = 0; r < comm_->size(); ++r) part_of_rank_.push_back(r);
+    build(std::move(tokens));
+  }
+
+  void set_token_map(const std::vector<std::vector<int64_t>>& parts) override {
+    const int64_t R = comm_->size();
+    IHA_CHECK(static_cast<int64_t>(parts.size()) == R, "token map of ", parts.size(), " parts for a group of ", R,
+              " ranks");
+    std::vector<int> seen(N_, 0);
+    for (const auto& p : parts)
+      for (size_t i = 0; i < p.size(); ++i) {
+        IHA_CHECK(p[i] >= 0 && p[i] < N_ && (i == 0 || p[i] > p[i - 1]), "token map: a part is not ascending in [0, ",
+                  N_, ")");
+        IHA_CHECK(seen[p[i]]++ == 0, "token map: token ", p[i], " is in two parts");
+      }
+    for (int64_t n = 0; n < N_; ++n) IHA_CHECK(seen[n] == 1, "token map: token ", n, " is in no part");
+    std::vector<std::vector<int64_t>> tokens(R);
+    for (int64_t r = 0; r < R; ++r) tokens[r] = parts[part_of_rank_[r]];
+    build(std::move(tokens));
   }
 
   int64_t local_tokens() const override { return static_cast<int64_t>(engine_->tokens().size()); }
   std::unique_ptr<CoreCache> make_cache() const override { return std::make_unique<PremixCache>(); }
+  void set_segments(SegmentStarts starts) override {
+    engine_->set_segments(starts, N_);
+    this->segs_ = std::move(starts);
+  }
+  SegmentSavings savings() const override { return engine_->savings(); }
 
   void forward(const IhaWeights<T>& w, int64_t B, CBuf q, CBuf k, CBuf v, Buf out, CoreCache& cache_base) override {
     auto& cache = static_cast<PremixCache&>(cache_base);
@@ -165,6 +195,13 @@ class PremixCore final : public AttentionCore<T> {
   }
 
  private:
+  // The engine and the queries' RoPE for a token map (comm-rank order); the segments carry over.
+  void build(std::vector<std::vector<int64_t>> tokens) {
+    engine_ = make_engine(this->cfg_, this->cfg_.H, comm_, std::move(tokens), this->be_, halo_, "", pieces_);
+    rope_ = this->be_->rope_rows(RopeSpec::from(this->cfg_), this->cfg_.d, engine_->qpos());
+    if (!this->segs_.empty()) engine_->set_segments(this->segs_, N_);
+  }
+
   // The [2][B][n][Hkv*d] payload of this rank's K and V: a view when V follows K in memory (as
   // IhaLayer allocates them; the engine only reads and sends it), else a packed copy.
   Tensor payload_of(int64_t B, int64_t n, CBuf k, CBuf v) const {
@@ -177,6 +214,10 @@ class PremixCore final : public AttentionCore<T> {
   }
 
   std::shared_ptr<Communicator> comm_;
+  int64_t N_;
+  bool halo_;
+  int64_t pieces_;
+  std::vector<int64_t> part_of_rank_;
   std::unique_ptr<SeqEngine> engine_;
   std::shared_ptr<const RopeRows> rope_;
 };
@@ -194,7 +235,7 @@ class UlyssesCore final : public AttentionCore<T> {
  public:
   UlyssesCore(const LayerConfig& cfg, int64_t N, const ReplicaGroups& g, SeqParallelOptions opt)
       : AttentionCore<T>(cfg, backend_of(opt, dtype_of<T>(), cpu_backend<T>(opt.tiles))),
-        head_(g.head), seq_(g.seq), T_(g.T), t_(g.hp_index) {
+        head_(g.head), seq_(g.seq), T_(g.T), t_(g.hp_index), N_(N) {
     IHA_CHECK(head_ && seq_ && head_->size() == g.T && seq_->size() == g.S,
               "head-parallel core: communicators do not match the replica shape");
     IHA_CHECK(head_->device() == this->be_->device() && seq_->device() == this->be_->device(),
@@ -226,6 +267,12 @@ class UlyssesCore final : public AttentionCore<T> {
 
   int64_t local_tokens() const override { return static_cast<int64_t>(mine_.size()); }
   std::unique_ptr<CoreCache> make_cache() const override { return std::make_unique<UlyssesCache>(); }
+  // The head group attends over its union of tokens: the engine masks those rows.
+  void set_segments(SegmentStarts starts) override {
+    engine_->set_segments(starts, N_);
+    this->segs_ = std::move(starts);
+  }
+  SegmentSavings savings() const override { return engine_->savings(); }
 
   void forward(const IhaWeights<T>& w, int64_t B, CBuf q, CBuf k, CBuf v, Buf out, CoreCache& cache_base) override {
     auto& cache = static_cast<UlyssesCache&>(cache_base);
@@ -419,7 +466,7 @@ class UlyssesCore final : public AttentionCore<T> {
   }
 
   std::shared_ptr<Communicator> head_, seq_;
-  int64_t T_, t_, Hl_ = 0, Hkvl_ = 0;
+  int64_t T_, t_, N_, Hl_ = 0, Hkvl_ = 0;
   std::vector<int64_t> mine_;
   std::vector<std::vector<int64_t>> part_idx_;  // per head rank u: indices of its tokens among the group's
   std::unique_ptr<SeqEngine> engine_;
@@ -476,10 +523,15 @@ std::shared_ptr<AttentionCore<T>> make_replica_core(const LayerConfig& cfg, int6
   IHA_CHECK(g.replica && g.replica->size() == g.S * g.T, "replica communicator does not match S x T");
   const ReplicaLayout layout(opt.layout, N, g.S, g.T);
   std::vector<std::vector<int64_t>> tokens(g.S * g.T);
+  std::vector<int64_t> part_of_rank(g.S * g.T);
   for (int64_t hp = 0; hp < g.T; ++hp)
-    for (int64_t sp = 0; sp < g.S; ++sp) tokens[hp * g.S + sp] = layout.tokens_of(sp, hp);
+    for (int64_t sp = 0; sp < g.S; ++sp) {
+      tokens[hp * g.S + sp] = layout.tokens_of(sp, hp);
+      part_of_rank[hp * g.S + sp] = sp * g.T + hp;
+    }
   IHA_CHECK(g.replica->rank() == g.hp_index * g.S + g.sp_index, "replica communicator rank order is not hp*S + sp");
-  return std::make_shared<detail::PremixCore<T>>(cfg, N, g.replica, std::move(tokens), opt, cfg.windowed());
+  return std::make_shared<detail::PremixCore<T>>(cfg, N, g.replica, std::move(tokens), opt, cfg.windowed(),
+                                                 std::move(part_of_rank));
 }
 
 #define IHA_RINGATTN_INSTANTIATE(T)                                                                \

@@ -31,9 +31,21 @@ void EngineBackend::scatter_rows(const Tensor& src, int64_t G, const std::vector
   be_->scatter_rows(src, rows, n, G, w, dst, add);
 }
 
+namespace {
+
+// The mask of the call whose first head is bh and first query row q0: the sequence's row
+// segment starts when there are segments.
+MaskSpec call_mask(const MaskSpec& m, const Tensor& qseg, int64_t bh, int64_t heads, int64_t nP, int64_t q0) {
+  MaskSpec c = m;
+  if (qseg.numel() > 0) c.q_seg = static_cast<const int64_t*>(qseg.raw()) + (bh / heads) * nP + q0;
+  return c;
+}
+
+}  // namespace
+
 void EngineBackend::attend(const MaskSpec& m, int64_t B, int64_t heads, int64_t d, const Tensor& qv,
-                           const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk, Tensor& ov, Tensor& lse,
-                           bool first, PendingExchange* progress) const {
+                           const Tensor& qpos, const Tensor& qseg, int64_t q0, int64_t q1, const KVBlock& blk,
+                           Tensor& ov, Tensor& lse, bool first, PendingExchange* progress) const {
   const int64_t nq = q1 - q0, nP = qpos.numel(), nk = blk.rows(), BH = B * heads;
   if (nq <= 0 || nk == 0) return;
   const Backend& be = *be_;
@@ -42,19 +54,22 @@ void EngineBackend::attend(const MaskSpec& m, int64_t B, int64_t heads, int64_t 
   // All heads in one call when the backend prefers it and the rows are every local row (heads
   // are then contiguous); otherwise one call per head on its row range.
   const bool batched = be.batches_heads() && q0 == 0 && q1 == nP;
-  const int64_t calls = batched ? 1 : BH, per_call = batched ? BH : 1, group = batched ? G : 1;
+  const int64_t per_call = batched ? (qseg.numel() > 0 ? heads : BH) : 1, calls = BH / per_call,
+                group = batched ? G : 1;
   Tensor o_part, l_part;
   if (!first) {
     o_part = be.alloc_acc({per_call * nq * d});
     l_part = be.alloc_acc({per_call * nq});
   }
-  for (int64_t bh = 0; bh < calls; ++bh) {
+  for (int64_t call = 0; call < calls; ++call) {
+    const int64_t bh = call * per_call;
     const int64_t qoff = (bh * nP + q0) * d, loff = bh * nP + q0, koff = (bh / G) * nk * d;
     const CBuf q = CBuf(qv).at(qoff), k = CBuf(blk.kv).at(koff), v = CBuf(blk.vv).at(koff);
+    const MaskSpec mc = call_mask(m, qseg, bh, heads, nP, q0);
     if (first) {
-      be.flash_forward(m, d, per_call, q, qp, nq, k, v, blk.pos, nk, Buf(ov).at(qoff), Buf(lse).at(loff), group);
+      be.flash_forward(mc, d, per_call, q, qp, nq, k, v, blk.pos, nk, Buf(ov).at(qoff), Buf(lse).at(loff), group);
     } else {
-      be.flash_forward(m, d, per_call, q, qp, nq, k, v, blk.pos, nk, o_part, l_part, group);
+      be.flash_forward(mc, d, per_call, q, qp, nq, k, v, blk.pos, nk, o_part, l_part, group);
       be.merge_partial(Buf(ov).at(qoff), Buf(lse).at(loff), o_part, l_part, per_call * nq, d);
     }
     if (progress) progress->test();
@@ -62,7 +77,8 @@ void EngineBackend::attend(const MaskSpec& m, int64_t B, int64_t heads, int64_t 
 }
 
 void EngineBackend::attend_backward(const MaskSpec& m, int64_t B, int64_t heads, int64_t d, const Tensor& qv,
-                                    const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk, const Tensor& dov,
+                                    const Tensor& qpos, const Tensor& qseg, int64_t q0, int64_t q1, const KVBlock& blk,
+                                    const Tensor& dov,
                                     const Tensor& lse, const Tensor& drow, Tensor& dqv, Tensor& dkv, Tensor& dvv,
                                     PendingExchange* progress) const {
   const int64_t nq = q1 - q0, nP = qpos.numel(), nk = blk.rows(), BH = B * heads, kvh = blk.kv.dim(1),
@@ -73,11 +89,13 @@ void EngineBackend::attend_backward(const MaskSpec& m, int64_t B, int64_t heads,
   if (nq <= 0 || nk == 0) return;
   const CBuf qp = CBuf(qpos).at(q0);
   const bool batched = be.batches_heads() && q0 == 0 && q1 == nP;
-  const int64_t calls = batched ? 1 : BH, per_call = batched ? BH : 1, group = batched ? G : 1;
+  const int64_t per_call = batched ? (qseg.numel() > 0 ? heads : BH) : 1, calls = BH / per_call,
+                group = batched ? G : 1;
   // The G query heads of a key/value head accumulate into its dK, dV, in head order.
-  for (int64_t bh = 0; bh < calls; ++bh) {
+  for (int64_t call = 0; call < calls; ++call) {
+    const int64_t bh = call * per_call;
     const int64_t qoff = (bh * nP + q0) * d, loff = bh * nP + q0, koff = (bh / G) * nk * d;
-    be.flash_backward(m, d, per_call, CBuf(qv).at(qoff), qp, nq, CBuf(blk.kv).at(koff), CBuf(blk.vv).at(koff),
+    be.flash_backward(call_mask(m, qseg, bh, heads, nP, q0), d, per_call, CBuf(qv).at(qoff), qp, nq, CBuf(blk.kv).at(koff), CBuf(blk.vv).at(koff),
                       blk.pos, nk, CBuf(dov).at(qoff), CBuf(lse).at(loff), CBuf(drow).at(loff), Buf(dqv).at(qoff),
                       Buf(dkv).at(koff), Buf(dvv).at(koff), group);
     if (progress) progress->test();
@@ -105,6 +123,30 @@ SeqEngine::SeqEngine(const LayerConfig& cfg, int64_t heads, std::shared_ptr<Comm
   qpos_t_ = be_->positions(qpos_);
 }
 
+void SeqEngine::set_segments(const SegmentStarts& starts, int64_t N) {
+  check_segment_starts(starts, starts.size(), N, "sequence-parallel attention");
+  segs_ = starts;
+  qseg_min_.clear();
+  qseg_t_ = Tensor();
+  if (!segs_.empty()) {
+    std::vector<int64_t> rows;
+    for (const auto& s : segs_) {
+      const std::vector<int64_t> r = row_segment_starts(s, tokens(), cfg_.P);
+      if (qseg_min_.empty()) qseg_min_ = r;
+      for (size_t i = 0; i < r.size(); ++i) qseg_min_[i] = std::min(qseg_min_[i], r[i]);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    qseg_t_ = be_->positions(rows);
+  }
+  plan();
+}
+
+int64_t SeqEngine::segment_floor(int64_t n) const {
+  int64_t lo = n;
+  for (const auto& s : segs_) lo = std::min(lo, segment_start_of(s, n));
+  return segs_.empty() ? 0 : lo;
+}
+
 Tensor SeqEngine::own_payload_grad(Tensor& dpayload, int64_t numel, bool zero) const {
   if (dpayload.numel() == numel && dpayload.dtype() == be_->acc_dtype() && dpayload.device() == be_->device()) {
     if (zero) dpayload.zero();
@@ -117,7 +159,12 @@ std::pair<int64_t, int64_t> SeqEngine::query_rows_seeing(int64_t k_lo, int64_t k
   const MaskSpec m = mask();
   const auto b = std::lower_bound(qpos_.begin(), qpos_.end(), first_query_seeing(m, k_lo));
   const auto e = std::upper_bound(b, qpos_.end(), last_query_seeing(m, k_hi));
-  return {b - qpos_.begin(), e - qpos_.begin()};
+  int64_t end = e - qpos_.begin();
+  // Rows whose every sequence's segment starts after k_hi see none of these keys.
+  if (!qseg_min_.empty())
+    end = std::min<int64_t>(end, std::upper_bound(qseg_min_.begin(), qseg_min_.end(), k_hi) - qseg_min_.begin());
+  const int64_t begin = b - qpos_.begin();
+  return {begin, std::max(begin, end)};
 }
 
 std::pair<int64_t, int64_t> SeqEngine::query_rows_seeing_tokens(const std::vector<int64_t>& toks) const {
@@ -125,7 +172,7 @@ std::pair<int64_t, int64_t> SeqEngine::query_rows_seeing_tokens(const std::vecto
   return query_rows_seeing(toks.front() * cfg_.P, toks.back() * cfg_.P + cfg_.P - 1);
 }
 
-std::vector<int64_t> SeqEngine::visible_rows(int64_t q, int64_t s) const {
+std::vector<int64_t> SeqEngine::visible_rows(int64_t q, int64_t s, bool with_segments) const {
   const MaskSpec m = mask();
   const int64_t P = cfg_.P;
   const std::vector<int64_t>& queries = tokens_[q];
@@ -135,7 +182,9 @@ std::vector<int64_t> SeqEngine::visible_rows(int64_t q, int64_t s) const {
   for (size_t i = 0; i < queries.size();) {
     size_t e = i + 1;
     while (e < queries.size() && queries[e] == queries[e - 1] + 1) ++e;
-    const int64_t t_lo = first_visible_key(m, queries[i] * P) / P;
+    // The run's first token has the smallest lower bound, window and segment alike.
+    const int64_t seg = with_segments ? segment_floor(queries[i]) * P : 0;
+    const int64_t t_lo = first_visible_key(m, queries[i] * P, seg) / P;
     const int64_t t_hi = last_visible_key(m, queries[e - 1] * P + P - 1) / P;
     const int64_t a = std::lower_bound(keys.begin(), keys.end(), t_lo) - keys.begin();
     const int64_t b = std::upper_bound(keys.begin(), keys.end(), t_hi) - keys.begin();
@@ -146,15 +195,23 @@ std::vector<int64_t> SeqEngine::visible_rows(int64_t q, int64_t s) const {
   return rows;
 }
 
+void SeqEngine::check_batch(int64_t B) const {
+  IHA_CHECK(segs_.empty() || static_cast<int64_t>(segs_.size()) == B, "sequence-parallel attention: segments for ",
+            segs_.size(), " sequences, the batch has ", B);
+}
+
 void SeqEngine::attend(int64_t B, const Tensor& qv, const KVBlock& blk, int64_t q0, int64_t q1, Tensor& ov,
                        Tensor& lse, bool first, PendingExchange* progress) const {
-  be_->attend(mask(), B, heads_, cfg_.d, qv, qpos_t_, q0, q1, blk, ov, lse, first, progress);
+  check_batch(B);
+  be_->attend(mask(), B, heads_, cfg_.d, qv, qpos_t_, qseg_t_, q0, q1, blk, ov, lse, first, progress);
 }
 
 void SeqEngine::attend_backward(int64_t B, const Tensor& qv, const KVBlock& blk, int64_t q0, int64_t q1,
                                 const Tensor& dov, const Tensor& lse, const Tensor& drow, Tensor& dqv, Tensor& dkv,
                                 Tensor& dvv, PendingExchange* progress) const {
-  be_->attend_backward(mask(), B, heads_, cfg_.d, qv, qpos_t_, q0, q1, blk, dov, lse, drow, dqv, dkv, dvv, progress);
+  check_batch(B);
+  be_->attend_backward(mask(), B, heads_, cfg_.d, qv, qpos_t_, qseg_t_, q0, q1, blk, dov, lse, drow, dqv, dkv, dvv,
+                       progress);
 }
 
 }  // namespace iha::detail

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "attention/flash.h"
+#include "attention/segments.h"
 #include "parallel/comm.h"
 #include "parallel/layout.h"
 #include "ringattn/codec.h"
@@ -61,16 +62,19 @@ class EngineBackend {
   void scatter_rows(const Tensor& src, int64_t G, const std::vector<int64_t>& rows, int64_t n, int64_t w,
                     Tensor& dst, bool add) const;
   // Partial attention of query rows [q0, q1) of each of the B*heads heads of qv [B*heads, nP, d]
-  // (positions qpos) over a block, written into (first) or merged into (ov, lse). Tests
-  // `progress` between heads so pending transfers advance (after the one call over all heads
-  // when the backend batches heads and the rows are all the local rows).
+  // (positions qpos) over a block, written into (first) or merged into (ov, lse). qseg: i64
+  // [B, nP], the rows' segment starts per sequence, or empty (one segment a sequence); with
+  // segments a call covers one sequence's heads at most. Tests `progress` between calls so
+  // pending transfers advance (after the one call over all heads when the backend batches
+  // heads and the rows are all the local rows).
   void attend(const MaskSpec& mask, int64_t B, int64_t heads, int64_t d, const Tensor& qv, const Tensor& qpos,
-              int64_t q0, int64_t q1, const KVBlock& blk, Tensor& ov, Tensor& lse, bool first,
+              const Tensor& qseg, int64_t q0, int64_t q1, const KVBlock& blk, Tensor& ov, Tensor& lse, bool first,
               PendingExchange* progress) const;
   // Backward over one block for query rows [q0, q1): dqv (+=); dkv, dvv [B, heads, rows, d] of
   // the block allocated and written. lse and drow are the final ones of the query rows.
   void attend_backward(const MaskSpec& mask, int64_t B, int64_t heads, int64_t d, const Tensor& qv,
-                       const Tensor& qpos, int64_t q0, int64_t q1, const KVBlock& blk, const Tensor& dov,
+                       const Tensor& qpos, const Tensor& qseg, int64_t q0, int64_t q1, const KVBlock& blk,
+                       const Tensor& dov,
                        const Tensor& lse, const Tensor& drow, Tensor& dqv, Tensor& dkv, Tensor& dvv,
                        PendingExchange* progress) const;
 
@@ -98,6 +102,12 @@ class SeqEngine {
   const Tensor& qpos_tensor() const { return qpos_t_; }
   Communicator& comm() const { return *comm_; }
   const EngineBackend& backend() const { return *be_; }
+  // The document segments of the batch's sequences (segments.h; empty: one each), the same on
+  // every rank: the schedule is re-planned from them (blocks whose tokens no local query can
+  // see are neither sent nor computed), no traffic. N: the sequence length.
+  void set_segments(const SegmentStarts& starts, int64_t N);
+  // The current plan's savings from the segments.
+  const SegmentSavings& savings() const { return savings_; }
 
   // qv [B, heads, nP, d]: roped queries of this rank's tokens; payload [2][B][n][w]: their K/V.
   // Writes ov [B, heads, nP, d] and lse [B, heads, nP].
@@ -114,6 +124,12 @@ class SeqEngine {
  protected:
   MaskSpec mask() const { return {cfg_.mask, cfg_.P, cfg_.window_virtual, cfg_.logit_scale()}; }
   int64_t local_rows() const { return static_cast<int64_t>(qpos_.size()); }
+  // Builds the schedule from tokens_ and segs_ (called by the engines' constructors and by
+  // set_segments); fills savings_.
+  virtual void plan() = 0;
+  // The first token some sequence's query at token n can see by the segments alone: the
+  // smallest s(n) over the batch's sequences (0 without segments).
+  int64_t segment_floor(int64_t n) const;
   // dpayload's memory for a gradient of `numel` elements, zero-filled: the caller's buffer
   // when it fits (see backward), else a new one.
   Tensor own_payload_grad(Tensor& dpayload, int64_t numel, bool zero) const;
@@ -126,7 +142,10 @@ class SeqEngine {
   // consecutive tokens of q the visible keys form one interval of virtual positions, so the
   // union over q's runs is what q needs of s, no more. A further mask (e.g. document
   // segments) narrows it here, and every send, receive and computed block follows.
-  std::vector<int64_t> visible_rows(int64_t q, int64_t s) const;
+  // with_segments = false gives the rows without the document mask (for savings_).
+  std::vector<int64_t> visible_rows(int64_t q, int64_t s, bool with_segments = true) const;
+  // Throws unless the segments (if any) are for B sequences.
+  void check_batch(int64_t B) const;
   // The backend's attend / attend_backward on this engine's queries.
   void attend(int64_t B, const Tensor& qv, const KVBlock& blk, int64_t q0, int64_t q1, Tensor& ov,
               Tensor& lse, bool first, PendingExchange* progress) const;
@@ -143,6 +162,10 @@ class SeqEngine {
   std::shared_ptr<const EngineBackend> be_;
   Tensor qpos_t_;
   std::string site_;
+  SegmentStarts segs_;
+  Tensor qseg_t_;                 // i64 [B, nP] on the backend's device, empty without segments
+  std::vector<int64_t> qseg_min_;  // per local row, the smallest segment start over sequences
+  SegmentSavings savings_;
 };
 
 // pieces: how many transfer granules each round's block is cut into (SeqParallelOptions::

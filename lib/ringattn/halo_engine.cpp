@@ -19,7 +19,7 @@ class HaloEngine final : public SeqEngine {
              std::string site)
       : SeqEngine(cfg, heads, std::move(comm), std::move(tokens_per_rank), std::move(backend), std::move(site)) {
     IHA_CHECK(cfg.window_virtual >= 1, "halo exchange needs a window layer (window_virtual >= 1)");
-    build_plan();
+    plan();
   }
 
   void forward(int64_t B, const Tensor& qv, const Tensor& payload, const KVCodec& codec, Tensor& ov, Tensor& lse,
@@ -104,14 +104,17 @@ class HaloEngine final : public SeqEngine {
   int64_t local_n() const { return static_cast<int64_t>(tokens().size()); }
 
   // Tokens rank q needs from others: for each run [b, e) of consecutive tokens it holds, the
-  // tokens covering virtual positions [max(0, b*P - Wv + 1), b*P) that q does not hold.
-  std::vector<int64_t> halo_needs(int64_t q) const {
+  // tokens covering virtual positions [max(0, b*P - Wv + 1, s(b)*P), b*P) that q does not hold,
+  // s(b) the smallest segment start of token b over the batch's sequences: keys of earlier
+  // documents are never sent. with_segments = false: without that bound (for savings_).
+  std::vector<int64_t> halo_needs(int64_t q, bool with_segments = true) const {
     const int64_t P = cfg_.P, Wv = cfg_.window_virtual;
     const std::vector<int64_t>& toks = tokens_[q];
     std::vector<int64_t> need;
     for (size_t i = 0; i < toks.size(); ++i) {
       if (i > 0 && toks[i] == toks[i - 1] + 1) continue;  // not the start of a run
-      const int64_t first = std::max<int64_t>(0, toks[i] * P - Wv + 1) / P;
+      const int64_t seg = with_segments ? segment_floor(toks[i]) : 0;
+      const int64_t first = std::max<int64_t>(seg, std::max<int64_t>(0, toks[i] * P - Wv + 1) / P);
       for (int64_t t = first; t < toks[i]; ++t)
         if (!std::binary_search(toks.begin(), toks.end(), t)) need.push_back(t);
     }
@@ -130,8 +133,15 @@ class HaloEngine final : public SeqEngine {
     IHA_FAIL("halo: token ", t, " is held by no rank");
   }
 
-  void build_plan() {
+  void plan() override {
     halo_tokens_ = halo_needs(rank_);
+    recv_slots_.clear();
+    send_rows_.clear();
+    savings_ = SegmentSavings();
+    std::map<int64_t, int64_t> unmasked_from;  // source rank -> tokens without segments
+    for (int64_t t : halo_needs(rank_, false)) ++unmasked_from[locate(t).first];
+    savings_.blocks_unmasked = static_cast<int64_t>(unmasked_from.size());
+    for (const auto& [src, count] : unmasked_from) savings_.tokens_unmasked += count;
     for (size_t i = 0; i < halo_tokens_.size(); ++i)
       recv_slots_[locate(halo_tokens_[i]).first].push_back(static_cast<int64_t>(i));
     for (int64_t q = 0; q < R_; ++q) {
@@ -141,6 +151,8 @@ class HaloEngine final : public SeqEngine {
         if (owner == rank_) send_rows_[q].push_back(row);
       }
     }
+    savings_.blocks = static_cast<int64_t>(recv_slots_.size());
+    savings_.tokens = static_cast<int64_t>(halo_tokens_.size());
   }
 
   std::vector<int64_t> halo_tokens_;                    // tokens received, ascending

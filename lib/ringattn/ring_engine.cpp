@@ -55,17 +55,7 @@ class RingEngine final : public SeqEngine {
     // Agreement first: then a bad value fails on every rank alike, and none waits for the others.
     check_same_on_all_ranks(*comm_, pieces_, "the ring's pieces per round");
     IHA_CONFIG_CHECK(pieces_ >= 1, "ring engine: pieces per round (ring_pieces) must be >= 1, got ", pieces_);
-    for (int64_t i = 0; i < R_; ++i) {
-      Round rd;
-      rd.in = (rank_ - i + R_) % R_;
-      rd.out = (rank_ + i) % R_;
-      rd.recv = cut(rd.in, visible_rows(rank_, rd.in));
-      rd.send = cut(rank_, visible_rows(rd.out, rank_));
-      rounds_.push_back(std::move(rd));
-    }
-    for (const Piece& p : rounds_[0].recv)
-      IHA_CHECK(p.empty() || p.rows.back() - p.rows.front() + 1 == p.size(),
-                "ring engine: an own piece is not one run of rows");
+    plan();
   }
 
   void forward(int64_t B, const Tensor& qv, const Tensor& payload, const KVCodec& codec, Tensor& ov, Tensor& lse,
@@ -155,6 +145,33 @@ class RingEngine final : public SeqEngine {
   }
 
  private:
+  // Every rank plans from the same token map and segments, so each send has its receive. A
+  // round whose visiting block no local query can see (documents end before it) has empty
+  // pieces: nothing is sent, received or computed in its slots.
+  void plan() override {
+    rounds_.clear();
+    savings_ = SegmentSavings();
+    for (int64_t i = 0; i < R_; ++i) {
+      Round rd;
+      rd.in = (rank_ - i + R_) % R_;
+      rd.out = (rank_ + i) % R_;
+      const std::vector<int64_t> recv = visible_rows(rank_, rd.in);
+      if (i > 0) {
+        const int64_t unmasked = static_cast<int64_t>(visible_rows(rank_, rd.in, false).size());
+        savings_.blocks += !recv.empty();
+        savings_.blocks_unmasked += unmasked > 0;
+        savings_.tokens += static_cast<int64_t>(recv.size());
+        savings_.tokens_unmasked += unmasked;
+      }
+      rd.recv = cut(rd.in, recv);
+      rd.send = cut(rank_, visible_rows(rd.out, rank_));
+      rounds_.push_back(std::move(rd));
+    }
+    for (const Piece& p : rounds_[0].recv)
+      IHA_CHECK(p.empty() || p.rows.back() - p.rows.front() + 1 == p.size(),
+                "ring engine: an own piece is not one run of rows");
+  }
+
   int64_t size_of(int64_t s) const { return static_cast<int64_t>(tokens_[s].size()); }
   // Visiting slots: pieces_ per round for rounds 1..R-1, the same count on every rank.
   int64_t slots() const { return (R_ - 1) * pieces_; }

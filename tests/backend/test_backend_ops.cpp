@@ -323,7 +323,19 @@ struct FlashCase {
   MaskSpec mask;
   int64_t d, heads;
   std::vector<int64_t> qpos, kpos;
+  std::vector<int64_t> qseg = {};  // the query rows' segment starts (DESIGN.md section 10), or none
 };
+
+// Row segment starts of virtual rows qpos for documents starting at these tokens.
+std::vector<int64_t> seg_rows(const std::vector<int64_t>& qpos, int64_t P, const std::vector<int64_t>& starts) {
+  std::vector<int64_t> out;
+  for (int64_t t : qpos) {
+    int64_t s = 0;
+    for (int64_t v : starts) if (v <= t / P) s = v;
+    out.push_back(s * P);
+  }
+  return out;
+}
 
 std::vector<int64_t> range(int64_t a, int64_t b) {
   std::vector<int64_t> v;
@@ -338,12 +350,28 @@ std::vector<FlashCase> flash_cases() {
       {"ring_step", {MaskKind::flat_causal, 2, 0}, 16, 2, range(40, 60), range(0, 24)},
       {"halo_window_masked_rows", {MaskKind::flat_causal, 2, 5}, 8, 1, range(20, 33), range(0, 18)},
       {"d64", {MaskKind::flat_causal, 1, 0}, 64, 1, range(0, 70), range(0, 70)},
+      // Documents: one-token ones, a window longer than a document, rows whose document starts
+      // after every key of the block (they see nothing).
+      {"segments_self", {MaskKind::flat_causal, 2, 0}, 16, 2, range(0, 40), range(0, 40),
+       seg_rows(range(0, 40), 2, {0, 1, 5, 6, 13})},
+      {"segments_token_window", {MaskKind::token_causal, 3, 11}, 8, 2, range(0, 36), range(0, 36),
+       seg_rows(range(0, 36), 3, {0, 2, 3, 9})},
+      {"segments_ring_step", {MaskKind::flat_causal, 2, 0}, 16, 1, range(40, 60), range(0, 24),
+       seg_rows(range(40, 60), 2, {0, 11, 22, 25})},
   };
 }
 
 TEST_P(BackendOps, FlashForwardDrowBackwardMerge) {
   for (const FlashCase& c : flash_cases()) {
     SCOPED_TRACE(c.name);
+    // The segment starts live where each side reads them: host for the reference, the
+    // backend's memory for its kernels.
+    MaskSpec hm = c.mask, dm = c.mask;
+    const Tensor qs = put_i64(c.qseg.empty() ? std::vector<int64_t>{0} : c.qseg);
+    if (!c.qseg.empty()) {
+      hm.q_seg = c.qseg.data();
+      dm.q_seg = static_cast<const int64_t*>(qs.raw());
+    }
     const int64_t nq = c.qpos.size(), nk = c.kpos.size(), d = c.d, Hh = c.heads;
     const auto q = rounded(randn(Hh * nq * d, 18), ct()), k = rounded(randn(Hh * nk * d, 19), ct()),
                v = rounded(randn(Hh * nk * d, 20), ct()), dout = rounded(randn(Hh * nq * d, 21), ct());
@@ -353,8 +381,8 @@ TEST_P(BackendOps, FlashForwardDrowBackwardMerge) {
         return std::vector<double>(x.begin() + h * rows * d, x.begin() + (h + 1) * rows * d);
       };
       std::vector<double> o, lse, dq, dk, dv;
-      test::naive_attention_forward(c.mask, d, part(q, nq), c.qpos, part(k, nk), part(v, nk), c.kpos, o, lse);
-      test::naive_attention_backward(c.mask, d, part(q, nq), c.qpos, part(k, nk), part(v, nk), c.kpos,
+      test::naive_attention_forward(hm, d, part(q, nq), c.qpos, part(k, nk), part(v, nk), c.kpos, o, lse);
+      test::naive_attention_backward(hm, d, part(q, nq), c.qpos, part(k, nk), part(v, nk), c.kpos,
                                      part(dout, nq), dq, dk, dv);
       o_ref.insert(o_ref.end(), o.begin(), o.end());
       lse_ref.insert(lse_ref.end(), lse.begin(), lse.end());
@@ -365,7 +393,7 @@ TEST_P(BackendOps, FlashForwardDrowBackwardMerge) {
     const Tensor Q = put(q, ct()), K = put(k, ct()), V = put(v, ct()), G = put(dout, ct());
     const Tensor qp = put_i64(c.qpos), kp = put_i64(c.kpos);
     Tensor O = be_->alloc_acc({Hh * nq * d}), L = be_->alloc_acc({Hh * nq});
-    be_->flash_forward(c.mask, d, Hh, Q, qp, nq, K, V, kp, nk, O, L);
+    be_->flash_forward(dm, d, Hh, Q, qp, nq, K, V, kp, nk, O, L);
     EXPECT_TRUE(close_normwise(get(O), o_ref, tau(at()), "flash o"));
     const auto lse = get(L);
     std::vector<double> lse_fin, ref_fin;
@@ -386,7 +414,7 @@ TEST_P(BackendOps, FlashForwardDrowBackwardMerge) {
     }
     EXPECT_TRUE(close_normwise(get(drow), drow_ref, 5 * tau(at()), "flash drow"));
     Tensor dQ = be_->alloc_acc({Hh * nq * d}), dK = be_->alloc_acc({Hh * nk * d}), dV = be_->alloc_acc({Hh * nk * d});
-    be_->flash_backward(c.mask, d, Hh, Q, qp, nq, K, V, kp, nk, G, L, drow, dQ, dK, dV);
+    be_->flash_backward(dm, d, Hh, Q, qp, nq, K, V, kp, nk, G, L, drow, dQ, dK, dV);
     EXPECT_TRUE(close_normwise(get(dQ), dq_ref, 5 * tau(at()), "flash dq"));
     EXPECT_TRUE(close_normwise(get(dK), dk_ref, 5 * tau(at()), "flash dk"));
     EXPECT_TRUE(close_normwise(get(dV), dv_ref, 5 * tau(at()), "flash dv"));
@@ -403,8 +431,8 @@ TEST_P(BackendOps, FlashForwardDrowBackwardMerge) {
       k_b.insert(k_b.end(), k.begin() + (h * nk + k1) * d, k.begin() + (h + 1) * nk * d);
       v_b.insert(v_b.end(), v.begin() + (h * nk + k1) * d, v.begin() + (h + 1) * nk * d);
     }
-    be_->flash_forward(c.mask, d, Hh, Q, qp, nq, put(k_a, ct()), put(v_a, ct()), put_i64(kp1), k1, O1, L1);
-    be_->flash_forward(c.mask, d, Hh, Q, qp, nq, put(k_b, ct()), put(v_b, ct()), put_i64(kp2), nk - k1, O2, L2);
+    be_->flash_forward(dm, d, Hh, Q, qp, nq, put(k_a, ct()), put(v_a, ct()), put_i64(kp1), k1, O1, L1);
+    be_->flash_forward(dm, d, Hh, Q, qp, nq, put(k_b, ct()), put(v_b, ct()), put_i64(kp2), nk - k1, O2, L2);
     be_->merge_partial(O1, L1, O2, L2, Hh * nq, d);
     EXPECT_TRUE(close_normwise(get(O1), o_ref, tau(at()), "merge_partial o"));
   }

@@ -80,7 +80,8 @@ INSTANTIATE_TEST_SUITE_P(Mesh, MeshCases,
                                            MeshCase{"contiguous", "all", 23},
                                            MeshCase{"zigzag", "answer", 23},
                                            MeshCase{"contiguous", "answer", 16},
-                                           MeshCase{"zigzag", "all", 7}),
+                                           MeshCase{"zigzag", "all", 7},
+                                           MeshCase{"balanced", "all", 23}),
                          mesh_name);
 
 TEST(Mesh, EveryRankHoldsTheSameParameterBits) {
@@ -185,6 +186,21 @@ TEST(Mesh, ABadTokenSeenByOneRankStopsEveryRank) {
   }
   world().barrier();
   if (world().rank() == 0) std::filesystem::remove(path);
+}
+
+
+TEST(Mesh, BalancedWithTheHeadSchemeIsAConfigErrorNamingTheKey) {
+  // The head scheme's all-to-all fixes the token map; balanced needs a new one per micro-batch.
+  const int64_t W = world().size();
+  if (W % 2 != 0) GTEST_SKIP() << "needs an even world (hp = 2)";
+  const RunConfig cfg = test::run_config_from(test::tiny_run_yaml(1, W / 2, "balanced", "float64", 23, "all"),
+                                              {"mesh.hp=2"});
+  try {
+    Trainer<double> t(cfg, test::world_ptr());
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence.layout"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -234,5 +234,53 @@ TEST(Model, EmptyShardIsHandled) {
   for (double x : g) ASSERT_EQ(x, 0.0);
 }
 
+
+// Packed documents (DESIGN.md section 10): with no target across a boundary (the target of a
+// segment's last token is dropped, as the data path does), the packed loss and gradients
+// equal each segment run as its own sequence, summed over the same count of targets. Without
+// the segments the loss differs (negative control).
+TEST(Model, PackedLossEqualsPerSegmentLossesSummed) {
+  const ModelConfig cfg = test::tiny_model(GlobalKind::iha, 2);
+  const int64_t N = 12, B = 2;
+  const std::vector<std::vector<int64_t>> starts = {{0, 1, 5, 6}, {0, 8}};
+  TokenBatch packed = test::random_batch(B, N, cfg.vocab, 41);
+  packed.seg_starts = starts;
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t i = 1; i < starts[b].size(); ++i) packed.targets[b * N + starts[b][i] - 1] = -1;
+  Transformer<double> m(cfg, test::local_factory<double>(N), false);
+  randomise(m, 5);
+  m.grads().zero();
+  const CrossEntropyStats got = m.forward_backward(packed, 1.0);
+
+  double loss = 0;
+  int64_t count = 0;
+  std::vector<double> grads(test::flat(m.grads().flat()).size(), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t i = 0; i < starts[b].size(); ++i) {
+      const int64_t a = starts[b][i], e = i + 1 < starts[b].size() ? starts[b][i + 1] : N;
+      TokenBatch one;
+      one.B = 1;
+      one.n = e - a;
+      one.tokens.assign(packed.tokens.begin() + b * N + a, packed.tokens.begin() + b * N + e);
+      one.targets.assign(packed.targets.begin() + b * N + a, packed.targets.begin() + b * N + e);
+      one.answer.assign(packed.answer.begin() + b * N + a, packed.answer.begin() + b * N + e);
+      Transformer<double> seg(cfg, test::local_factory<double>(e - a), false);
+      randomise(seg, 5);
+      seg.grads().zero();
+      const CrossEntropyStats s = seg.forward_backward(one, 1.0);
+      loss += s.loss_sum;
+      count += s.count;
+      const std::vector<double> g = test::flat(seg.grads().flat());
+      for (size_t k = 0; k < g.size(); ++k) grads[k] += g[k];
+    }
+  EXPECT_EQ(got.count, count);
+  EXPECT_TRUE(close_normwise({got.loss_sum}, {loss}, 1e-12, "packed loss"));
+  EXPECT_TRUE(close_normwise(test::flat(m.grads().flat()), grads, 1e-12, "packed gradients"));
+
+  TokenBatch unmasked = packed;
+  unmasked.seg_starts.clear();
+  EXPECT_FALSE(close_normwise({m.evaluate(unmasked).loss_sum}, {loss}, 1e-6, "loss without segments"));
+}
+
 }  // namespace
 }  // namespace iha

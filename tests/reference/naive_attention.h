@@ -25,7 +25,7 @@ inline void naive_attention_forward(const MaskSpec& m, int64_t d, const std::vec
   for (int64_t i = 0; i < nq; ++i) {
     double mx = -std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j < nk; ++j) {
-      if (!key_visible(m, qp[i], kp[j])) { s[j] = -std::numeric_limits<double>::infinity(); continue; }
+      if (!key_visible(m, qp[i], kp[j], segment_start(m, i))) { s[j] = -std::numeric_limits<double>::infinity(); continue; }
       double acc = 0;
       for (int64_t c = 0; c < d; ++c) acc += q[i * d + c] * k[j * d + c];
       s[j] = acc * scale;
@@ -62,7 +62,7 @@ inline void naive_attention_backward(const MaskSpec& m, int64_t d, const std::ve
     for (int64_t c = 0; c < d; ++c) drow += dout[i * d + c] * o[i * d + c];
     for (int64_t j = 0; j < nk; ++j) {
       a[j] = 0;
-      if (!key_visible(m, qp[i], kp[j])) continue;
+      if (!key_visible(m, qp[i], kp[j], segment_start(m, i))) continue;
       double s = 0;
       for (int64_t c = 0; c < d; ++c) s += q[i * d + c] * k[j * d + c];
       a[j] = std::exp(s * scale - lse[i]);
