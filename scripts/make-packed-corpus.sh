@@ -29,7 +29,7 @@ for f in "$src"/*; do
 done
 [ ${#train[@]} -gt 0 ] || { echo "make-packed-corpus: no fortune files in $src" >&2; exit 2; }
 mkdir -p "$out"
-sep='\n%\n'  # a line holding only "%" ends a fortune
+sep=%  # a line holding only "%" ends a fortune
 "$iha_data" spm-train "${train[@]}" "$out/spm" --vocab-size "$vocab" --separator "$sep"
 "$iha_data" text "${train[@]}" "$out/train.h5" --separator "$sep" --spm "$out/spm.model"
 "$iha_data" text "${held_out[@]}" "$out/eval.h5" --separator "$sep" --spm "$out/spm.model"

@@ -6,8 +6,8 @@
 //   iha-data info FILE.h5 [--dataset NAME] [--seq-len N]
 //
 // Documents (DESIGN.md section 10): one per input file, or with --jsonl one per line of a
-// JSON-lines file (its "text" field), or with --separator the pieces between occurrences of
-// STR (C escapes \n \t \\ understood; "\n%\n" splits fortune files). Empty documents are
+// JSON-lines file (its "text" field), or with --separator STR the lines between lines that
+// hold only STR (--separator % splits fortune files, strfile's format). Empty documents are
 // dropped. Tokens: bytes (vocab_size 256) or, with --spm, a SentencePiece model's ids.
 //
 // Exit codes: 0 success, 2 bad arguments or input (the message names the file), 1 other errors.
@@ -53,7 +53,7 @@ struct Options {
 // ---- documents ----
 
 // Calls `emit` with every non-empty document of the inputs, in order. A document is held in
-// memory whole (a --separator file is read in blocks).
+// memory whole.
 class Documents {
  public:
   Documents(const std::vector<std::string>& inputs, Split split, const std::string& separator)
@@ -98,45 +98,30 @@ class Documents {
     IHA_CONFIG_CHECK(!in.bad(), "reading JSON-lines file '", path, "' failed");
   }
 
+  // A line holding only the separator (a trailing '\r' aside) ends a document; the
+  // document is the lines before it, with their newlines.
   void separated(const std::string& path, std::istream& in,
                  const std::function<void(const std::string&)>& emit) const {
-    std::string pending;
-    std::vector<char> block(1 << 20);
-    size_t searched = 0;  // pending[0, searched) holds no separator start
-    while (in) {
-      in.read(block.data(), static_cast<std::streamsize>(block.size()));
-      pending.append(block.data(), static_cast<size_t>(in.gcount()));
-      for (size_t at; (at = pending.find(separator_, searched)) != std::string::npos;) {
-        if (at > 0) emit(pending.substr(0, at));
-        pending.erase(0, at + separator_.size());
-        searched = 0;
+    std::string doc, line;
+    while (std::getline(in, line)) {
+      const bool ended = !in.eof();  // the line had its newline
+      const size_t len = !line.empty() && line.back() == '\r' ? line.size() - 1 : line.size();
+      if (line.compare(0, len, separator_) == 0 && len == separator_.size()) {
+        if (!doc.empty()) emit(doc);
+        doc.clear();
+        continue;
       }
-      searched = pending.size() >= separator_.size() ? pending.size() - separator_.size() + 1 : 0;
+      doc += line;
+      if (ended) doc += '\n';
     }
     IHA_CONFIG_CHECK(!in.bad(), "reading input file '", path, "' failed");
-    if (!pending.empty()) emit(pending);
+    if (!doc.empty()) emit(doc);
   }
 
   std::vector<std::string> inputs_;
   Split split_;
   std::string separator_;
 };
-
-// "\n%\n" as typed on a command line -> newline, '%', newline.
-std::string unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '\\' || i + 1 == s.size()) {
-      out += s[i];
-      continue;
-    }
-    const char c = s[++i];
-    IHA_CONFIG_CHECK(c == 'n' || c == 't' || c == 'r' || c == '\\', "option --separator: unknown escape '\\",
-                     std::string(1, c), "' (\\n \\t \\r \\\\ are understood)");
-    out += c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : '\\';
-  }
-  return out;
-}
 
 // ---- tokenizers ----
 
@@ -330,7 +315,7 @@ int main(int argc, char** argv) {
         if (a == "--spm") o.spm_model = v;
         if (a == "--model-type") o.model_type = v;
         if (a == "--separator") {
-          o.separator = unescape(v);
+          o.separator = v;
           separated = true;
           IHA_CONFIG_CHECK(!o.separator.empty(), "option --separator needs a non-empty string");
         }
