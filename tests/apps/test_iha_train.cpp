@@ -566,7 +566,8 @@ TEST(IhaData, DocumentsFromFilesJsonLinesAndSeparators) {
   for (const auto& f : {a, b, empty, jl, sep, h5}) std::filesystem::remove(f);
 }
 
-// The real corpus: Debian's fortune file, one document a fortune ("%" lines between them).
+// The real corpus: Debian's fortune file, one document a fortune ("%" lines between them),
+// and the packed demo's config training on it.
 TEST(IhaData, TheFortuneFileSplitsIntoItsFortunes) {
   const std::string fortunes = "/usr/share/games/fortunes/fortunes", h5 = tmp("fortunes.h5");
   ASSERT_TRUE(std::filesystem::exists(fortunes)) << "install fortunes-min (scripts/install-deps.sh)";
@@ -580,6 +581,13 @@ TEST(IhaData, TheFortuneFileSplitsIntoItsFortunes) {
                           std::to_string(separators) + " documents"),
             std::string::npos)
       << r.output;
+  // configs/packed-demo.yaml, shrunk to seconds, trains on it.
+  const Result demo_run = run(std::string("train --config ") + IHA_SOURCE_DIR + "/configs/packed-demo.yaml" +
+                              " --set data.path=" + h5 + " --set eval.path=" + h5 +
+                              " --set sequence.length=32 --set train.steps=3 --set eval.sequences=8"
+                              " --set logging.every=1 --set checkpoint.dir= --set logging.jsonl=");
+  EXPECT_EQ(demo_run.code, 0) << demo_run.output;
+  EXPECT_NE(demo_run.output.find("eval  step 3 | loss"), std::string::npos) << demo_run.output;
   std::filesystem::remove(h5);
 }
 
