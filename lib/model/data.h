@@ -28,7 +28,7 @@
 // serialises its calls on one process-wide mutex.
 // defines: iha::TokenBatch, iha::TokenSource, iha::MultiKeySpec, iha::TwoHopSpec,
 //          iha::LossOn, iha::make_multikey_source, iha::make_twohop_source,
-//          iha::open_token_file, iha::TokenFileWriter, iha::DataLoader
+//          iha::open_token_file, iha::TokenFileWriter, iha::doc_starts_dataset, iha::DataLoader
 #pragma once
 
 #include <cstdint>
