@@ -43,7 +43,8 @@ requirements=(
   "MPI compiler wrappers and launcher (mpicc, mpicxx, mpiexec)|have_cmd mpicc && have_cmd mpicxx && have_cmd mpiexec|libopenmpi-dev openmpi-bin|build"
   "HDF5 C library and its compiler wrapper (h5cc, or h5pcc of a parallel build)|have_cmd h5cc || have_cmd h5pcc|libhdf5-dev|build"
   "yaml-cpp (yaml-cpp/yaml.h, -lyaml-cpp)|have_cxx yaml-cpp/yaml.h yaml-cpp|libyaml-cpp-dev|build"
-  "nlohmann/json (iha-convert: Hugging Face config.json and safetensors headers)|have_cxx nlohmann/json.hpp|nlohmann-json3-dev|build"
+  "nlohmann/json (iha-convert: Hugging Face config.json and safetensors headers; iha-data: JSON lines)|have_cxx nlohmann/json.hpp|nlohmann-json3-dev|build"
+  "SentencePiece (iha-data's tokenizer: sentencepiece_processor.h, -lsentencepiece, pkg-config)|have_cxx sentencepiece_trainer.h sentencepiece '-lsentencepiece_train' && pkg-config --exists sentencepiece|libsentencepiece-dev|build"
   "OpenBLAS with CBLAS (cblas.h, -lopenblas)|have_cxx cblas.h openblas|libopenblas-dev|build"
   "SLEEF vectorised maths (sleef.h, -lsleef)|have_cxx sleef.h sleef|libsleef-dev|build"
   "GoogleTest (gtest/gtest.h, -lgtest)|have_cxx gtest/gtest.h gtest -pthread|libgtest-dev|build"
@@ -51,6 +52,8 @@ requirements=(
   "h5dump (checkpoint schema tests)|have_cmd h5dump|hdf5-tools|extra"
   "python3 with numpy and h5py (schema and interop tests)|have_py numpy && have_py h5py|python3 python3-numpy python3-h5py|extra"
   "munge and Slurm (the one-node Slurm test, tests/slurm: munged, slurmctld, slurmd, sbatch, srun)|have_cmd munged && have_cmd slurmctld && have_cmd slurmd && have_cmd sbatch && have_cmd srun|munge slurmctld slurmd slurm-client|extra"
+  "the fortune files (the packed-documents corpus: scripts/make-packed-corpus.sh, tests/apps)|test -f /usr/share/games/fortunes/fortunes && test -f /usr/share/games/fortunes/wisdom|fortunes-min fortunes|extra"
+  "spm_train (SentencePiece's command-line trainer, docs/data.md)|have_cmd spm_train|sentencepiece|extra"
   "MPICH beside the default MPI (mpicc.mpich, mpicxx.mpich, mpiexec.mpich: scripts/test-mpich.sh)|have_cmd mpicc.mpich && have_cmd mpicxx.mpich && have_cmd mpiexec.mpich|mpich libmpich-dev|extra"
 )
 if [ "${1:-}" = "--bench" ]; then

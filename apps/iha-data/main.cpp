@@ -1,16 +1,28 @@
-// iha-data: makes and inspects HDF5 token files for iha-train (format in docs/training.md).
+// iha-data: makes and inspects HDF5 token files for iha-train (format in docs/data.md).
 //
-//   iha-data text INPUT.txt OUTPUT.h5 [--dataset NAME]   byte-level tokens (vocab_size 256)
-//   iha-data info FILE.h5 [--dataset NAME] [--seq-len N]  size, vocab, id range, sequences
+//   iha-data text INPUT... OUTPUT.h5 [--jsonl | --separator STR] [--spm MODEL] [--dataset NAME]
+//   iha-data spm-train INPUT... MODEL_PREFIX --vocab-size V [--jsonl | --separator STR]
+//                      [--model-type unigram|bpe|char|word]
+//   iha-data info FILE.h5 [--dataset NAME] [--seq-len N]
+//
+// Documents (DESIGN.md section 10): one per input file, or with --jsonl one per line of a
+// JSON-lines file (its "text" field), or with --separator STR the lines between lines that
+// hold only STR (--separator % splits fortune files, strfile's format). Empty documents are
+// dropped. Tokens: bytes (vocab_size 256) or, with --spm, a SentencePiece model's ids.
 //
 // Exit codes: 0 success, 2 bad arguments or input (the message names the file), 1 other errors.
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -20,53 +32,267 @@
 namespace {
 
 const char* kUsage =
-    "usage: iha-data text INPUT.txt OUTPUT.h5 [--dataset NAME]\n"
+    "usage: iha-data text INPUT... OUTPUT.h5 [--jsonl | --separator STR] [--spm MODEL] [--dataset NAME]\n"
+    "       iha-data spm-train INPUT... MODEL_PREFIX --vocab-size V [--jsonl | --separator STR]\n"
+    "                [--model-type unigram|bpe|char|word]\n"
     "       iha-data info FILE.h5 [--dataset NAME] [--seq-len N]\n";
 
-int text_to_tokens(const std::string& in_path, const std::string& out_path, const std::string& dataset) {
-  std::ifstream in(in_path, std::ios::binary);
-  IHA_CONFIG_CHECK(in.good(), "cannot open text file '", in_path, "'");
-  // The output is created by truncation: it must not be the input under another name (the
-  // same path, a symlink or a hard link to it).
-  struct stat si, so;
-  IHA_CONFIG_CHECK(!(::stat(in_path.c_str(), &si) == 0 && ::stat(out_path.c_str(), &so) == 0 &&
-                     si.st_dev == so.st_dev && si.st_ino == so.st_ino),
-                   "output '", out_path, "' is the input file '", in_path,
-                   "' (the same file): writing it would destroy the input");
-  iha::TokenFileWriter out(out_path, dataset, 256, "bytes");
-  std::vector<char> buf(1 << 20);
-  std::vector<int64_t> ids;
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const std::streamsize n = in.gcount();
-    if (n <= 0) break;
-    ids.resize(static_cast<size_t>(n));
-    for (std::streamsize i = 0; i < n; ++i) ids[i] = static_cast<unsigned char>(buf[i]);
-    out.append(ids.data(), n);
+enum class Split { file, jsonl, separator };
+
+struct Options {
+  std::vector<std::string> pos;
+  std::string dataset = "tokens";
+  int64_t seq_len = 1;
+  Split split = Split::file;
+  std::string separator;
+  std::string spm_model;
+  int64_t vocab_size = 0;
+  std::string model_type = "unigram";
+};
+
+// ---- documents ----
+
+// Calls `emit` with every non-empty document of the inputs, in order. A document is held in
+// memory whole.
+class Documents {
+ public:
+  Documents(const std::vector<std::string>& inputs, Split split, const std::string& separator)
+      : inputs_(inputs), split_(split), separator_(separator) {}
+
+  void for_each(const std::function<void(const std::string&)>& emit) const {
+    for (const std::string& path : inputs_) {
+      std::ifstream in(path, std::ios::binary);
+      IHA_CONFIG_CHECK(in.good(), "cannot open input file '", path, "'");
+      if (split_ == Split::jsonl) {
+        jsonl(path, in, emit);
+      } else if (split_ == Split::separator) {
+        separated(path, in, emit);
+      } else {
+        std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        IHA_CONFIG_CHECK(!in.bad(), "reading input file '", path, "' failed");
+        if (!doc.empty()) emit(doc);
+      }
+    }
   }
-  IHA_CONFIG_CHECK(in.eof(), "reading text file '", in_path, "' failed");
-  const int64_t written = out.written();
-  out.close();
-  std::cout << "wrote " << written << " byte tokens (vocab_size 256) to '" << out_path
-            << "', dataset '" << dataset << "'" << std::endl;
+
+ private:
+  static void jsonl(const std::string& path, std::istream& in,
+                    const std::function<void(const std::string&)>& emit) {
+    std::string line;
+    for (int64_t no = 1; std::getline(in, line); ++no) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // a blank line
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::parse_error& e) {
+        throw iha::ConfigError("JSON-lines file '" + path + "', line " + std::to_string(no) +
+                               ": not valid JSON (" + e.what() + ")");
+      }
+      IHA_CONFIG_CHECK(j.is_object() && j.contains("text"), "JSON-lines file '", path, "', line ", no,
+                       ": expected an object with a \"text\" field");
+      IHA_CONFIG_CHECK(j["text"].is_string(), "JSON-lines file '", path, "', line ", no,
+                       ": field \"text\" is ", j["text"].type_name(), ", not a string");
+      const std::string& text = j["text"].get_ref<const std::string&>();
+      if (!text.empty()) emit(text);
+    }
+    IHA_CONFIG_CHECK(!in.bad(), "reading JSON-lines file '", path, "' failed");
+  }
+
+  // A line holding only the separator (a trailing '\r' aside) ends a document; the
+  // document is the lines before it, with their newlines.
+  void separated(const std::string& path, std::istream& in,
+                 const std::function<void(const std::string&)>& emit) const {
+    std::string doc, line;
+    while (std::getline(in, line)) {
+      const bool ended = !in.eof();  // the line had its newline
+      const size_t len = !line.empty() && line.back() == '\r' ? line.size() - 1 : line.size();
+      if (line.compare(0, len, separator_) == 0 && len == separator_.size()) {
+        if (!doc.empty()) emit(doc);
+        doc.clear();
+        continue;
+      }
+      doc += line;
+      if (ended) doc += '\n';
+    }
+    IHA_CONFIG_CHECK(!in.bad(), "reading input file '", path, "' failed");
+    if (!doc.empty()) emit(doc);
+  }
+
+  std::vector<std::string> inputs_;
+  Split split_;
+  std::string separator_;
+};
+
+// ---- tokenizers ----
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual int64_t vocab() const = 0;
+  virtual std::string name() const = 0;
+  virtual void encode(const std::string& text, std::vector<int64_t>& ids) const = 0;
+};
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  int64_t vocab() const override { return 256; }
+  std::string name() const override { return "bytes"; }
+  void encode(const std::string& text, std::vector<int64_t>& ids) const override {
+    ids.resize(text.size());
+    for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
+  }
+};
+
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(const std::string& model) : model_(model) {
+    struct stat st;
+    IHA_CONFIG_CHECK(::stat(model.c_str(), &st) == 0, "SentencePiece model '", model,
+                     "' (option --spm): no such file");
+    const auto status = sp_.Load(model);
+    IHA_CONFIG_CHECK(status.ok(), "SentencePiece model '", model, "' (option --spm): cannot load it (",
+                     status.ToString(), ")");
+  }
+  int64_t vocab() const override { return sp_.GetPieceSize(); }
+  std::string name() const override { return "sentencepiece"; }
+  void encode(const std::string& text, std::vector<int64_t>& ids) const override {
+    std::vector<int> pieces;
+    const auto status = sp_.Encode(text, &pieces);
+    IHA_CONFIG_CHECK(status.ok(), "SentencePiece model '", model_, "': encoding failed (", status.ToString(), ")");
+    ids.assign(pieces.begin(), pieces.end());
+  }
+
+ private:
+  std::string model_;
+  sentencepiece::SentencePieceProcessor sp_;
+};
+
+// The output is created by truncation: it must not be an input under another name (the same
+// path, a symlink or a hard link to it).
+void check_not_an_input(const std::vector<std::string>& inputs, const std::string& out_path) {
+  struct stat so;
+  if (::stat(out_path.c_str(), &so) != 0) return;
+  for (const std::string& in : inputs) {
+    struct stat si;
+    IHA_CONFIG_CHECK(!(::stat(in.c_str(), &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino),
+                     "output '", out_path, "' is the input file '", in,
+                     "' (the same file): writing it would destroy the input");
+  }
+}
+
+int text_to_tokens(const Options& o) {
+  const std::vector<std::string> inputs(o.pos.begin() + 1, o.pos.end() - 1);
+  const std::string out_path = o.pos.back();
+  check_not_an_input(inputs, out_path);
+  std::unique_ptr<Tokenizer> tok;
+  if (o.spm_model.empty()) {
+    tok = std::make_unique<ByteTokenizer>();
+  } else {
+    tok = std::make_unique<SentencePieceTokenizer>(o.spm_model);
+  }
+  for (const std::string& in : inputs) {  // before the output is created
+    std::ifstream probe(in, std::ios::binary);
+    IHA_CONFIG_CHECK(probe.good(), "cannot open input file '", in, "'");
+  }
+  // Written beside the output and renamed over it when complete: bad input found half way
+  // leaves no half-written file, and an existing output stays as it was.
+  const std::string partial = out_path + ".partial";
+  int64_t written = 0, docs = 0;
+  try {
+    iha::TokenFileWriter out(partial, o.dataset, tok->vocab(), tok->name(), o.spm_model);
+    std::vector<int64_t> ids;
+    Documents(inputs, o.split, o.separator).for_each([&](const std::string& doc) {
+      tok->encode(doc, ids);
+      out.begin_document();
+      out.append(ids.data(), static_cast<int64_t>(ids.size()));
+    });
+    written = out.written();
+    docs = out.documents();
+    IHA_CONFIG_CHECK(written > 0, "the inputs hold no non-empty document; nothing to write to '", out_path, "'");
+    out.close();
+    IHA_CHECK(std::rename(partial.c_str(), out_path.c_str()) == 0, "cannot rename '", partial, "' to '",
+              out_path, "'");
+  } catch (...) {
+    std::remove(partial.c_str());
+    throw;
+  }
+  std::cout << "wrote " << written << " tokens in " << docs << " documents (" << tok->name() << ", vocab_size "
+            << tok->vocab() << ") to '" << out_path << "', datasets '" << o.dataset << "' and '"
+            << iha::doc_starts_dataset(o.dataset) << "'" << std::endl;
   return 0;
 }
 
-int info(const std::string& path, const std::string& dataset, int64_t seq_len) {
+// Training sentences for SentencePiece: one per document.
+class DocumentSentences final : public sentencepiece::SentenceIterator {
+ public:
+  explicit DocumentSentences(const Documents& docs) {
+    docs.for_each([&](const std::string& d) { docs_.push_back(d); });
+  }
+  bool done() const override { return at_ >= docs_.size(); }
+  void Next() override { ++at_; }
+  const std::string& value() const override { return docs_[at_]; }
+  // OK: the documents were read (and checked) before training starts.
+  sentencepiece::util::Status status() const override { return {}; }
+  size_t size() const { return docs_.size(); }
+
+ private:
+  std::vector<std::string> docs_;
+  size_t at_ = 0;
+};
+
+int spm_train(const Options& o) {
+  IHA_CONFIG_CHECK(o.vocab_size >= 2, "spm-train needs --vocab-size V (>= 2)");
+  const std::vector<std::string> inputs(o.pos.begin() + 1, o.pos.end() - 1);
+  const std::string prefix = o.pos.back();
+  DocumentSentences sentences(Documents(inputs, o.split, o.separator));
+  IHA_CONFIG_CHECK(sentences.size() > 0, "the inputs hold no non-empty document to train on");
+  // byte_fallback: any byte of a later text has an id (no <unk> for unseen characters).
+  const auto status = sentencepiece::SentencePieceTrainer::Train(
+      {{"model_prefix", prefix},
+       {"vocab_size", std::to_string(o.vocab_size)},
+       {"model_type", o.model_type},
+       {"byte_fallback", "true"},
+       {"input_sentence_size", "2000000"},
+       {"shuffle_input_sentence", "true"},
+       {"minloglevel", "1"}},
+      &sentences);
+  IHA_CONFIG_CHECK(status.ok(), "SentencePiece training (model prefix '", prefix, "') failed: ", status.ToString());
+  std::cout << "wrote SentencePiece model '" << prefix << ".model' (vocab_size " << o.vocab_size << ", "
+            << o.model_type << ") trained on " << sentences.size() << " documents" << std::endl;
+  return 0;
+}
+
+int info(const Options& o) {
+  const std::string& path = o.pos[1];
   // Reading every sequence once also checks every id against vocab_size.
-  auto src = iha::open_token_file(path, dataset, seq_len, INT32_MAX);
-  iha::DataLoader loader(src, iha::SequenceLayout(iha::LayoutKind::contiguous, seq_len, 1), 0);
+  auto src = iha::open_token_file(path, o.dataset, o.seq_len, INT32_MAX);
+  iha::DataLoader loader(src, iha::SequenceLayout(iha::LayoutKind::contiguous, o.seq_len, 1), 0);
   int32_t lo = INT32_MAX, hi = INT32_MIN;
+  int64_t segments = 0;
   const int64_t n = src->num_sequences();
   for (int64_t s = 0; s < n; s += 256) {
     const iha::TokenBatch b = loader.batch(s, std::min<int64_t>(256, n - s));
     for (size_t i = 0; i < b.tokens.size(); ++i) {
-      lo = std::min({lo, b.tokens[i], b.targets[i]});
-      hi = std::max({hi, b.tokens[i], b.targets[i]});
+      lo = std::min(lo, b.tokens[i]);
+      hi = std::max(hi, b.tokens[i]);
+      if (b.targets[i] >= 0) hi = std::max(hi, b.targets[i]), lo = std::min(lo, b.targets[i]);
     }
+    for (const auto& ss : b.seg_starts) segments += static_cast<int64_t>(ss.size());
   }
-  std::cout << src->describe() << "\n  ids in sequences: [" << lo << ", " << hi << "]" << std::endl;
+  std::cout << src->describe() << "\n  ids in sequences: [" << lo << ", " << hi << "]\n  segments: "
+            << segments << " in " << n << " sequences (" << (n > 0 ? static_cast<double>(segments) / n : 0)
+            << " a sequence)" << std::endl;
   return 0;
+}
+
+int64_t integer_option(const std::string& name, const char* value) {
+  try {
+    size_t used = 0;
+    const int64_t v = std::stoll(value, &used);
+    if (used == std::string(value).size()) return v;
+  } catch (...) {
+  }
+  throw iha::ConfigError("option " + name + " needs an integer, got '" + value + "'");
 }
 
 }  // namespace
@@ -74,29 +300,40 @@ int info(const std::string& path, const std::string& dataset, int64_t seq_len) {
 int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);  // a write past ulimit -f fails (EFBIG) and is reported
   try {
-    std::vector<std::string> pos;
-    std::string dataset = "tokens";
-    int64_t seq_len = 1;
+    Options o;
+    bool jsonl = false, separated = false;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
-      if (a == "--dataset" || a == "--seq-len") {
+      const bool valued = a == "--dataset" || a == "--seq-len" || a == "--separator" || a == "--spm" ||
+                          a == "--vocab-size" || a == "--model-type";
+      if (valued) {
         IHA_CONFIG_CHECK(i + 1 < argc, "option ", a, " needs a value");
-        if (a == "--dataset") {
-          dataset = argv[++i];
-        } else {
-          try {
-            seq_len = std::stoll(argv[++i]);
-          } catch (...) {
-            throw iha::ConfigError("option --seq-len needs an integer");
-          }
-          IHA_CONFIG_CHECK(seq_len >= 1, "option --seq-len must be >= 1");
+        const char* v = argv[++i];
+        if (a == "--dataset") o.dataset = v;
+        if (a == "--seq-len") o.seq_len = integer_option(a, v);
+        if (a == "--vocab-size") o.vocab_size = integer_option(a, v);
+        if (a == "--spm") o.spm_model = v;
+        if (a == "--model-type") o.model_type = v;
+        if (a == "--separator") {
+          o.separator = v;
+          separated = true;
+          IHA_CONFIG_CHECK(!o.separator.empty(), "option --separator needs a non-empty string");
         }
+      } else if (a == "--jsonl") {
+        jsonl = true;
+      } else if (a.size() > 1 && a[0] == '-') {
+        throw iha::ConfigError("unknown option '" + a + "'");
       } else {
-        pos.push_back(a);
+        o.pos.push_back(a);
       }
     }
-    if (pos.size() == 3 && pos[0] == "text") return text_to_tokens(pos[1], pos[2], dataset);
-    if (pos.size() == 2 && pos[0] == "info") return info(pos[1], dataset, seq_len);
+    IHA_CONFIG_CHECK(o.seq_len >= 1, "option --seq-len must be >= 1");
+    IHA_CONFIG_CHECK(!(jsonl && separated), "options --jsonl and --separator exclude each other");
+    o.split = jsonl ? Split::jsonl : separated ? Split::separator : Split::file;
+    const std::string cmd = o.pos.empty() ? "" : o.pos[0];
+    if (cmd == "text" && o.pos.size() >= 3) return text_to_tokens(o);
+    if (cmd == "spm-train" && o.pos.size() >= 3) return spm_train(o);
+    if (cmd == "info" && o.pos.size() == 2) return info(o);
     std::cerr << kUsage;
     return 2;
   } catch (const iha::ConfigError& e) {

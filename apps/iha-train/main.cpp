@@ -323,7 +323,12 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
       return 3;
     }
     ++steps_since;
-    if (s.step % cfg.log.every == 0 || s.step == last_step) {
+    if (s.targets == 0) {
+      rep->console("step " + std::to_string(s.step) + "/" + std::to_string(cfg.steps) +
+                   " | no target tokens in the whole batch (every label masked: one-token documents, "
+                   "or data.loss_on: answer without answers); parameters unchanged");
+      rep->json(JsonLine().add("event", std::string("empty_step")).add("step", s.step));
+    } else if (s.step % cfg.log.every == 0 || s.step == last_step) {
       const auto now = clock::now();
       const double dt = std::chrono::duration<double>(now - t_last).count();
       const double elapsed = std::chrono::duration<double>(now - t_start).count();

@@ -19,6 +19,13 @@ int64_t TokenBatch::target_count() const {
   return c;
 }
 
+std::vector<int64_t> TokenSource::segment_starts(int64_t) const { return {0}; }
+
+std::string doc_starts_dataset(const std::string& token_dataset) {
+  const size_t slash = token_dataset.rfind('/');
+  return (slash == std::string::npos ? std::string() : token_dataset.substr(0, slash + 1)) + "doc_starts";
+}
+
 namespace {
 
 constexpr int32_t kQueryToken = 0;
@@ -219,6 +226,15 @@ const char* type_class_name(H5T_class_t c) {
   }
 }
 
+// "int64", "uint16", "float32", "string"...: what a dataset holds, for error messages.
+std::string element_type_name(hid_t type) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t bits = 8 * H5Tget_size(type);
+  if (cls == H5T_INTEGER) return (H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") + std::to_string(bits);
+  if (cls == H5T_FLOAT) return "float" + std::to_string(bits);
+  return type_class_name(cls);
+}
+
 class Hdf5TokenSource final : public TokenSource {
  public:
   Hdf5TokenSource(const std::string& path, const std::string& dataset, int64_t N, int64_t model_vocab)
@@ -276,6 +292,7 @@ class Hdf5TokenSource final : public TokenSource {
                        " exceeds the model's (config key 'model.vocab_size' = ", model_vocab, ")");
       IHA_CONFIG_CHECK(total_ >= N + 1, ds, ": holds ", total_, " tokens, fewer than one sequence of ",
                        N, " tokens plus its label needs (", N + 1, ")");
+      read_doc_starts(where);
     } catch (...) {
       close_all();
       throw;
@@ -292,7 +309,18 @@ class Hdf5TokenSource final : public TokenSource {
   std::string describe() const override {
     return "hdf5 '" + path_ + "' dataset '" + dataset_ + "' (" + std::to_string(total_) +
            " tokens, vocab_size " + std::to_string(vocab_) + ", " +
-           std::to_string(num_sequences()) + " sequences of " + std::to_string(N_) + ")";
+           (doc_starts_.empty() ? std::string("no doc_starts")
+                                : std::to_string(doc_starts_.size()) + " documents") +
+           ", " + std::to_string(num_sequences()) + " sequences of " + std::to_string(N_) + ")";
+  }
+
+  std::vector<int64_t> segment_starts(int64_t s) const override {
+    const int64_t base = s * N_;
+    std::vector<int64_t> out = {0};
+    for (auto it = std::upper_bound(doc_starts_.begin(), doc_starts_.end(), base);
+         it != doc_starts_.end() && *it < base + N_; ++it)
+      out.push_back(*it - base);
+    return out;
   }
 
   void fill(int64_t s, const std::vector<TokenRange>& chunks, int32_t* tokens, int32_t* targets,
@@ -309,9 +337,13 @@ class Hdf5TokenSource final : public TokenSource {
                          dataset_, "': token ", first + i, " has id ", buf[i],
                          ", outside [0, vocab_size = ", vocab_, ")");
       }
+      // A label that is the first token of a document is not predicted from the previous one.
+      auto next_doc = std::upper_bound(doc_starts_.begin(), doc_starts_.end(), first);
       for (int64_t i = 0; i < c.size(); ++i, ++row) {
+        const bool boundary = next_doc != doc_starts_.end() && *next_doc == first + i + 1;
+        if (boundary) ++next_doc;
         tokens[row] = static_cast<int32_t>(buf[i]);
-        targets[row] = static_cast<int32_t>(buf[i + 1]);
+        targets[row] = boundary ? -1 : static_cast<int32_t>(buf[i + 1]);
         answer[row] = 0;
       }
     }
@@ -364,6 +396,38 @@ class Hdf5TokenSource final : public TokenSource {
                                                       : std::string("rewritten in place")) +
                       "); tokens read from it can no longer be trusted");
   }
+  // The doc_starts dataset beside the tokens, if any, whole and checked (DESIGN.md section 10:
+  // int64, first 0, strictly ascending, below the token count).
+  void read_doc_starts(const std::string& where) {
+    const std::string name = doc_starts_dataset(dataset_);
+    if (H5Lexists(file_, name.c_str(), H5P_DEFAULT) <= 0) return;
+    const std::string ds = where + ", dataset '" + name + "'";
+    H5Id d(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+    IHA_CONFIG_CHECK(d.id >= 0, ds, ": cannot open the dataset (not a dataset, or the file is damaged)");
+    {
+      H5Id type(H5Dget_type(d.id), H5Tclose);
+      IHA_CONFIG_CHECK(H5Tget_class(type.id) == H5T_INTEGER && H5Tget_size(type.id) == 8 &&
+                           H5Tget_sign(type.id) != H5T_SGN_NONE,
+                       ds, ": has ", element_type_name(type.id), " elements; document starts must be int64");
+    }
+    H5Id space(H5Dget_space(d.id), H5Sclose);
+    const int rank = H5Sget_simple_extent_ndims(space.id);
+    IHA_CONFIG_CHECK(rank == 1, ds, ": must be 1-D, has ", rank, " dimensions");
+    hsize_t dims[1] = {0};
+    H5Sget_simple_extent_dims(space.id, dims, nullptr);
+    IHA_CONFIG_CHECK(dims[0] > 0, ds, ": is empty (a file of one document has doc_starts = [0])");
+    doc_starts_.resize(static_cast<size_t>(dims[0]));
+    IHA_CONFIG_CHECK(H5Dread(d.id, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, doc_starts_.data()) >= 0,
+                     ds, ": reading it failed (truncated or corrupted file?)");
+    IHA_CONFIG_CHECK(doc_starts_[0] == 0, ds, ": the first document starts at ", doc_starts_[0],
+                     "; it must start at 0");
+    for (size_t i = 1; i < doc_starts_.size(); ++i)
+      IHA_CONFIG_CHECK(doc_starts_[i] > doc_starts_[i - 1], ds, ": not strictly ascending: element ", i,
+                       " is ", doc_starts_[i], " after ", doc_starts_[i - 1],
+                       " (empty documents are dropped when the file is written)");
+    IHA_CONFIG_CHECK(doc_starts_.back() < total_, ds, ": element ", doc_starts_.size() - 1, " is ",
+                     doc_starts_.back(), ", outside the ", total_, " tokens of dataset '", dataset_, "'");
+  }
   void close_all() {
     if (dset_ >= 0) H5Dclose(dset_);
     if (file_ >= 0) H5Fclose(file_);
@@ -374,6 +438,7 @@ class Hdf5TokenSource final : public TokenSource {
   int64_t N_ = 0, total_ = 0, vocab_ = 0;
   hid_t file_ = -1, dset_ = -1;
   Identity opened_;
+  std::vector<int64_t> doc_starts_;  // empty: the file is one document
 };
 
 void check_queries(int64_t queries) {
@@ -425,8 +490,19 @@ std::shared_ptr<TokenSource> open_token_file(const std::string& path, const std:
 
 // ---- writer ----
 
+namespace {
+void write_string_attribute(hid_t obj, const char* name, const std::string& value) {
+  H5Id aspace(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id stype(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(stype.id, std::max<size_t>(1, value.size()));
+  H5Id attr(H5Acreate2(obj, name, stype.id, aspace.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  H5Awrite(attr.id, stype.id, value.data());
+}
+}  // namespace
+
 TokenFileWriter::TokenFileWriter(const std::string& path, const std::string& dataset,
-                                 int64_t vocab, const std::string& tokenizer)
+                                 int64_t vocab, const std::string& tokenizer,
+                                 const std::string& tokenizer_model)
     : path_(path), dataset_(dataset), vocab_(vocab) {
   IHA_CONFIG_CHECK(vocab >= 1 && vocab <= (int64_t(1) << 32), "token file '", path,
                    "': vocab_size must be in [1, 2^32], got ", vocab);
@@ -445,13 +521,8 @@ TokenFileWriter::TokenFileWriter(const std::string& path, const std::string& dat
   H5Id attr(H5Acreate2(dset_, "vocab_size", H5T_STD_I64LE, aspace.id, H5P_DEFAULT, H5P_DEFAULT),
             H5Aclose);
   H5Awrite(attr.id, H5T_NATIVE_INT64, &vocab_);
-  if (!tokenizer.empty()) {
-    H5Id stype(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(stype.id, tokenizer.size());
-    H5Id tattr(H5Acreate2(dset_, "tokenizer", stype.id, aspace.id, H5P_DEFAULT, H5P_DEFAULT),
-               H5Aclose);
-    H5Awrite(tattr.id, stype.id, tokenizer.data());
-  }
+  if (!tokenizer.empty()) write_string_attribute(dset_, "tokenizer", tokenizer);
+  if (!tokenizer_model.empty()) write_string_attribute(dset_, "tokenizer_model", tokenizer_model);
 }
 
 TokenFileWriter::~TokenFileWriter() {
@@ -467,6 +538,11 @@ void TokenFileWriter::append(const int64_t* tokens, int64_t count) {
     IHA_CONFIG_CHECK(tokens[i] >= 0 && tokens[i] < vocab_, "token file '", path_, "': token ",
                      written_ + i, " has id ", tokens[i], ", outside [0, ", vocab_, ")");
   if (count == 0) return;
+  if (document_pending_ || (!documented_ && written_ == 0)) {
+    documented_ = documented_ || document_pending_;
+    doc_starts_.push_back(written_);
+    document_pending_ = false;
+  }
   std::lock_guard<std::mutex> lock(hdf5_lock());
   const hsize_t new_size[1] = {static_cast<hsize_t>(written_ + count)};
   IHA_CHECK(H5Dset_extent(dset_, new_size) >= 0, "token file '", path_, "': cannot extend");
@@ -481,6 +557,16 @@ void TokenFileWriter::append(const int64_t* tokens, int64_t count) {
 
 void TokenFileWriter::close() {
   std::lock_guard<std::mutex> lock(hdf5_lock());
+  if (dset_ >= 0 && documented_ && !doc_starts_.empty()) {
+    const std::string name = doc_starts_dataset(dataset_);
+    const hsize_t dims[1] = {static_cast<hsize_t>(doc_starts_.size())};
+    H5Id space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+    H5Id d(H5Dcreate2(file_, name.c_str(), H5T_STD_I64LE, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+           H5Dclose);
+    IHA_CHECK(d.id >= 0 && H5Dwrite(d.id, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, doc_starts_.data()) >= 0,
+              "token file '", path_, "': writing dataset '", name, "' failed");
+    documented_ = false;
+  }
   if (dset_ >= 0) H5Dclose(dset_);
   if (file_ >= 0) {
     const herr_t rc = H5Fclose(file_);
@@ -535,6 +621,7 @@ TokenBatch DataLoader::batch(int64_t first, int64_t count) const {
     if (total > 0) s %= total;
     const size_t off = static_cast<size_t>(i * n_local_);
     source_->fill(s, chunks_, b.tokens.data() + off, b.targets.data() + off, b.answer.data() + off);
+    b.seg_starts.push_back(source_->segment_starts(s));
   }
   return b;
 }

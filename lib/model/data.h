@@ -7,11 +7,18 @@
 // mesh or order asks for it, so a resumed or re-meshed run sees the same data. The position in
 // the data is one integer (sequences consumed), kept by the trainer and checkpointed.
 //
-// HDF5 token files (docs/training.md): a 1-D integer dataset (default name "tokens"; any
+// HDF5 token files (docs/data.md): a 1-D integer dataset (default name "tokens"; any
 // integer type, e.g. uint8 for bytes, uint16, int32) with an integer attribute `vocab_size` on
 // the dataset; every id must be in [0, vocab_size). Sequence s is tokens[s*N, s*N + N + 1)
 // (consecutive sequences share one token); there are floor((T - 1) / N) of them and the
 // loader wraps around after the last.
+//
+// Packed documents (DESIGN.md section 10): an optional int64 dataset `doc_starts` beside the
+// tokens (same group), strictly ascending, first element 0, every value < T. Sequences stay
+// windows of the stream; the documents that meet a sequence's window are its segments (a
+// document cut by a sequence boundary is a segment on each side), and the target of a
+// segment's last token, the first token of the next document, is -1 (no loss across a
+// boundary). A file without doc_starts is one document.
 //
 // Synthetic tasks (docs/training.md): multi-key retrieval (RULER-style multi-key needle in a
 // haystack) and 2-hop relation composition. Token 0 is the query marker; other ids are split
@@ -21,7 +28,7 @@
 // serialises its calls on one process-wide mutex.
 // defines: iha::TokenBatch, iha::TokenSource, iha::MultiKeySpec, iha::TwoHopSpec,
 //          iha::LossOn, iha::make_multikey_source, iha::make_twohop_source,
-//          iha::open_token_file, iha::TokenFileWriter, iha::DataLoader
+//          iha::open_token_file, iha::TokenFileWriter, iha::doc_starts_dataset, iha::DataLoader
 #pragma once
 
 #include <cstdint>
@@ -40,6 +47,8 @@ struct TokenBatch {
   std::vector<int32_t> tokens;   // [B * n]
   std::vector<int32_t> targets;  // [B * n]
   std::vector<uint8_t> answer;   // [B * n] 1 where the target is an answer token
+  // Segment starts of each sequence of the batch as positions in [0, N) of the whole sequence
+  // (not of this rank's rows): ascending, first 0. Empty: one segment per sequence.
   std::vector<std::vector<int64_t>> seg_starts;
   int64_t target_count() const;
 };
@@ -56,8 +65,10 @@ class TokenSource {
   // trains on answers only), answer = 1 where x[n + 1] is an answer token.
   virtual void fill(int64_t s, const std::vector<TokenRange>& chunks, int32_t* tokens,
                     int32_t* targets, uint8_t* answer) const = 0;
+  // Where sequence s's segments (documents packed into it) start, as positions in [0, N):
+  // ascending, first element 0. A source without document boundaries has one segment.
+  virtual std::vector<int64_t> segment_starts(int64_t s) const;
   virtual std::string describe() const = 0;
-  virtual std::vector<int64_t> segment_starts(int64_t s) const { return {0}; }
 };
 
 enum class LossOn : uint8_t { all, answer };
@@ -92,30 +103,44 @@ std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int6
 std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t vocab, int64_t N,
                                                 uint64_t seed);
 // Opens an HDF5 token file; errors name the file and dataset (missing, wrong dtype or rank,
-// no vocab_size, vocab_size above the model's, too short for one sequence). Ids are checked
-// against vocab_size as they are read.
+// no vocab_size, vocab_size above the model's, too short for one sequence; doc_starts not
+// int64, not 1-D, empty, first not 0, not strictly ascending, or out of range). Ids are
+// checked against vocab_size as they are read. doc_starts is held in memory (8 bytes a
+// document).
 std::shared_ptr<TokenSource> open_token_file(const std::string& path, const std::string& dataset,
                                              int64_t N, int64_t model_vocab);
 // Writes an HDF5 token file: a 1-D dataset of the narrowest unsigned type holding vocab - 1
 // (uint8, uint16 or uint32), chunked and extendible, with the vocab_size attribute and, when
-// not empty, a `tokenizer` string attribute. Tokens are appended in blocks; close() (or the
-// destructor) finishes the file. Ids outside [0, vocab) are an error naming the position.
+// not empty, `tokenizer` (and `tokenizer_model`) string attributes. Tokens are appended in
+// blocks; close() (or the destructor) finishes the file. Ids outside [0, vocab) are an error
+// naming the position. begin_document() starts a document at the next appended token; a
+// document that gets no tokens is dropped, and tokens appended before the first
+// begin_document() belong to a first document. A file with at least one begin_document()
+// gets the doc_starts dataset, written by close().
 class TokenFileWriter {
  public:
   TokenFileWriter(const std::string& path, const std::string& dataset, int64_t vocab,
-                  const std::string& tokenizer = "");
+                  const std::string& tokenizer = "", const std::string& tokenizer_model = "");
   ~TokenFileWriter();
   TokenFileWriter(const TokenFileWriter&) = delete;
   TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+  void begin_document() { document_pending_ = true; }
   void append(const int64_t* tokens, int64_t count);
   void close();
   int64_t written() const { return written_; }
+  int64_t documents() const { return static_cast<int64_t>(doc_starts_.size()); }
 
  private:
   std::string path_, dataset_;
   int64_t vocab_, written_ = 0;
   int64_t file_ = -1, dset_ = -1;  // HDF5 ids (hid_t)
+  bool document_pending_ = false, documented_ = false;
+  std::vector<int64_t> doc_starts_;
 };
+
+// The path of the doc_starts dataset beside a token dataset ("tokens" -> "doc_starts",
+// "a/ids" -> "a/doc_starts").
+std::string doc_starts_dataset(const std::string& token_dataset);
 
 // Gives one rank its shard of consecutive sequences.
 class DataLoader {
@@ -124,7 +149,8 @@ class DataLoader {
   // The rows of any ascending list of tokens of [0, N), e.g. a head x sequence rank's
   // ReplicaLayout::tokens_of(s, t).
   DataLoader(std::shared_ptr<TokenSource> source, int64_t N, const std::vector<int64_t>& tokens);
-  // Sequences [first, first + count) of the source (wrapping around a finite source).
+  // Sequences [first, first + count) of the source (wrapping around a finite source), with
+  // every sequence's segment starts.
   TokenBatch batch(int64_t first, int64_t count) const;
   const TokenSource& source() const { return *source_; }
   int64_t local_tokens() const { return n_local_; }

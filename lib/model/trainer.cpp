@@ -210,7 +210,18 @@ StepStats Trainer<T>::train_step() {
   int64_t count = 0;
   for (const auto& b : batches) count += b.target_count();
   world_->all_reduce(&count, 1, DType::i64, ReduceOp::sum, "train.count");
-  IHA_CONFIG_CHECK(count > 0, "step ", scalars_.step + 1, ": the batch has no target tokens (data.loss_on?)");
+  if (count == 0) {
+    // Nothing to learn from (e.g. every document of the batch is one token long, or no answer
+    // token in it): the step consumes its data and changes nothing else, the same on every rank
+    // as the count is global. The caller reports it (StepStats::targets == 0).
+    scalars_.step += 1;
+    scalars_.data_cursor += cfg_.batch_size;
+    StepStats s;
+    s.step = scalars_.step;
+    s.tokens = cfg_.batch_size * cfg_.seq_len;
+    s.lr = learning_rate(cfg_.optim, scalars_.step - 1, cfg_.steps);
+    return s;
+  }
 
   CrossEntropyStats local;
   const double scale = 1.0 / static_cast<double>(count);

@@ -25,6 +25,9 @@
 // The loss of a step is a global mean: the sum of cross-entropies over every rank's target
 // tokens of every micro-batch, divided by their global count (counted before the forward), so
 // uneven shards and micro-batches weigh correctly and the result does not depend on the mesh.
+// A step whose global count is 0 (DESIGN.md section 10) runs no forward and changes neither
+// parameters nor moments; it consumes its sequences and counts as a step (so a run whose data
+// never has a target still ends), and returns targets = 0 for the caller to report.
 //
 // Data: step k consumes sequences [cursor, cursor + batch_size); micro-batch u of data-parallel
 // replica r takes [cursor + (u * dp + r) * micro_batch, + micro_batch). The cursor is a count
@@ -76,7 +79,7 @@ struct StepStats {
   double loss = 0;             // global mean cross-entropy of the step
   double answer_loss = 0;      // the same over answer tokens (synthetic tasks), 0 if none
   double answer_accuracy = 0;  // training-batch answer accuracy
-  int64_t targets = 0;         // global target tokens
+  int64_t targets = 0;         // global target tokens; 0: a step that changed nothing
   int64_t tokens = 0;          // global input tokens (batch_size * N)
   double grad_norm = 0;        // before clipping
   double lr = 0;

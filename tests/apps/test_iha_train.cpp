@@ -521,6 +521,153 @@ TEST(IhaTrain, NumpyReferenceComputesTheSameLoss) {
   std::filesystem::remove(h5);
 }
 
+std::string data_bin() { return IHA_DATA_BIN; }
+
+// Every document format: one per file, one per JSON line (blank lines skipped, empty texts
+// dropped), pieces between separators; the starts land in doc_starts, and bad JSON names the
+// file and line.
+TEST(IhaData, DocumentsFromFilesJsonLinesAndSeparators) {
+  const std::string a = tmp("doc_a.txt"), b = tmp("doc_b.txt"), empty = tmp("doc_empty.txt");
+  const std::string jl = tmp("docs.jsonl"), sep = tmp("docs.sep"), h5 = tmp("docs.h5");
+  std::ofstream(a, std::ios::binary) << "first";
+  std::ofstream(b, std::ios::binary) << "second one";
+  std::ofstream(empty, std::ios::binary) << "";
+  std::ofstream(jl, std::ios::binary) << "{\"text\": \"ab\\n\\u00e9\"}\n\n{\"text\": \"\", \"id\": 3}\n"
+                                         "{\"id\": 4, \"text\": \"xyz\"}\n";
+  std::ofstream(sep, std::ios::binary) << "%\none\n%\r\n%\ntwo\nlines\n %\n%\nthree";
+  auto doc_starts = [&](const std::string& cmd) {
+    const Result r = shell(data_bin() + " text " + cmd + " " + h5);
+    EXPECT_EQ(r.code, 0) << cmd << "\n" << r.output;
+    hid_t f = H5Fopen(h5.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "doc_starts", H5P_DEFAULT);
+    hid_t t = H5Dopen2(f, "tokens", H5P_DEFAULT);
+    hid_t sp = H5Dget_space(d), tsp = H5Dget_space(t);
+    std::vector<int64_t> starts(static_cast<size_t>(H5Sget_simple_extent_npoints(sp)));
+    H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, starts.data());
+    starts.push_back(H5Sget_simple_extent_npoints(tsp));  // the token count last
+    H5Sclose(sp), H5Sclose(tsp), H5Dclose(d), H5Dclose(t), H5Fclose(f);
+    return starts;
+  };
+  EXPECT_EQ(doc_starts(a + " " + empty + " " + b), (std::vector<int64_t>{0, 5, 15}));
+  EXPECT_EQ(doc_starts("--jsonl " + jl), (std::vector<int64_t>{0, 5, 8}));  // "ab\n" + 2 bytes of é
+  // Documents "one\n" (after an empty one), "two\nlines\n %\n" (" %" is text), "three".
+  EXPECT_EQ(doc_starts(sep + " --separator %"), (std::vector<int64_t>{0, 4, 17, 22}));
+  std::ofstream(jl, std::ios::app) << "{\"text\": \"ok\"}\n{\"text\": 5}\n";
+  const Result not_string = shell(data_bin() + " text --jsonl " + jl + " " + h5);
+  EXPECT_EQ(not_string.code, 2) << not_string.output;
+  EXPECT_NE(not_string.output.find("'" + jl + "', line 6: field \"text\" is number"), std::string::npos)
+      << not_string.output;
+  std::ofstream(jl, std::ios::binary) << "{\"text\": \"fine\"}\n{\"text\": \"cut\n";
+  const Result bad_json = shell(data_bin() + " text --jsonl " + jl + " " + h5);
+  EXPECT_EQ(bad_json.code, 2) << bad_json.output;
+  EXPECT_NE(bad_json.output.find("'" + jl + "', line 2: not valid JSON"), std::string::npos) << bad_json.output;
+  EXPECT_EQ(doc_starts(a), (std::vector<int64_t>{0, 5})) << "the failed conversions left the last good file";
+  EXPECT_FALSE(std::filesystem::exists(h5 + ".partial"));
+  for (const auto& f : {a, b, empty, jl, sep, h5}) std::filesystem::remove(f);
+}
+
+// The real corpus: Debian's fortune file, one document a fortune ("%" lines between them),
+// and the packed demo's config training on it.
+TEST(IhaData, TheFortuneFileSplitsIntoItsFortunes) {
+  const std::string fortunes = "/usr/share/games/fortunes/fortunes", h5 = tmp("fortunes.h5");
+  ASSERT_TRUE(std::filesystem::exists(fortunes)) << "install fortunes-min (scripts/install-deps.sh)";
+  const Result seps = shell("grep -c '^%$' " + fortunes);
+  const int64_t separators = std::stoll(seps.output);
+  const Result r = shell(data_bin() + " text " + fortunes + " " + h5 + " --separator %");
+  ASSERT_EQ(r.code, 0) << r.output;
+  // Every fortune ends with a "%" line: as many fortunes as those lines, of 2 bytes each.
+  const int64_t bytes = static_cast<int64_t>(std::filesystem::file_size(fortunes));
+  EXPECT_NE(r.output.find("wrote " + std::to_string(bytes - 2 * separators) + " tokens in " +
+                          std::to_string(separators) + " documents"),
+            std::string::npos)
+      << r.output;
+  // configs/packed-demo.yaml, shrunk to seconds, trains on it.
+  const Result demo_run = run(std::string("train --config ") + IHA_SOURCE_DIR + "/configs/packed-demo.yaml" +
+                              " --set data.path=" + h5 + " --set eval.path=" + h5 +
+                              " --set sequence.length=32 --set train.steps=3 --set eval.sequences=8"
+                              " --set logging.every=1 --set checkpoint.dir= --set logging.jsonl=");
+  EXPECT_EQ(demo_run.code, 0) << demo_run.output;
+  EXPECT_NE(demo_run.output.find("eval  step 3 | loss"), std::string::npos) << demo_run.output;
+  std::filesystem::remove(h5);
+}
+
+// A SentencePiece model trained by iha-data spm-train encodes the documents; the file records
+// the tokenizer and its vocabulary, which must fit model.vocab_size; a missing model is an
+// error naming it.
+TEST(IhaData, SentencePieceTokenizerTrainsEncodesAndMustFitTheModel) {
+  const std::string corpus = tmp("spm.jsonl"), prefix = tmp("spm"), h5 = tmp("spm.h5");
+  {
+    std::ofstream out(corpus, std::ios::binary);
+    const char* words[] = {"alpha", "beta", "gamma", "delta", "kappa", "lambda", "omega", "sigma"};
+    for (int d = 0; d < 300; ++d) {
+      out << "{\"text\": \"";
+      for (int w = 0; w < 12 + d % 30; ++w) out << words[(d * 7 + w * w) % 8] << (w % 5 == 4 ? ". " : " ");
+      out << "\"}\n";
+    }
+  }
+  const Result train = shell(data_bin() + " spm-train --jsonl " + corpus + " " + prefix + " --vocab-size 280");
+  ASSERT_EQ(train.code, 0) << train.output;
+  const Result conv = shell(data_bin() + " text --jsonl " + corpus + " " + h5 + " --spm " + prefix + ".model");
+  ASSERT_EQ(conv.code, 0) << conv.output;
+  EXPECT_NE(conv.output.find("in 300 documents (sentencepiece, vocab_size 280)"), std::string::npos) << conv.output;
+  const Result info = shell(data_bin() + " info " + h5 + " --seq-len 16");
+  EXPECT_NE(info.output.find("vocab_size 280, 300 documents"), std::string::npos) << info.output;
+  const Result attrs = shell("h5dump -a tokens/tokenizer -a tokens/tokenizer_model " + h5);
+  EXPECT_NE(attrs.output.find("\"sentencepiece\""), std::string::npos) << attrs.output;
+  EXPECT_NE(attrs.output.find(prefix + ".model"), std::string::npos) << attrs.output;
+  const std::string hdf5 = "--set 'eval={sequences: 0}' --set 'data={kind: hdf5, path: " + h5 + "}'";
+  expect_config_error(demo(hdf5 + " --set model.vocab_size=256"), "vocab_size 280 exceeds the model's (config key 'model.vocab_size' = 256)");
+  const Result ok = run(demo(hdf5 + " --set model.vocab_size=280"));
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  const Result missing = shell(data_bin() + " text " + corpus + " " + h5 + " --spm " + tmp("none.model"));
+  EXPECT_EQ(missing.code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("SentencePiece model '" + tmp("none.model") + "' (option --spm): no such file"),
+            std::string::npos) << missing.output;
+  const Result not_a_model = shell(data_bin() + " text " + corpus + " " + h5 + " --spm " + corpus);
+  EXPECT_EQ(not_a_model.code, 2) << not_a_model.output;
+  EXPECT_NE(not_a_model.output.find("cannot load it"), std::string::npos) << not_a_model.output;
+  for (const auto& f : {corpus, prefix + ".model", prefix + ".vocab", h5}) std::filesystem::remove(f);
+}
+
+// Bad document starts stop every rank with exit code 2 naming the file and dataset; a batch
+// of one-token documents only is a reported step that changes nothing.
+TEST(IhaTrain, DocStartsBadInputAndStepsWithoutTargets) {
+  const std::string f = tmp("docs.h5");
+  iha::test::RawTokenFile raw;
+  raw.tokens.assign(400, 3);
+  raw.vocab_size = 48;
+  raw.has_doc_starts = true;
+  const std::string hdf5 = "--set 'eval={sequences: 0}' --set 'data={kind: hdf5, path: " + f + "}'";
+  const std::string where = "token file '" + f + "', dataset 'doc_starts'";
+  raw.doc_starts = {0, 9, 9};
+  iha::test::write_raw_token_file(f, raw);
+  expect_config_error(demo(hdf5), where + ": not strictly ascending");
+  raw.doc_starts = {0, 400};
+  iha::test::write_raw_token_file(f, raw);
+  expect_config_error(demo(hdf5), where + ": element 1 is 400, outside the 400 tokens");
+  raw.doc_starts = {2};
+  iha::test::write_raw_token_file(f, raw);
+  expect_config_error(demo(hdf5), where + ": the first document starts at 2");
+  raw.doc_starts = {0, 5};
+  raw.doc_starts_type = H5T_IEEE_F32LE;
+  iha::test::write_raw_token_file(f, raw);
+  expect_config_error(demo(hdf5), where + ": has float32 elements");
+  // Every token its own document: no step has a target.
+  raw.doc_starts_type = H5T_STD_I64LE;
+  raw.doc_starts.clear();
+  for (int64_t t = 0; t < 400; ++t) raw.doc_starts.push_back(t);
+  iha::test::write_raw_token_file(f, raw);
+  const std::string log = tmp("empty.jsonl");
+  const Result r = run(demo(hdf5 + " --set train.steps=2 --set logging.jsonl=" + log));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 2/2 | no target tokens in the whole batch"), std::string::npos) << r.output;
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("{\"event\":\"empty_step\",\"step\":1}"), std::string::npos) << text;
+  std::filesystem::remove(log);
+  std::filesystem::remove(f);
+}
+
 TEST(IhaData, TextBecomesByteTokensThatTrain) {
   const std::string txt = tmp("corpus.txt"), h5 = tmp("corpus.h5");
   {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <set>
@@ -355,6 +356,122 @@ TEST_F(TokenFiles, BadFilesNameTheFileAndTheProblem) {
   const std::string od = path("dataset");
   test::write_raw_token_file(od, other);
   expect_error(od, "no such dataset");
+}
+
+// ---- packed documents (DESIGN.md section 10) ----
+
+// Documents of these lengths (0: an empty one, which the writer drops), each a run of one id
+// per document so a row shows which document it came from.
+std::vector<int64_t> write_documents(const std::string& f, const std::vector<int64_t>& lengths) {
+  TokenFileWriter w(f, "tokens", 64, "bytes");
+  std::vector<int64_t> starts;
+  int64_t at = 0;
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    const std::vector<int64_t> doc(static_cast<size_t>(lengths[d]), static_cast<int64_t>(d % 64));
+    w.begin_document();
+    w.append(doc.data(), lengths[d]);
+    if (lengths[d] > 0) starts.push_back(at);
+    at += lengths[d];
+  }
+  EXPECT_EQ(w.documents(), static_cast<int64_t>(starts.size()));
+  return starts;
+}
+
+TEST_F(TokenFiles, DocumentsBecomeSegmentsAndNoTargetCrossesABoundary) {
+  const std::string f = path("docs");
+  // One-token documents, empty ones (dropped), documents longer than a sequence, one ending
+  // exactly at a sequence boundary (N = 8: 3 + 5).
+  const std::vector<int64_t> lengths = {3, 5, 1, 0, 1, 20, 2, 0, 7, 1, 1, 9, 4};
+  const std::vector<int64_t> starts = write_documents(f, lengths);
+  const int64_t N = 8;
+  auto src = open_token_file(f, "tokens", N, 64);
+  const int64_t T = 54;  // the tokens written
+  ASSERT_EQ(src->num_sequences(), (T - 1) / N);
+  std::vector<int64_t> doc_of(static_cast<size_t>(T));  // the document of every stream token
+  for (size_t d = 0; d < starts.size(); ++d)
+    for (int64_t t = starts[d]; t < (d + 1 < starts.size() ? starts[d + 1] : T); ++t) doc_of[t] = static_cast<int64_t>(d);
+  for (int64_t s = 0; s < src->num_sequences(); ++s) {
+    // Expected from the definition: a segment starts at 0 and wherever the document changes.
+    std::vector<int64_t> want = {0};
+    for (int64_t n = 1; n < N; ++n)
+      if (doc_of[s * N + n] != doc_of[s * N + n - 1]) want.push_back(n);
+    EXPECT_EQ(src->segment_starts(s), want) << "sequence " << s;
+    const Whole w = whole(*src, s);
+    for (int64_t n = 0; n < N; ++n) {
+      const bool crosses = doc_of[s * N + n + 1] != doc_of[s * N + n];
+      EXPECT_EQ(w.targets[n], crosses ? -1 : w.tokens[n]) << "s " << s << " n " << n;  // one id a document
+    }
+  }
+  EXPECT_EQ(src->segment_starts(0), (std::vector<int64_t>{0, 3}));  // 3 + 5: the next one at 8
+  EXPECT_EQ(whole(*src, 0).targets[N - 1], -1);  // its label is the next sequence's first token
+  // Shards: every layout and rank count gives the whole sequence's rows and segment starts.
+  for (LayoutKind kind : {LayoutKind::contiguous, LayoutKind::zigzag})
+    for (int64_t R = 1; R <= 3; ++R) {
+      const SequenceLayout layout(kind, N, R);
+      for (int64_t r = 0; r < R; ++r) {
+        DataLoader loader(src, layout, r);
+        const TokenBatch b = loader.batch(4, 3);  // sequences 4, 5, 0 (wraps)
+        ASSERT_EQ(b.seg_starts.size(), 3u);
+        const auto toks = layout.tokens_of(r);
+        for (int64_t i = 0; i < 3; ++i) {
+          const int64_t s = (4 + i) % src->num_sequences();
+          EXPECT_EQ(b.seg_starts[i], src->segment_starts(s));
+          const Whole w = whole(*src, s);
+          for (size_t k = 0; k < toks.size(); ++k) {
+            EXPECT_EQ(b.tokens[i * b.n + k], w.tokens[toks[k]]);
+            EXPECT_EQ(b.targets[i * b.n + k], w.targets[toks[k]]);
+          }
+        }
+      }
+    }
+}
+
+TEST_F(TokenFiles, WithoutDocStartsAFileIsOneDocument) {
+  const std::string f = path("stream");
+  {
+    TokenFileWriter w(f, "tokens", 64);
+    const std::vector<int64_t> t(30, 7);
+    w.append(t.data(), 30);
+  }
+  hid_t file = H5Fopen(f.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  EXPECT_EQ(H5Lexists(file, "doc_starts", H5P_DEFAULT), 0) << "no begin_document, no doc_starts";
+  H5Fclose(file);
+  auto src = open_token_file(f, "tokens", 8, 64);
+  EXPECT_EQ(src->segment_starts(1), std::vector<int64_t>{0});
+  DataLoader loader(src, SequenceLayout(LayoutKind::contiguous, 8, 1), 0);
+  EXPECT_EQ(loader.batch(0, 3).target_count(), 24);
+  // The synthetic sources have one segment per sequence.
+  EXPECT_EQ(make_multikey_source(mk(), 40, 50, 3)->segment_starts(5), std::vector<int64_t>{0});
+}
+
+TEST_F(TokenFiles, BadDocStartsNameTheFileAndDataset) {
+  test::RawTokenFile good;
+  good.tokens.assign(40, 5);
+  good.has_doc_starts = true;
+  good.doc_starts = {0, 3, 17, 39};
+  const std::string ok = path("ds_ok");
+  test::write_raw_token_file(ok, good);
+  EXPECT_EQ(error_of(ok), "");
+  int cases = 0;
+  auto expect_error = [&](const std::string& what, const std::function<void(test::RawTokenFile&)>& spoil) {
+    test::RawTokenFile bad = good;
+    spoil(bad);
+    const std::string f = path("ds_bad" + std::to_string(cases++));
+    test::write_raw_token_file(f, bad);
+    const std::string msg = error_of(f);
+    EXPECT_NE(msg.find("token file '" + f + "', dataset 'doc_starts'"), std::string::npos) << what << ": " << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << "expected '" << what << "' in: " << msg;
+  };
+  expect_error("not strictly ascending: element 2 is 3 after 3", [](auto& r) { r.doc_starts = {0, 3, 3, 10}; });
+  expect_error("not strictly ascending: element 2 is 2 after 17", [](auto& r) { r.doc_starts = {0, 17, 2}; });
+  expect_error("the first document starts at 1", [](auto& r) { r.doc_starts = {1, 5}; });
+  expect_error("the first document starts at -4", [](auto& r) { r.doc_starts = {-4, 5}; });
+  expect_error("element 3 is 40, outside the 40 tokens", [](auto& r) { r.doc_starts = {0, 3, 17, 40}; });
+  expect_error("has float64 elements; document starts must be int64", [](auto& r) { r.doc_starts_type = H5T_IEEE_F64LE; });
+  expect_error("has int32 elements", [](auto& r) { r.doc_starts_type = H5T_STD_I32LE; });
+  expect_error("has uint64 elements", [](auto& r) { r.doc_starts_type = H5T_STD_U64LE; });
+  expect_error("must be 1-D", [](auto& r) { r.doc_starts_two_d = true; });
+  expect_error("is empty", [](auto& r) { r.doc_starts.clear(); });
 }
 
 // ---- run configs ----

@@ -2,9 +2,14 @@
 // continues the uninterrupted run bit for bit; resuming on another mesh agrees within 1e-10
 // (float64); fine-tuning loads the weights at a longer context with the window rule of
 // DESIGN.md section 1; a model of another architecture is refused naming the key; evaluation
-// of loaded weights equals that of the run that saved them.
+// of loaded weights equals that of the run that saved them. A step whose batch has no target
+// (every document one token long) changes nothing but the step count and data cursor.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <filesystem>
+
+#include "model/data.h"
 #include "model/train_checkpoint.h"
 #include "model_fixtures.h"
 #include "mpi_env.h"
@@ -221,6 +226,51 @@ TEST(Resume, NotACheckpointIsAClearError) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("finetune.from"), std::string::npos) << e.what();
   }
+}
+
+// DESIGN.md section 10: a step whose global target count is 0 changes neither parameters nor
+// moments, on every rank; it consumes its sequences, and the next step trains as usual.
+TEST(Steps, ABatchWithoutTargetsChangesNothing) {
+  const int64_t W = world().size(), N = 23;
+  test::SharedDir dir("empty_step");
+  const std::string f = dir.str() + "/docs.h5";
+  const RunConfig probe = tiny(W, 1, "float64", N);
+  if (world().rank() == 0) {
+    std::filesystem::create_directories(dir.str());
+    TokenFileWriter w(f, "tokens", 32);
+    // Step 1's sequences [0, 12) hold only one-token documents (their labels included); then
+    // documents of 10 tokens.
+    const int64_t first = probe.batch_size * N + 1;
+    for (int64_t t = 0; t < first; ++t) {
+      const int64_t id = 1 + t % 31;
+      w.begin_document();
+      w.append(&id, 1);
+    }
+    for (int64_t t = first; t < 3 * first; t += 10) {
+      std::vector<int64_t> doc(10);
+      for (int64_t i = 0; i < 10; ++i) doc[i] = (t + 3 * i) % 32;
+      w.begin_document();
+      w.append(doc.data(), 10);
+    }
+  }
+  world().barrier();
+  const RunConfig cfg =
+      tiny(W, 1, "float64", N, {"data={kind: hdf5, path: " + f + "}", "eval={sequences: 0}"});
+  Trainer<double> t(cfg, test::world_ptr());
+  t.init();
+  const std::vector<double> p0 = params_of(t);
+  const StepStats empty = t.train_step();
+  EXPECT_EQ(empty.targets, 0);
+  EXPECT_EQ(empty.step, 1);
+  EXPECT_EQ(t.step(), 1);
+  EXPECT_EQ(t.scalars().data_cursor, cfg.batch_size);
+  EXPECT_EQ(params_of(t), p0);
+  for (double m : test::as_f64(t.optimizer().m())) ASSERT_EQ(m, 0.0);
+  for (double v : test::as_f64(t.optimizer().v())) ASSERT_EQ(v, 0.0);
+  const StepStats next = t.train_step();
+  EXPECT_GT(next.targets, 0);
+  EXPECT_TRUE(std::isfinite(next.loss));
+  EXPECT_NE(params_of(t), p0);
 }
 
 }  // namespace
