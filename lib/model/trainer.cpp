@@ -193,7 +193,6 @@ TokenBatch Trainer<T>::load(const DataLoader& loader, const std::shared_ptr<Toke
   // Part sp*hp_degree + hp, as ReplicaLayout numbers them.
   const int64_t part = mesh_->sp_index() * cfg_.mesh.hp + mesh_->hp_index();
   TokenBatch b = DataLoader(source, N, (*map)[part]).batch(first, count);
-  b.seg_starts = starts;
   return b;
 }
 
