@@ -6,14 +6,17 @@
 
 namespace iha {
 
+// Token-major: each pre-mix row is read once for all heads and P pseudo-tokens while it is in
+// cache (a head-major order streams the whole input once per head). The sums over m run in
+// ascending m, as DESIGN.md's formula, whatever the loop order.
 template <class T>
 void mix_rope_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
                       const T* alpha, int64_t h_begin, int64_t h_end, const RopeTable<T>* rope, T* virt,
                       int64_t head_stride) {
-  for (int64_t h = h_begin; h < h_end; ++h) {
-    T* vh = virt + (h - h_begin) * head_stride;
-    for (int64_t i = 0; i < n_tok; ++i) {
-      const T* row = pre + i * ld_pre;
+  for (int64_t i = 0; i < n_tok; ++i) {
+    const T* row = pre + i * ld_pre;
+    for (int64_t h = h_begin; h < h_end; ++h) {
+      T* vh = virt + (h - h_begin) * head_stride;
       for (int64_t j = 0; j < P; ++j) {
         T* out = vh + (i * P + j) * d;
         for (int64_t c = 0; c < d; ++c) out[c] = T(0);
@@ -28,15 +31,18 @@ void mix_rope_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, in
   }
 }
 
+// Token-major as the forward: dpre's row i takes its H * P contributions while in cache. Per
+// element the order of the additions is the head-major one (h, then j), and dalpha's sums run
+// over i ascending, so the results do not depend on the loop order.
 template <class T>
 void mix_rope_backward(T* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H,
                        int64_t d, int64_t P, const T* alpha, int64_t h_begin, int64_t h_end,
                        const RopeTable<T>* rope, T* dpre, int64_t ld_dpre, T* dalpha) {
-  for (int64_t h = h_begin; h < h_end; ++h) {
-    T* dvh = dvirt + (h - h_begin) * head_stride;
-    for (int64_t i = 0; i < n_tok; ++i) {
-      const T* row = pre + i * ld_pre;
-      T* drow = dpre + i * ld_dpre;
+  for (int64_t i = 0; i < n_tok; ++i) {
+    const T* row = pre + i * ld_pre;
+    T* drow = dpre + i * ld_dpre;
+    for (int64_t h = h_begin; h < h_end; ++h) {
+      T* dvh = dvirt + (h - h_begin) * head_stride;
       for (int64_t j = 0; j < P; ++j) {
         T* g = dvh + (i * P + j) * d;
         if (rope) rope->rotate_row(g, i * P + j, true);
@@ -125,23 +131,31 @@ void collapse_backward(const T* dout, int64_t ld_dout, const T* y, int64_t head_
                        int64_t n_tok, int64_t H, int64_t d, int64_t P, Collapse form, const T* C,
                        T* dy, T* dC) {
   const int64_t cols = form == Collapse::global ? H * P : P;
-  for (int64_t hp = 0; hp < H; ++hp)
-    for (int64_t r = 0; r < n_tok * P; ++r)
-      for (int64_t c = 0; c < d; ++c) dy[hp * head_stride + r * d + c] = T(0);
+  // Every dy row takes its first contribution from h = 0 (global) or its own head (per head):
+  // that one writes, the later ones add, so dy needs no zeroing pass of its own.
   for (int64_t i = 0; i < n_tok; ++i) {
     for (int64_t h = 0; h < H; ++h) {
       const T* g = dout + i * ld_dout + h * d;
-      const int64_t h_first = form == Collapse::global ? 0 : h;
-      const int64_t h_last = form == Collapse::global ? H : h + 1;
+      const bool global = form == Collapse::global;
+      const int64_t h_first = global ? 0 : h;
+      const int64_t h_last = global ? H : h + 1;
+      const bool first = !global || h == 0;
       for (int64_t hp = h_first; hp < h_last; ++hp) {
         for (int64_t j = 0; j < P; ++j) {
-          const int64_t ci = h * cols + (form == Collapse::global ? hp * P + j : j);
+          const int64_t ci = h * cols + (global ? hp * P + j : j);
           const T w = C[ci];
           const int64_t off = hp * head_stride + (i * P + j) * d;
           T dot = 0;
-          for (int64_t c = 0; c < d; ++c) {
-            dy[off + c] += w * g[c];
-            dot += g[c] * y[off + c];
+          if (first) {
+            for (int64_t c = 0; c < d; ++c) {
+              dy[off + c] = w * g[c];
+              dot += g[c] * y[off + c];
+            }
+          } else {
+            for (int64_t c = 0; c < d; ++c) {
+              dy[off + c] += w * g[c];
+              dot += g[c] * y[off + c];
+            }
           }
           if (dC) dC[ci] += dot;
         }
