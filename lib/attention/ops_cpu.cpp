@@ -6,17 +6,14 @@
 
 namespace iha {
 
-// Token-major: each pre-mix row is read once for all heads and P pseudo-tokens while it is in
-// cache (a head-major order streams the whole input once per head). The sums over m run in
-// ascending m, as DESIGN.md's formula, whatever the loop order.
 template <class T>
 void mix_rope_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
                       const T* alpha, int64_t h_begin, int64_t h_end, const RopeTable<T>* rope, T* virt,
                       int64_t head_stride) {
-  for (int64_t i = 0; i < n_tok; ++i) {
-    const T* row = pre + i * ld_pre;
-    for (int64_t h = h_begin; h < h_end; ++h) {
-      T* vh = virt + (h - h_begin) * head_stride;
+  for (int64_t h = h_begin; h < h_end; ++h) {
+    T* vh = virt + (h - h_begin) * head_stride;
+    for (int64_t i = 0; i < n_tok; ++i) {
+      const T* row = pre + i * ld_pre;
       for (int64_t j = 0; j < P; ++j) {
         T* out = vh + (i * P + j) * d;
         for (int64_t c = 0; c < d; ++c) out[c] = T(0);
@@ -31,18 +28,15 @@ void mix_rope_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, in
   }
 }
 
-// Token-major as the forward: dpre's row i takes its H * P contributions while in cache. Per
-// element the order of the additions is the head-major one (h, then j), and dalpha's sums run
-// over i ascending, so the results do not depend on the loop order.
 template <class T>
 void mix_rope_backward(T* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H,
                        int64_t d, int64_t P, const T* alpha, int64_t h_begin, int64_t h_end,
                        const RopeTable<T>* rope, T* dpre, int64_t ld_dpre, T* dalpha) {
-  for (int64_t i = 0; i < n_tok; ++i) {
-    const T* row = pre + i * ld_pre;
-    T* drow = dpre + i * ld_dpre;
-    for (int64_t h = h_begin; h < h_end; ++h) {
-      T* dvh = dvirt + (h - h_begin) * head_stride;
+  for (int64_t h = h_begin; h < h_end; ++h) {
+    T* dvh = dvirt + (h - h_begin) * head_stride;
+    for (int64_t i = 0; i < n_tok; ++i) {
+      const T* row = pre + i * ld_pre;
+      T* drow = dpre + i * ld_dpre;
       for (int64_t j = 0; j < P; ++j) {
         T* g = dvh + (i * P + j) * d;
         if (rope) rope->rotate_row(g, i * P + j, true);
