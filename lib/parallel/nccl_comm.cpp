@@ -345,14 +345,15 @@ class NcclComm final : public NcclCommunicator {
     return static_cast<size_t>(count) * dtype_size(dt);
   }
 
-  // A blocking collective from `send` (in_bytes) to `recv` (out_bytes; the same buffer when
-  // send == recv): host buffers go through the staging buffer, post(in, out) enqueues the NCCL
-  // calls on device pointers, and the result is in place when this returns.
+  // A blocking collective from `send` (in_bytes) to `recv` (out_bytes; one buffer when they
+  // are the same pointer and size, as all-reduce and broadcast): host buffers go through the
+  // staging buffer, post(in, out) enqueues the NCCL calls on device pointers, and the result
+  // is in place when this returns.
   template <class Post>
   void blocking(const void* send, size_t in_bytes, void* recv, size_t out_bytes, const std::string& site,
                 Post post) {
     if (in_bytes == 0 && out_bytes == 0) return;
-    const bool in_place = send == recv;
+    const bool in_place = send == recv && in_bytes == out_bytes;
     const bool host_in = !is_device_pointer(send), host_out = !in_place && !is_device_pointer(recv);
     const size_t in_stage = host_in ? in_bytes : 0;
     reserve_stage(in_stage + (host_out ? out_bytes : 0));
