@@ -299,17 +299,27 @@ class Enumerator:
         m, B, n = self.m, self.B, self.n
         w, H, d, P = m.H * m.d, m.H, m.d, lay.P
         ops.alloc(B * H * n * P * d, B * H * n * P)               # ov, lse
-        # cur = payload: the block now here is the payload tensor itself, no copy
-        for st in ring_schedule(lay, self.token_lists, self.r):
+        # Round 0 computes on the payload itself; round i + 1's K/V travels during round i.
+        steps = ring_schedule(lay, self.token_lists, self.r)
+        for st in steps:
             ops = self.seg(f"{tag}.ring{st.i}")
-            if st.next_tokens:
-                ops.alloc(2 * B * st.next_tokens * w)             # next = zeros
-                ops.messages.append(("p2p", 2 * B * st.block_tokens * w * F32, 2))
+            self.post_next_block(ops, steps, st.i)
             if st.call:
                 self.decode(ops, lay, st.call.m)
                 ops.alloc(st.call.nq * d + st.call.nq)            # o_part, l_part
                 self.attend(ops, lay, st.call, "fwd")
                 ops.elem["merge"] += B * H * st.call.nq * d
+
+    def post_next_block(self, ops, steps, i):
+        """The K/V of round i + 1, straight from its owner (and this rank's to rank r + i + 1),
+        in flight while round i computes. A whole round's block: the engine moves it in
+        ring_pieces pieces, the same bytes."""
+        if i + 1 >= len(steps):
+            return
+        nx = steps[i + 1]
+        w = self.m.H * self.m.d
+        ops.alloc(2 * self.B * nx.recv_tokens * w)
+        ops.messages.append(("p2p", 2 * self.B * max(nx.recv_tokens, nx.send_tokens) * w * F32, 2))
 
     def halo_forward(self, tag, lay, ops):
         m, B, n = self.m, self.B, self.n
@@ -370,24 +380,22 @@ class Enumerator:
         m, B, n = self.m, self.B, self.n
         w, H, d, P = m.H * m.d, m.H, m.d, lay.P
         ops.alloc(B * H * n * P * d)                              # dqv
-        R = self.R                                                # cur = payload (no copy)
-        for st in ring_schedule(lay, self.token_lists, self.r):
+        steps = ring_schedule(lay, self.token_lists, self.r)
+        for st in steps:
             ops = self.seg(f"{tag}.ring{st.i}")
-            if st.next_tokens:
-                ops.alloc(2 * B * st.next_tokens * w)
-                ops.messages.append(("p2p", 2 * B * st.block_tokens * w * F32, 2))
-            ops.alloc(2 * B * st.block_tokens * w)                # contrib
+            self.post_next_block(ops, steps, st.i)
             if st.call:
                 self.decode(ops, lay, st.call.m)
                 ops.alloc(2 * B * H * st.call.m * P * d)          # dkv, dvv
                 self.attend(ops, lay, st.call, "bwd")
                 self.decode_backward(ops, lay, st.call.m)
-            if st.i > 0:                                          # += the travelling gradient
-                ops.add_floats += 2 * B * st.block_tokens * w
-            nxt = runs_total(self.token_lists[(self.r - st.i - 1) % R])
-            ops.alloc(2 * B * nxt * w)                            # incoming
-            ops.messages.append(("p2p", 2 * B * st.block_tokens * w * F32, 2))
-        # dpayload = incoming: the last received gradient is the result, no copy
+            if st.i > 0:
+                # This round's dK|dV goes straight to s (posted in the next slot); the gradient
+                # of this rank's tokens that rank r + i saw comes home and is added in order.
+                ops.alloc(2 * B * st.recv_tokens * w, 2 * B * st.send_tokens * w)
+                ops.add_floats += 2 * B * st.send_tokens * w
+                ops.messages.append(("p2p", 2 * B * max(st.recv_tokens, st.send_tokens) * w * F32, 2))
+        # The own block's gradient is written in place into dK | dV.
 
     def halo_backward(self, tag, lay, ops):
         m, B, n = self.m, self.B, self.n

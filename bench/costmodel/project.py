@@ -143,8 +143,9 @@ class _LazyTokens:
 @lru_cache(maxsize=None)
 def ring_steps(lay: Layer, N: int, S: int):
     """Per ring step (zigzag over S ranks): the largest visible pairs over a sample of ranks,
-    the query rows merged, the tokens decoded and the tokens of the travelling block. Zigzag
-    balances the steps, so the two ends and the middle of the ring stand for all ranks."""
+    the query rows merged, the tokens decoded and the tokens a rank sends or receives in that
+    round (direct schedule: only what the receiver sees; 0 in round 0). Zigzag balances the
+    steps, so the two ends and the middle of the ring stand for all ranks."""
     toks = _LazyTokens(N, S)
     ranks = sorted({0, 1, S // 2 - 1, S // 2, S - 2, S - 1} & set(range(S)))
     per_rank = [ring_schedule(lay, toks, r) for r in ranks]
@@ -153,7 +154,7 @@ def ring_steps(lay: Layer, N: int, S: int):
         p = max((pairs(st[i].call.q_runs, st[i].call.k_runs, lay) if st[i].call else 0) for st in per_rank)
         rows = max((st[i].call.nq if st[i].call else 0) for st in per_rank)
         m = max((st[i].call.m if st[i].call else 0) for st in per_rank)
-        blk = max(st[i].block_tokens for st in per_rank)
+        blk = max(max(st[i].recv_tokens, st[i].send_tokens) for st in per_rank)
         steps.append((p, rows, m, blk))
     return steps
 
@@ -248,9 +249,9 @@ class Projection:
                     comp += self.t_bytes(mt * dec * (1 if direction == "fwd" else 3))
                 comm = 0.0
                 if ranks > 1:
-                    nbytes = blk * unit if i + 1 < ranks else 0
+                    nbytes = steps[i + 1][3] * unit if i + 1 < ranks else 0         # next round's K/V
                     if direction == "bwd":
-                        nbytes += blk * unit * ACC / ACT                            # travelling dK, dV
+                        nbytes += blk * unit * ACC / ACT                            # dK, dV home
                     if nbytes:
                         comm = self.t_msg(nbytes, cross_node_seq)
                 t += max(comp, comm)

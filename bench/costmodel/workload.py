@@ -406,39 +406,59 @@ class AttnCall:
 
 @dataclass
 class RingStep:
-    """Step i of the ring on rank r: block of rank s is here."""
+    """Round i of the ring on rank r (ring_engine.cpp, the direct schedule): r computes on the
+    tokens of rank s = r - i its queries see, received straight from s, and sends its own
+    tokens that rank r + i sees straight to that rank. Round 0 is the own block (no transfer)."""
     i: int
     s: int
-    block_tokens: int      # tokens in the visiting payload (what travels)
-    next_tokens: int       # tokens of the payload received for the next step (0 at the last)
+    recv_tokens: int       # tokens of s arriving for this round (K/V; backward: dK/dV go back)
+    send_tokens: int       # tokens of r leaving for rank r + i (backward: their dK/dV come home)
     call: AttnCall | None  # None when the block is wholly hidden
 
 
+def runs_union(runs):
+    """The positions in any of the (possibly overlapping) runs, as ascending disjoint runs."""
+    merged = []
+    for a, c in sorted(r for r in runs if r[1] > 0):
+        if merged and a <= merged[-1][0] + merged[-1][1]:
+            end = max(merged[-1][0] + merged[-1][1], a + c)
+            merged[-1] = (merged[-1][0], end - merged[-1][0])
+        else:
+            merged.append((a, c))
+    return merged
+
+
+def visible_tokens(lay: Layer, queries, keys):
+    """engine.cpp SeqEngine::visible_rows: the tokens of `keys` some token of `queries` sees;
+    each run of consecutive query tokens sees one interval of key positions."""
+    spans = []
+    for a, c in queries:
+        lo = first_visible_key(lay.window, a * lay.P) // lay.P
+        hi = last_visible_key(lay.mask, lay.P, (a + c) * lay.P - 1) // lay.P
+        spans.append((lo, hi - lo + 1))
+    return runs_intersect(keys, runs_union(spans))
+
+
 def ring_schedule(lay: Layer, token_lists, r: int):
-    """ring_engine.cpp: visible_tokens(s) and query_rows_seeing_tokens for each step."""
+    """ring_engine.cpp: per round, the visible tokens of s (what arrives), the own tokens rank
+    r + i sees (what leaves), and the query rows seeing what arrived."""
     R = len(token_lists)
     mine = token_lists[r]
     qruns = runs_virtual(mine, lay.P)
     out = []
-    if not qruns:
-        return [RingStep(i, (r - i) % R, runs_total(token_lists[(r - i) % R]), 0, None) for i in range(R)]
-    q_front = qruns[0][0]
-    q_back = qruns[-1][0] + qruns[-1][1] - 1
-    t_lo = first_visible_key(lay.window, q_front) // lay.P
-    t_hi = last_visible_key(lay.mask, lay.P, q_back) // lay.P
     for i in range(R):
         s = (r - i) % R
-        nxt = runs_total(token_lists[(r - i - 1) % R]) if i + 1 < R else 0
-        sub = runs_clip(token_lists[s], t_lo, t_hi)
+        sub = visible_tokens(lay, mine, token_lists[s])
+        send = runs_total(visible_tokens(lay, token_lists[(r + i) % R], mine)) if i else 0
         call = None
-        if sub:
+        if sub and qruns:
             k_lo = sub[0][0] * lay.P
             k_hi = (sub[-1][0] + sub[-1][1] - 1) * lay.P + lay.P - 1
             b = runs_index_first_at_least(qruns, first_query_seeing(lay.mask, lay.P, k_lo))
             e = runs_index_first_above(qruns, last_query_seeing(lay.window, k_hi))
             if b < e:
                 call = AttnCall(runs_slice(qruns, b, e), sub, True, lay.P)
-        out.append(RingStep(i, s, runs_total(token_lists[s]), nxt, call))
+        out.append(RingStep(i, s, runs_total(sub) if i else 0, send, call))
     return out
 
 
@@ -449,15 +469,7 @@ def halo_needs(lay: Layer, tokens) -> list:
     for a, _ in tokens:
         first = max(0, a * lay.P - lay.window + 1) // lay.P
         need.append((first, a - first))
-    need = runs_normalise(sorted(need))
-    merged = []
-    for a, c in need:  # union of possibly overlapping runs
-        if merged and a <= merged[-1][0] + merged[-1][1]:
-            end = max(merged[-1][0] + merged[-1][1], a + c)
-            merged[-1] = (merged[-1][0], end - merged[-1][0])
-        else:
-            merged.append((a, c))
-    return runs_subtract(merged, tokens)
+    return runs_subtract(runs_union(runs_normalise(sorted(need))), tokens)
 
 
 @dataclass

@@ -71,8 +71,7 @@ double gemm_bf16_tflops(int64_t n, int warmup, int iters) {
   Tensor a = random_device(n * n, DType::bf16, 1, 1.0), b = random_device(n * n, DType::bf16, 2, 1.0);
   Tensor c({n * n}, DType::bf16, Device::cuda);
   const double s = time_s(warmup, iters, [&] {
-    gemm_cuda_typed<bf16, bf16>(false, false, n, n, n, 1.f, a.data<bf16>(), n, b.data<bf16>(), n, 0.f,
-                                c.data<bf16>(), n);
+    gemm_cuda(false, false, n, n, n, 1.f, a.raw(), n, b.raw(), n, 0.f, c.raw(), n, DType::bf16, DType::bf16);
   });
   return 2.0 * n * n * n / s / 1e12;
 }

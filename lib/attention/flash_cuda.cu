@@ -81,6 +81,23 @@ __device__ void load_rows_f32(float* dst, int ld, const T* src, int valid, int t
   }
 }
 
+// out[row][:] += factor * acc for the rows this warp owns (row = warp * kSimtRowsPerWarp + rr,
+// below `rows`), lane l holding columns l, l + 32, ...
+__device__ void add_warp_rows(const float (&acc)[kSimtRowsPerWarp][kSimtMaxCols], int rows, int d,
+                              float factor, float* out) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int rr = 0; rr < kSimtRowsPerWarp; ++rr) {
+    const int row = warp * kSimtRowsPerWarp + rr;
+    if (row >= rows) continue;
+#pragma unroll
+    for (int cc = 0; cc < kSimtMaxCols; ++cc) {
+      const int c = lane + 32 * cc;
+      if (c < d) out[static_cast<int64_t>(row) * d + c] += acc[rr][cc] * factor;
+    }
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kSimtThreads)
 simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int64_t nq, const T* k,
@@ -263,16 +280,7 @@ simt_backward_dq_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, 
     }
   }
 
-#pragma unroll
-  for (int rr = 0; rr < kSimtRowsPerWarp; ++rr) {
-    const int row = warp * kSimtRowsPerWarp + rr;
-    if (row >= rows) continue;
-#pragma unroll
-    for (int cc = 0; cc < kSimtMaxCols; ++cc) {
-      const int c = lane + 32 * cc;
-      if (c < d) dq[static_cast<int64_t>(row) * d + c] += acc[rr][cc] * scale;
-    }
-  }
+  add_warp_rows(acc, rows, d, scale, dq);
 }
 
 // dK and dV for a block of key rows, looping over the query tiles that can see them.
@@ -373,19 +381,8 @@ simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos
     }
   }
 
-#pragma unroll
-  for (int rr = 0; rr < kSimtRowsPerWarp; ++rr) {
-    const int key = warp * kSimtRowsPerWarp + rr;
-    if (key >= krows) continue;
-#pragma unroll
-    for (int cc = 0; cc < kSimtMaxCols; ++cc) {
-      const int c = lane + 32 * cc;
-      if (c < d) {
-        dk[static_cast<int64_t>(key) * d + c] += dk_acc[rr][cc] * scale;
-        dv[static_cast<int64_t>(key) * d + c] += dv_acc[rr][cc];
-      }
-    }
-  }
+  add_warp_rows(dk_acc, krows, d, scale, dk);
+  add_warp_rows(dv_acc, krows, d, 1.f, dv);  // exact: x * 1 == x
 }
 
 size_t simt_forward_smem(int d) {
@@ -939,17 +936,10 @@ void check_flash_args(const MaskSpec& mask, int64_t d, int64_t heads, int64_t nq
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Opts a kernel into more than 48 KB of dynamic shared memory when it needs it.
+// Lets a kernel use more than 48 KiB of dynamic shared memory when it needs it.
 template <class Kernel>
 void set_smem(Kernel kernel, size_t bytes, const char* name) {
-  if (bytes <= 48 * 1024) return;
-  int dev = 0, optin = 0;
-  IHA_CUDA_CHECK(cudaGetDevice(&dev));
-  IHA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  IHA_CHECK(bytes <= static_cast<size_t>(optin), name, " needs ", bytes,
-            " bytes of shared memory; this GPU allows ", optin);
-  IHA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(bytes)));
+  cuda_allow_smem(reinterpret_cast<const void*>(kernel), bytes, name);
 }
 
 int64_t blocks_for(int64_t n, int64_t per_block) { return (n + per_block - 1) / per_block; }

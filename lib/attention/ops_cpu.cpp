@@ -125,23 +125,31 @@ void collapse_backward(const T* dout, int64_t ld_dout, const T* y, int64_t head_
                        int64_t n_tok, int64_t H, int64_t d, int64_t P, Collapse form, const T* C,
                        T* dy, T* dC) {
   const int64_t cols = form == Collapse::global ? H * P : P;
-  for (int64_t hp = 0; hp < H; ++hp)
-    for (int64_t r = 0; r < n_tok * P; ++r)
-      for (int64_t c = 0; c < d; ++c) dy[hp * head_stride + r * d + c] = T(0);
+  // Every dy row takes its first contribution from h = 0 (global) or its own head (per head):
+  // that one writes, the later ones add, so dy needs no zeroing pass of its own.
   for (int64_t i = 0; i < n_tok; ++i) {
     for (int64_t h = 0; h < H; ++h) {
       const T* g = dout + i * ld_dout + h * d;
-      const int64_t h_first = form == Collapse::global ? 0 : h;
-      const int64_t h_last = form == Collapse::global ? H : h + 1;
+      const bool global = form == Collapse::global;
+      const int64_t h_first = global ? 0 : h;
+      const int64_t h_last = global ? H : h + 1;
+      const bool first = !global || h == 0;
       for (int64_t hp = h_first; hp < h_last; ++hp) {
         for (int64_t j = 0; j < P; ++j) {
-          const int64_t ci = h * cols + (form == Collapse::global ? hp * P + j : j);
+          const int64_t ci = h * cols + (global ? hp * P + j : j);
           const T w = C[ci];
           const int64_t off = hp * head_stride + (i * P + j) * d;
           T dot = 0;
-          for (int64_t c = 0; c < d; ++c) {
-            dy[off + c] += w * g[c];
-            dot += g[c] * y[off + c];
+          if (first) {
+            for (int64_t c = 0; c < d; ++c) {
+              dy[off + c] = w * g[c];
+              dot += g[c] * y[off + c];
+            }
+          } else {
+            for (int64_t c = 0; c < d; ++c) {
+              dy[off + c] += w * g[c];
+              dot += g[c] * y[off + c];
+            }
           }
           if (dC) dC[ci] += dot;
         }

@@ -227,39 +227,6 @@ unsigned grid_for(int64_t total) {
   return static_cast<unsigned>(std::min(kMaxBlocks, (total + kThreads - 1) / kThreads));
 }
 
-// Opts a kernel into more than 48 KB of dynamic shared memory; throws naming the sizes if the
-// GPU cannot give it.
-template <class Kernel>
-void set_smem(Kernel kernel, size_t bytes, const char* what) {
-  if (bytes <= 48 * 1024) return;
-  int dev = 0, optin = 0;
-  IHA_CUDA_CHECK(cudaGetDevice(&dev));
-  IHA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  IHA_CHECK(bytes <= static_cast<size_t>(optin), what, " needs ", bytes,
-            " bytes of shared memory for one token's rows; this GPU allows ", optin,
-            " (reduce H, P or d)");
-  IHA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(bytes)));
-}
-
-// Scratch rows for per-block partial sums, stream-ordered.
-class BlockScratch {
- public:
-  BlockScratch(int64_t floats, cudaStream_t stream) : stream_(stream) {
-    if (floats > 0) IHA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), floats * sizeof(float), stream));
-  }
-  ~BlockScratch() {
-    if (p_ && cudaFreeAsync(p_, stream_) != cudaSuccess) cudaGetLastError();
-  }
-  BlockScratch(const BlockScratch&) = delete;
-  BlockScratch& operator=(const BlockScratch&) = delete;
-  float* get() const { return p_; }
-
- private:
-  float* p_ = nullptr;
-  cudaStream_t stream_;
-};
-
 }  // namespace
 
 template <class T>
@@ -296,15 +263,17 @@ void mix_rope_backward_cuda(const float* dvirt, int64_t head_stride, const T* pr
   const int64_t Hl = h_end - h_begin, E = H * Hl * P;
   const int64_t nblocks = (n_tok + kTokensPerBlock - 1) / kTokensPerBlock;
   const size_t smem = sizeof(float) * static_cast<size_t>(H * d + Hl * P * d);
-  set_smem(mix_rope_backward_kernel<T>, smem, "mix_rope_backward_cuda");
-  BlockScratch ws(dalpha ? nblocks * E : 0, stream);
+  cuda_allow_smem(reinterpret_cast<const void*>(mix_rope_backward_kernel<T>), smem,
+                  "mix_rope_backward_cuda (one token's rows)", " (reduce H, P or d)");
+  CudaScratch scratch(sizeof(float) * static_cast<size_t>(dalpha ? nblocks * E : 0), stream);
+  float* ws = scratch.as<float>();
   mix_rope_backward_kernel<T><<<static_cast<unsigned>(nblocks), kThreads, smem, stream>>>(
       dvirt, head_stride, pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d),
-      static_cast<int>(P), alpha, static_cast<int>(h_begin), static_cast<int>(h_end), vpos, rope, dpre, ld_dpre, ws.get(), half);
+      static_cast<int>(P), alpha, static_cast<int>(h_begin), static_cast<int>(h_end), vpos, rope, dpre, ld_dpre, ws, half);
   IHA_CUDA_LAUNCH_CHECK("mix_rope_backward_kernel");
   if (dalpha) {
     reduce_blocks_kernel<<<static_cast<unsigned>((E + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-        ws.get(), nblocks, static_cast<int>(E), dalpha, static_cast<int>(Hl * P), H * P, h_begin * P);
+        ws, nblocks, static_cast<int>(E), dalpha, static_cast<int>(Hl * P), H * P, h_begin * P);
     IHA_CUDA_LAUNCH_CHECK("reduce_blocks_kernel");
   }
 }
@@ -338,14 +307,16 @@ void collapse_backward_cuda(const T* dout, int64_t ld_dout, const float* y, int6
   const int64_t E = H * (global ? H * P : P);
   const int64_t nblocks = (n_tok + kTokensPerBlock - 1) / kTokensPerBlock;
   const size_t smem = sizeof(float) * static_cast<size_t>(H * d + H * P * d);
-  set_smem(collapse_backward_dc_kernel<T>, smem, "collapse_backward_cuda");
-  BlockScratch ws(nblocks * E, stream);
+  cuda_allow_smem(reinterpret_cast<const void*>(collapse_backward_dc_kernel<T>), smem,
+                  "collapse_backward_cuda (one token's rows)", " (reduce H, P or d)");
+  CudaScratch scratch(sizeof(float) * static_cast<size_t>(nblocks * E), stream);
+  float* ws = scratch.as<float>();
   collapse_backward_dc_kernel<T><<<static_cast<unsigned>(nblocks), kThreads, smem, stream>>>(
       dout, ld_dout, y, head_stride, n_tok, static_cast<int>(H), static_cast<int>(d),
-      static_cast<int>(P), global, ws.get());
+      static_cast<int>(P), global, ws);
   IHA_CUDA_LAUNCH_CHECK("collapse_backward_dc_kernel");
   reduce_blocks_kernel<<<static_cast<unsigned>((E + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      ws.get(), nblocks, static_cast<int>(E), dC, static_cast<int>(E), 0, 0);
+      ws, nblocks, static_cast<int>(E), dC, static_cast<int>(E), 0, 0);
   IHA_CUDA_LAUNCH_CHECK("reduce_blocks_kernel");
 }
 

@@ -4,11 +4,30 @@
 #include <fstream>
 #include <sstream>
 
+#include <yaml-cpp/yaml.h>
+
 namespace iha {
 
 // ---- ConfigNode ----
 
-ConfigNode::ConfigNode(YAML::Node node, std::string path) : node_(node), path_(std::move(path)) {}
+// A yaml-cpp node is a handle onto shared document storage: copies see each other's writes,
+// which is what apply_override relies on.
+struct ConfigNode::Document {
+  YAML::Node node;
+};
+
+namespace {
+
+std::shared_ptr<const ConfigNode::Document> document_of(YAML::Node n) {
+  return std::make_shared<const ConfigNode::Document>(ConfigNode::Document{n});
+}
+
+}  // namespace
+
+ConfigNode::ConfigNode() : node_(document_of(YAML::Node())) {}
+
+ConfigNode::ConfigNode(std::shared_ptr<const Document> node, std::string path)
+    : node_(std::move(node)), path_(std::move(path)) {}
 
 ConfigNode ConfigNode::from_file(const std::string& file) {
   std::ifstream in(file);
@@ -53,7 +72,7 @@ ConfigNode ConfigNode::from_string(const std::string& text, const std::string& n
   reject_duplicate_keys(n, "", name);
   if (n.IsNull()) n = YAML::Node(YAML::NodeType::Map);
   IHA_CONFIG_CHECK(n.IsMap(), "config '", name, "': the top level must be a mapping of keys");
-  return ConfigNode(n, "");
+  return ConfigNode(document_of(n), "");
 }
 
 std::string ConfigNode::key_path(const std::string& key) const {
@@ -61,7 +80,8 @@ std::string ConfigNode::key_path(const std::string& key) const {
 }
 
 bool ConfigNode::has(const std::string& key) const {
-  return node_ && node_.IsMap() && node_[key] && !node_[key].IsNull();
+  const YAML::Node& n = node_->node;
+  return n && n.IsMap() && n[key] && !n[key].IsNull();
 }
 
 namespace {
@@ -120,7 +140,7 @@ template <class T>
 std::optional<T> ConfigNode::optional(const std::string& key) const {
   used_->insert(key);
   if (!has(key)) return std::nullopt;
-  return convert_node<T>(node_[key], key_path(key));
+  return convert_node<T>(node_->node[key], key_path(key));
 }
 
 template <class T>
@@ -152,19 +172,20 @@ ConfigNode ConfigNode::child(const std::string& key) const {
   used_->insert(key);
   YAML::Node n;
   if (has(key)) {
-    n = node_[key];
+    n = node_->node[key];
     IHA_CONFIG_CHECK(n.IsMap(), "config key '", key_path(key), "': expected a mapping of keys");
   } else {
     n = YAML::Node(YAML::NodeType::Map);
   }
-  ConfigNode c(n, key_path(key));
+  ConfigNode c(document_of(n), key_path(key));
   children_->push_back(c);
   return c;
 }
 
 void ConfigNode::finish() const {
-  if (node_ && node_.IsMap()) {
-    for (const auto& kv : node_) {
+  const YAML::Node& n = node_->node;
+  if (n && n.IsMap()) {
+    for (const auto& kv : n) {
       const std::string k = kv.first.as<std::string>();
       if (!used_->count(k)) throw ConfigError("unknown config key '" + key_path(k) + "'");
     }
@@ -172,7 +193,8 @@ void ConfigNode::finish() const {
   for (const auto& c : *children_) c.finish();
 }
 
-void ConfigNode::apply_override(YAML::Node root, const std::string& assignment) {
+void ConfigNode::apply_override(const std::string& assignment) const {
+  YAML::Node root = node_->node;
   const auto eq = assignment.find('=');
   IHA_CONFIG_CHECK(eq != std::string::npos && eq > 0, "override '", assignment,
                    "': expected key=value (e.g. optim.lr=1e-3)");
@@ -202,6 +224,12 @@ void ConfigNode::apply_override(YAML::Node root, const std::string& assignment) 
     chain.push_back(next);
   }
   chain.back()[parts.back()] = parsed;
+}
+
+std::string ConfigNode::to_yaml() const {
+  YAML::Emitter out;
+  out << node_->node;
+  return out.c_str();
 }
 
 }  // namespace iha

@@ -10,18 +10,16 @@
 #include <string>
 #include <vector>
 
-#include <yaml-cpp/yaml.h>
-
 #include "core/error.h"
 
 namespace iha {
 
 // A YAML mapping read strictly: every key must be consumed; finish() reports the first key
-// nobody asked for. Type and value errors name the full dotted key.
+// nobody asked for. Type and value errors name the full dotted key. The YAML document lives
+// behind an opaque pointer, so a program that includes this header needs no yaml-cpp.
 class ConfigNode {
  public:
-  ConfigNode() = default;
-  ConfigNode(YAML::Node node, std::string path);
+  ConfigNode();
   static ConfigNode from_file(const std::string& file);
   static ConfigNode from_string(const std::string& text, const std::string& name = "<string>");
 
@@ -34,15 +32,21 @@ class ConfigNode {
   ConfigNode child(const std::string& key) const;
   std::string key_path(const std::string& key) const;
   const std::string& path() const { return path_; }
-  YAML::Node raw() const { return node_; }
   // Throws ConfigError "unknown config key 'a.b'" for any key never read, recursively.
   void finish() const;
 
-  // Apply "a.b.c=value" overrides (value parsed as YAML) onto a root node.
-  static void apply_override(YAML::Node root, const std::string& assignment);
+  // Apply an "a.b.c=value" override (value parsed as YAML) onto this mapping, in place: every
+  // copy of this node, and the children already taken from it, see the new value.
+  void apply_override(const std::string& assignment) const;
+  // The mapping as YAML text (what a run records as its configuration).
+  std::string to_yaml() const;
+
+  struct Document;  // the yaml-cpp node, opaque here (defined in config.cpp)
 
  private:
-  YAML::Node node_;
+  ConfigNode(std::shared_ptr<const Document> node, std::string path);
+
+  std::shared_ptr<const Document> node_;
   std::string path_;
   std::shared_ptr<std::set<std::string>> used_ = std::make_shared<std::set<std::string>>();
   std::shared_ptr<std::vector<ConfigNode>> children_ = std::make_shared<std::vector<ConfigNode>>();

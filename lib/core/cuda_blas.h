@@ -9,7 +9,7 @@
 // Streams and threads: asynchronous on `stream`; pointers are device memory. One cuBLAS handle
 // per (host thread, device), created on first use and kept for the life of the thread.
 // cuBLAS GEMMs are deterministic for a fixed configuration and stream.
-// defines: iha::gemm_cuda, iha::gemm_cuda_typed
+// defines: iha::gemm_cuda
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,14 +27,5 @@ namespace iha {
 void gemm_cuda(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
                int64_t ldc, DType ab_type, DType c_type, cudaStream_t stream = 0);
-
-// Typed convenience: TA in {float, bf16}, TC in {float, TA}.
-template <class TA, class TC>
-inline void gemm_cuda_typed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                            float alpha, const TA* A, int64_t lda, const TA* B, int64_t ldb,
-                            float beta, TC* C, int64_t ldc, cudaStream_t stream = 0) {
-  gemm_cuda(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, dtype_of<TA>(),
-            dtype_of<TC>(), stream);
-}
 
 }  // namespace iha

@@ -96,6 +96,17 @@ const bool g_registered = (cuda_register_allocator(), true);
 
 }  // namespace
 
+void cuda_allow_smem(const void* kernel, size_t bytes, const std::string& what, const char* hint) {
+  if (bytes <= 48 * 1024) return;
+  int dev = 0, optin = 0;
+  IHA_CUDA_CHECK(cudaGetDevice(&dev));
+  IHA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  IHA_CHECK(bytes <= static_cast<size_t>(optin), what, " needs ", bytes,
+            " bytes of shared memory; this GPU allows ", optin, hint);
+  IHA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(bytes)));
+}
+
 CudaScratch::CudaScratch(size_t bytes, cudaStream_t stream) : bytes_(bytes), stream_(stream) {
   if (bytes > 0) IHA_CUDA_CHECK(cudaMallocAsync(&p_, bytes, stream));
 }

@@ -19,12 +19,13 @@
 //
 // Threads: the CUDA runtime is thread-safe; the current device is per host thread.
 // defines: IHA_CUDA_CHECK, iha::cuda_check, iha::cuda_device_count, iha::cuda_register_allocator,
-//          iha::cuda_launch_check, IHA_CUDA_LAUNCH_CHECK, iha::CudaScratch
+//          iha::cuda_launch_check, IHA_CUDA_LAUNCH_CHECK, iha::cuda_allow_smem, iha::CudaScratch
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <string>
 
 namespace iha {
 
@@ -33,6 +34,11 @@ void cuda_check(cudaError_t err, const char* what, const char* file, int line);
 
 // Checks the launch of the kernel just enqueued (configuration errors, not execution errors).
 void cuda_launch_check(const char* kernel, const char* file, int line);
+
+// Lets `kernel` (a __global__ function) use `bytes` of dynamic shared memory: beyond 48 KiB
+// that takes an opt-in, and a GPU that cannot give it is an error naming `what`, the sizes and
+// `hint` (what the caller can reduce).
+void cuda_allow_smem(const void* kernel, size_t bytes, const std::string& what, const char* hint = "");
 
 // Number of visible CUDA devices; 0 when there is no driver or no device.
 int cuda_device_count();

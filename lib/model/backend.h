@@ -47,24 +47,29 @@ class ModelBackend : public virtual Backend {
   virtual int64_t logit_rows(int64_t V) const = 0;
 };
 
+// The ops of ModelBackend as an implementation declares them (CpuModelBackend,
+// CudaModelBackend), listed once.
+#define IHA_MODEL_BACKEND_OP_OVERRIDES                                                              \
+  void embedding_forward(CBuf tokens, int64_t rows, CBuf table, int64_t vocab, int64_t D,           \
+                         Buf x) const override;                                                     \
+  void embedding_backward(const int32_t* host_tokens, int64_t rows, CBuf dx, int64_t D,             \
+                          Buf dtable) const override;                                               \
+  void rmsnorm_forward(CBuf x, int64_t rows, int64_t D, CBuf g, double eps, Buf y,                  \
+                       Buf inv_rms) const override;                                                 \
+  void rmsnorm_backward(CBuf x, CBuf dy, int64_t rows, int64_t D, CBuf g, CBuf inv_rms, Buf dx,     \
+                        Buf dg) const override;                                                     \
+  void swiglu_act_forward(CBuf gate, CBuf up, int64_t n, Buf h) const override;                     \
+  void swiglu_act_backward(CBuf gate, CBuf up, CBuf dh, int64_t n, Buf dgate, Buf dup) const override;\
+  CrossEntropyStats cross_entropy(Buf logits, int64_t rows, int64_t V, CBuf targets, CBuf answer,   \
+                                  double grad_scale) const override;                                \
+  void adamw(const OptimConfig& c, int64_t t, double lr, bool decay, Buf p, CBuf g, Buf m, Buf v,   \
+             int64_t n) const override;
+
 template <class T>
 class CpuModelBackend final : public ModelBackend, public CpuBackend<T> {
  public:
   explicit CpuModelBackend(FlashTiles tiles = {}) : CpuBackend<T>(tiles) {}
-  void embedding_forward(CBuf tokens, int64_t rows, CBuf table, int64_t vocab, int64_t D,
-                         Buf x) const override;
-  void embedding_backward(const int32_t* host_tokens, int64_t rows, CBuf dx, int64_t D,
-                          Buf dtable) const override;
-  void rmsnorm_forward(CBuf x, int64_t rows, int64_t D, CBuf g, double eps, Buf y,
-                       Buf inv_rms) const override;
-  void rmsnorm_backward(CBuf x, CBuf dy, int64_t rows, int64_t D, CBuf g, CBuf inv_rms, Buf dx,
-                        Buf dg) const override;
-  void swiglu_act_forward(CBuf gate, CBuf up, int64_t n, Buf h) const override;
-  void swiglu_act_backward(CBuf gate, CBuf up, CBuf dh, int64_t n, Buf dgate, Buf dup) const override;
-  CrossEntropyStats cross_entropy(Buf logits, int64_t rows, int64_t V, CBuf targets, CBuf answer,
-                                  double grad_scale) const override;
-  void adamw(const OptimConfig& c, int64_t t, double lr, bool decay, Buf p, CBuf g, Buf m, Buf v,
-             int64_t n) const override;
+  IHA_MODEL_BACKEND_OP_OVERRIDES
   int64_t logit_rows(int64_t V) const override { return 1024; }
 };
 

@@ -6,12 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <type_traits>
 #include <vector>
 
-#include "core/cuda_blas.h"
 #include "core/cuda_device.h"
-#include "core/cuda_ops.h"
 #include "core/error.h"
 #include "model/ops_cuda.h"
 
@@ -323,47 +320,6 @@ void swiglu_act_backward_cuda(const float* gate, const float* up, const float* d
   IHA_CUDA_LAUNCH_CHECK("swiglu_act_backward_kernel");
 }
 
-template <class A>
-void swiglu_forward_cuda(const A* x, int64_t rows, int64_t D, int64_t F, const A* w_gate, const A* w_up,
-                         const A* w_down, float* y, SwigluCudaCache& cache, cudaStream_t stream) {
-  cache.gate = Tensor({rows, F}, DType::f32, Device::cuda);
-  cache.up = Tensor({rows, F}, DType::f32, Device::cuda);
-  float* a = cache.gate.data<float>();
-  float* u = cache.up.data<float>();
-  gemm_cuda_typed<A, float>(false, false, rows, F, D, 1.f, x, D, w_gate, F, 0.f, a, F, stream);
-  gemm_cuda_typed<A, float>(false, false, rows, F, D, 1.f, x, D, w_up, F, 0.f, u, F, stream);
-  CudaScratch h(static_cast<size_t>(rows * F) * sizeof(A), stream);
-  swiglu_act_forward_cuda<A>(a, u, rows * F, h.as<A>(), stream);
-  gemm_cuda_typed<A, float>(false, false, rows, D, F, 1.f, h.as<A>(), F, w_down, D, 0.f, y, D, stream);
-}
-
-template <class A>
-void swiglu_backward_cuda(const A* x, const float* dy, int64_t rows, int64_t D, int64_t F, const A* w_gate,
-                          const A* w_up, const A* w_down, const SwigluCudaCache& cache, float* dx,
-                          float* dw_gate, float* dw_up, float* dw_down, cudaStream_t stream) {
-  const float* a = cache.gate.data<float>();
-  const float* u = cache.up.data<float>();
-  // GEMM inputs share one dtype: dy in A (a copy for bf16, dy itself for fp32).
-  CudaScratch dy_buf;
-  const A* dy_a = reinterpret_cast<const A*>(dy);
-  if (!std::is_same<A, float>::value) {
-    dy_buf = CudaScratch(static_cast<size_t>(rows * D) * sizeof(A), stream);
-    cast_cuda(dy, DType::f32, dy_buf.as<A>(), dtype_of<A>(), rows * D, stream);
-    dy_a = dy_buf.as<A>();
-  }
-  CudaScratch h(static_cast<size_t>(rows * F) * sizeof(A), stream);
-  swiglu_act_forward_cuda<A>(a, u, rows * F, h.as<A>(), stream);
-  gemm_cuda_typed<A, float>(true, false, F, D, rows, 1.f, h.as<A>(), F, dy_a, D, 1.f, dw_down, D, stream);
-  CudaScratch dh(static_cast<size_t>(rows * F) * sizeof(float), stream);
-  gemm_cuda_typed<A, float>(false, true, rows, F, D, 1.f, dy_a, D, w_down, D, 0.f, dh.as<float>(), F, stream);
-  CudaScratch da(static_cast<size_t>(rows * F) * sizeof(A), stream), du(static_cast<size_t>(rows * F) * sizeof(A), stream);
-  swiglu_act_backward_cuda<A>(a, u, dh.as<float>(), rows * F, da.as<A>(), du.as<A>(), stream);
-  gemm_cuda_typed<A, float>(true, false, D, F, rows, 1.f, x, D, da.as<A>(), F, 1.f, dw_gate, F, stream);
-  gemm_cuda_typed<A, float>(true, false, D, F, rows, 1.f, x, D, du.as<A>(), F, 1.f, dw_up, F, stream);
-  gemm_cuda_typed<A, float>(false, true, rows, D, F, 1.f, da.as<A>(), F, w_gate, F, 0.f, dx, D, stream);
-  gemm_cuda_typed<A, float>(false, true, rows, D, F, 1.f, du.as<A>(), F, w_up, F, 1.f, dx, D, stream);
-}
-
 void cross_entropy_cuda(float* logits, int64_t rows, int64_t V, const int32_t* targets, const uint8_t* answer,
                         double grad_scale, double* row_loss, int32_t* row_flags, cudaStream_t stream) {
   check_rows("cross_entropy_cuda", rows, V);
@@ -404,12 +360,7 @@ void adamw_update_cuda(const AdamWStep<float>& step, bool decay, float* p, const
                                         float*, cudaStream_t);                                    \
   template void swiglu_act_forward_cuda<A>(const float*, const float*, int64_t, A*, cudaStream_t); \
   template void swiglu_act_backward_cuda<A>(const float*, const float*, const float*, int64_t, A*, \
-                                            A*, cudaStream_t);                                    \
-  template void swiglu_forward_cuda<A>(const A*, int64_t, int64_t, int64_t, const A*, const A*,   \
-                                       const A*, float*, SwigluCudaCache&, cudaStream_t);         \
-  template void swiglu_backward_cuda<A>(const A*, const float*, int64_t, int64_t, int64_t,        \
-                                        const A*, const A*, const A*, const SwigluCudaCache&,     \
-                                        float*, float*, float*, float*, cudaStream_t);
+                                            A*, cudaStream_t);
 IHA_MODEL_OPS_CUDA(float)
 IHA_MODEL_OPS_CUDA(bf16)
 #undef IHA_MODEL_OPS_CUDA

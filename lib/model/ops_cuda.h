@@ -1,5 +1,6 @@
 // The per-token model ops on the GPU (built only with IHA_CUDA): the CUDA twins of ops.h
-// (embedding, RMSNorm, SwiGLU, cross-entropy) and of AdamW's element loop (optim.h), with the
+// (embedding, RMSNorm, the SwiGLU activation, cross-entropy; the MLP's products are the
+// backend's GEMMs, composed once in transformer.cpp) and of AdamW's element loop (optim.h), with the
 // same formulas (model_math.h is shared) and the same accumulate/write conventions.
 //
 // Types (mixed precision): the residual stream, norms' inputs, parameter gradients, logits and
@@ -17,10 +18,8 @@
 // which synchronise and return host values.
 // defines: iha::embedding_forward_cuda, iha::EmbeddingGradPlan, iha::make_embedding_grad_plan,
 //          iha::embedding_backward_cuda, iha::rmsnorm_forward_cuda, iha::rmsnorm_backward_cuda,
-//          iha::swiglu_act_forward_cuda,
-//          iha::swiglu_act_backward_cuda, iha::SwigluCudaCache, iha::swiglu_forward_cuda,
-//          iha::swiglu_backward_cuda, iha::cross_entropy_cuda, iha::cross_entropy_stats_cuda,
-//          iha::adamw_update_cuda
+//          iha::swiglu_act_forward_cuda, iha::swiglu_act_backward_cuda,
+//          iha::cross_entropy_cuda, iha::cross_entropy_stats_cuda, iha::adamw_update_cuda
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -69,22 +68,6 @@ void swiglu_act_forward_cuda(const float* gate, const float* up, int64_t n, A* h
 template <class A>
 void swiglu_act_backward_cuda(const float* gate, const float* up, const float* dh, int64_t n,
                               A* dgate, A* dup, cudaStream_t stream = 0);
-
-// The SwiGLU MLP with cuBLAS, twin of swiglu_forward/backward: x [rows, D] and the weights in
-// A; gate and up pre-activations kept in fp32; y [rows, D] fp32 written.
-struct SwigluCudaCache {
-  Tensor gate, up;  // f32 [rows, F] on the device
-};
-template <class A>
-void swiglu_forward_cuda(const A* x, int64_t rows, int64_t D, int64_t F, const A* w_gate,
-                         const A* w_up, const A* w_down, float* y, SwigluCudaCache& cache,
-                         cudaStream_t stream = 0);
-// dy fp32 -> dx fp32 (written); dW_* fp32 accumulate.
-template <class A>
-void swiglu_backward_cuda(const A* x, const float* dy, int64_t rows, int64_t D, int64_t F,
-                          const A* w_gate, const A* w_up, const A* w_down,
-                          const SwigluCudaCache& cache, float* dx, float* dw_gate, float* dw_up,
-                          float* dw_down, cudaStream_t stream = 0);
 
 // Cross-entropy of logits [rows, V] (fp32, in place) against targets (-1: no target), twin of
 // cross_entropy_forward_backward: when grad_scale != 0 the logits become

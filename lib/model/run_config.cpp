@@ -1,7 +1,6 @@
 #include "model/run_config.h"
 
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <fstream>
 #include <sstream>
@@ -178,12 +177,9 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
 }
 
 RunConfig load_run_config(const std::string& file, const std::vector<std::string>& overrides) {
-  ConfigNode loaded = ConfigNode::from_file(file);
-  YAML::Node root = loaded.raw();
-  for (const std::string& o : overrides) ConfigNode::apply_override(root, o);
-  YAML::Emitter out;
-  out << root;
-  const std::string text = out.c_str();
+  const ConfigNode loaded = ConfigNode::from_file(file);
+  for (const std::string& o : overrides) loaded.apply_override(o);
+  const std::string text = loaded.to_yaml();
   return parse_run_config(ConfigNode::from_string(text, file), text);
 }
 

@@ -6,6 +6,19 @@
 
 namespace iha {
 
+void Communicator::check_peer(int peer, const std::string& site) const {
+  IHA_CHECK(peer >= 0 && peer < size(), site, ": peer rank ", peer, " outside the group of ", size());
+}
+
+void Communicator::check_reducible(DType dt, const char* op) {
+  IHA_CHECK(dt != DType::bf16, op, " on bf16 is not supported (reduce in f32)");
+}
+
+uint64_t Communicator::bus_bytes(int factor, int64_t bytes) const {
+  const int64_t r = size();
+  return r <= 1 ? 0 : static_cast<uint64_t>(factor) * (r - 1) * bytes / r;
+}
+
 void CommCounters::add(const std::string& site, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   bytes_[site] += bytes;

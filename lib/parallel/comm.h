@@ -118,6 +118,14 @@ class Communicator {
   const CommCounters& counters() const { return *counters_; }
 
  protected:
+  // Checks every implementation makes alike, naming the call site.
+  void check_peer(int peer, const std::string& site) const;
+  // A reduction needs an arithmetic dtype the implementations share (bf16 is reduced in f32).
+  static void check_reducible(DType dt, const char* op);
+  // What a collective counts (CommCounters): factor * (R-1)/R * bytes, the ring algorithm's
+  // bytes sent per rank.
+  uint64_t bus_bytes(int factor, int64_t bytes) const;
+
   // Shared by a communicator and those split from it, so one place holds a rank's traffic.
   std::shared_ptr<CommCounters> counters_ = std::make_shared<CommCounters>();
 };

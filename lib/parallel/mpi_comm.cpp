@@ -131,7 +131,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, const std::string& site) override {
-    IHA_CHECK(dt != DType::bf16, "all_reduce on bf16 is not supported (reduce in f32)");
+    check_reducible(dt, "all_reduce");
     const int n = as_int_count(count, "all_reduce");
     mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_type(dt), mpi_op(op), comm_), "MPI_Allreduce");
     counters_->add(site, bus_bytes(2, count * dtype_size(dt)));
@@ -139,7 +139,7 @@ class MpiCommunicator final : public Communicator {
 
   std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count, DType dt, ReduceOp op,
                                                     const std::string& site) override {
-    IHA_CHECK(dt != DType::bf16, "all_reduce on bf16 is not supported (reduce in f32)");
+    check_reducible(dt, "all_reduce");
     const int n = as_int_count(count, "start_all_reduce");
     std::vector<MPI_Request> reqs(1);
     mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(dt), mpi_op(op), comm_, &reqs[0]), "MPI_Iallreduce");
@@ -154,7 +154,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void reduce_scatter(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
-    IHA_CHECK(dt != DType::bf16, "reduce_scatter on bf16 is not supported (reduce in f32)");
+    check_reducible(dt, "reduce_scatter");
     const int n = as_int_count(count, "reduce_scatter");
     mpi_check(MPI_Reduce_scatter_block(send, recv, n, mpi_type(dt), MPI_SUM, comm_),
               "MPI_Reduce_scatter_block");
@@ -204,14 +204,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  void check_peer(int peer, const std::string& site) const {
-    IHA_CHECK(peer >= 0 && peer < size_, site, ": peer rank ", peer, " outside the group of ", size_);
-  }
-  // Ring-algorithm bytes sent per rank: factor * (R-1)/R * bytes.
-  uint64_t bus_bytes(int factor, int64_t bytes) const {
-    return size_ <= 1 ? 0 : static_cast<uint64_t>(factor) * (size_ - 1) * bytes / size_;
-  }
-
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
 };

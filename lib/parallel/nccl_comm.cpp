@@ -215,9 +215,8 @@ class NcclComm final : public NcclCommunicator {
 
   std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count, DType dt, ReduceOp op,
                                                     const std::string& site) override {
-    IHA_CHECK(dt != DType::bf16, "all_reduce on bf16 is not supported (reduce in f32)");
-    IHA_CHECK(count >= 0, site, ": negative element count ", count);
-    const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
+    check_reducible(dt, "all_reduce");
+    const size_t bytes = checked_bytes(count, dt, site);
     check_device_buffer(buf, bytes, site, "all-reduce");
     wait_for_compute();
     if (count > 0)
@@ -228,54 +227,31 @@ class NcclComm final : public NcclCommunicator {
   }
 
   void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, const std::string& site) override {
-    IHA_CHECK(dt != DType::bf16, "all_reduce on bf16 is not supported (reduce in f32)");
-    IHA_CHECK(count >= 0, site, ": negative element count ", count);
-    const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
-    if (count > 0) {
-      const bool host = !is_device_pointer(buf);
-      reserve_stage(host ? bytes : 0);
-      Staged b(*this, buf, bytes, 0, host, true);
-      wait_for_compute();
-      nccl_check(ncclAllReduce(b.ptr, b.ptr, static_cast<size_t>(count), nccl_type(dt), nccl_op(op),
-                               comm_, comm_stream_), "ncclAllReduce");
-      b.copy_back();
-      finish_sync(site);
-    }
+    check_reducible(dt, "all_reduce");
+    const size_t bytes = checked_bytes(count, dt, site);
+    blocking(buf, bytes, buf, bytes, site, [&](void* in, void* out) {
+      nccl_check(ncclAllReduce(in, out, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), comm_,
+                               comm_stream_), "ncclAllReduce");
+    });
     counters_->add(site, bus_bytes(2, static_cast<int64_t>(bytes)));
   }
 
   void all_gather(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
-    IHA_CHECK(count >= 0, site, ": negative element count ", count);
-    const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
-    if (count > 0) {
-      const bool host_in = !is_device_pointer(send), host_out = !is_device_pointer(recv);
-      reserve_stage((host_in ? bytes : 0) + (host_out ? bytes * size_ : 0));
-      Staged in(*this, const_cast<void*>(send), bytes, 0, host_in, true);
-      Staged out(*this, recv, bytes * size_, host_in ? bytes : 0, host_out, false);
-      wait_for_compute();
-      nccl_check(ncclAllGather(in.ptr, out.ptr, static_cast<size_t>(count), nccl_type(dt), comm_,
-                               comm_stream_), "ncclAllGather");
-      out.copy_back();
-      finish_sync(site);
-    }
+    const size_t bytes = checked_bytes(count, dt, site);
+    blocking(send, bytes, recv, bytes * size_, site, [&](void* in, void* out) {
+      nccl_check(ncclAllGather(in, out, static_cast<size_t>(count), nccl_type(dt), comm_, comm_stream_),
+                 "ncclAllGather");
+    });
     counters_->add(site, bus_bytes(1, static_cast<int64_t>(bytes) * size_));
   }
 
   void reduce_scatter(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
-    IHA_CHECK(dt != DType::bf16, "reduce_scatter on bf16 is not supported (reduce in f32)");
-    IHA_CHECK(count >= 0, site, ": negative element count ", count);
-    const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
-    if (count > 0) {
-      const bool host_in = !is_device_pointer(send), host_out = !is_device_pointer(recv);
-      reserve_stage((host_in ? bytes * size_ : 0) + (host_out ? bytes : 0));
-      Staged in(*this, const_cast<void*>(send), bytes * size_, 0, host_in, true);
-      Staged out(*this, recv, bytes, host_in ? bytes * size_ : 0, host_out, false);
-      wait_for_compute();
-      nccl_check(ncclReduceScatter(in.ptr, out.ptr, static_cast<size_t>(count), nccl_type(dt), ncclSum,
-                                   comm_, comm_stream_), "ncclReduceScatter");
-      out.copy_back();
-      finish_sync(site);
-    }
+    check_reducible(dt, "reduce_scatter");
+    const size_t bytes = checked_bytes(count, dt, site);
+    blocking(send, bytes * size_, recv, bytes, site, [&](void* in, void* out) {
+      nccl_check(ncclReduceScatter(in, out, static_cast<size_t>(count), nccl_type(dt), ncclSum, comm_,
+                                   comm_stream_), "ncclReduceScatter");
+    });
     counters_->add(site, bus_bytes(1, static_cast<int64_t>(bytes) * size_));
   }
 
@@ -309,16 +285,10 @@ class NcclComm final : public NcclCommunicator {
   }
 
   void all_to_all(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
-    IHA_CHECK(count >= 0, site, ": negative element count ", count);
-    const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
-    if (count > 0) {
-      const bool host_in = !is_device_pointer(send), host_out = !is_device_pointer(recv);
-      reserve_stage((host_in ? bytes * size_ : 0) + (host_out ? bytes * size_ : 0));
-      Staged in(*this, const_cast<void*>(send), bytes * size_, 0, host_in, true);
-      Staged out(*this, recv, bytes * size_, host_in ? bytes * size_ : 0, host_out, false);
-      const char* src = static_cast<const char*>(in.ptr);
-      char* dst = static_cast<char*>(out.ptr);
-      wait_for_compute();
+    const size_t bytes = checked_bytes(count, dt, site);
+    blocking(send, bytes * size_, recv, bytes * size_, site, [&](void* in, void* out) {
+      const char* src = static_cast<const char*>(in);
+      char* dst = static_cast<char*>(out);
       // Block r goes to rank r: one grouped send and receive per peer, a copy for self.
       NcclGroup group;
       for (int r = 0; r < size_; ++r) {
@@ -329,26 +299,17 @@ class NcclComm final : public NcclCommunicator {
       group.end();
       IHA_CUDA_CHECK(cudaMemcpyAsync(dst + rank_ * bytes, src + rank_ * bytes, bytes,
                                      cudaMemcpyDeviceToDevice, comm_stream_));
-      out.copy_back();
-      finish_sync(site);
-    }
+    });
     counters_->add(site, bus_bytes(1, static_cast<int64_t>(bytes) * size_));
   }
 
   void broadcast(void* buf, int64_t count, DType dt, int root, const std::string& site) override {
-    IHA_CHECK(count >= 0, site, ": negative element count ", count);
     check_peer(root, site);
-    const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
-    if (count > 0) {
-      const bool host = !is_device_pointer(buf);
-      reserve_stage(host ? bytes : 0);
-      Staged b(*this, buf, bytes, 0, host, true);
-      wait_for_compute();
-      nccl_check(ncclBroadcast(b.ptr, b.ptr, static_cast<size_t>(count), nccl_type(dt), root, comm_,
-                               comm_stream_), "ncclBroadcast");
-      b.copy_back();
-      finish_sync(site);
-    }
+    const size_t bytes = checked_bytes(count, dt, site);
+    blocking(buf, bytes, buf, bytes, site, [&](void* in, void* out) {
+      nccl_check(ncclBroadcast(in, out, static_cast<size_t>(count), nccl_type(dt), root, comm_, comm_stream_),
+                 "ncclBroadcast");
+    });
     if (rank_ == root) counters_->add(site, bytes);
   }
 
@@ -408,6 +369,31 @@ class NcclComm final : public NcclCommunicator {
     }
   }
 
+  static size_t checked_bytes(int64_t count, DType dt, const std::string& site) {
+    IHA_CHECK(count >= 0, site, ": negative element count ", count);
+    return static_cast<size_t>(count) * dtype_size(dt);
+  }
+
+  // A blocking collective from `send` (in_bytes) to `recv` (out_bytes; one buffer when they
+  // are the same pointer and size, as all-reduce and broadcast): host buffers go through the
+  // staging buffer, post(in, out) enqueues the NCCL calls on device pointers, and the result
+  // is in place when this returns.
+  template <class Post>
+  void blocking(const void* send, size_t in_bytes, void* recv, size_t out_bytes, const std::string& site,
+                Post post) {
+    if (in_bytes == 0 && out_bytes == 0) return;
+    const bool in_place = send == recv && in_bytes == out_bytes;
+    const bool host_in = !is_device_pointer(send), host_out = !in_place && !is_device_pointer(recv);
+    const size_t in_stage = host_in ? in_bytes : 0;
+    reserve_stage(in_stage + (host_out ? out_bytes : 0));
+    Staged in(*this, const_cast<void*>(send), in_bytes, 0, host_in, true);
+    Staged out(*this, recv, out_bytes, in_stage, host_out, false);
+    wait_for_compute();
+    post(in.ptr, in_place ? in.ptr : out.ptr);
+    (in_place ? in : out).copy_back();
+    finish_sync(site);
+  }
+
   // Completion handle of what was just enqueued on the communication stream.
   std::unique_ptr<PendingExchange> pending(const std::string& site) {
     auto done = std::make_unique<Event>();
@@ -428,16 +414,9 @@ class NcclComm final : public NcclCommunicator {
     wait_event(comm_done_.get(), comm_, site.c_str());
   }
 
-  void check_peer(int peer, const std::string& site) const {
-    IHA_CHECK(peer >= 0 && peer < size_, site, ": peer rank ", peer, " outside the group of ", size_);
-  }
   void check_device_buffer(const void* buf, size_t bytes, const std::string& site, const char* what) const {
     IHA_CHECK(bytes == 0 || is_device_pointer(buf), site, ": the ", what,
               " buffer of a non-blocking NCCL transfer must be device memory (rank ", rank_, ")");
-  }
-  // Ring-algorithm bytes sent per rank: factor * (R-1)/R * bytes (as MpiCommunicator).
-  uint64_t bus_bytes(int factor, int64_t bytes) const {
-    return size_ <= 1 ? 0 : static_cast<uint64_t>(factor) * (size_ - 1) * bytes / size_;
   }
 
   ncclComm_t comm_;

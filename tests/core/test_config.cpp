@@ -83,12 +83,11 @@ TEST(ConfigNode, StrictIntegersAndOverrides) {
   auto root = ConfigNode::from_string("a: 1.5\nb: {c: 2}\n");
   expect_config_error([&] { root.require<int64_t>("a"); }, "expected an integer, got '1.5'");
   EXPECT_DOUBLE_EQ(root.require<double>("a"), 1.5);
-  YAML::Node raw = root.raw();
-  ConfigNode::apply_override(raw, "b.c=7");
-  ConfigNode::apply_override(raw, "e.f.g=true");
+  root.apply_override("b.c=7");
+  root.apply_override("e.f.g=true");
   EXPECT_EQ(root.child("b").require<int64_t>("c"), 7);
   EXPECT_TRUE(root.child("e").child("f").require<bool>("g"));
-  expect_config_error([&] { ConfigNode::apply_override(raw, "novalue"); }, "expected key=value");
+  expect_config_error([&] { root.apply_override("novalue"); }, "expected key=value");
   expect_config_error([] { ConfigNode::from_string("a: [1, 2"); }, "YAML syntax error");
 }
 

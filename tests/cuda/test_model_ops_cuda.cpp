@@ -231,48 +231,6 @@ TEST(ModelOpsCuda, RmsnormForwardAndBackward) {
   }
 }
 
-// ---------------------------------------------------------------- SwiGLU
-
-template <class A>
-void check_swiglu(const Precision& p) {
-  SCOPED_TRACE(p.name);
-  const int64_t rows = 150, D = 40, F = 96;
-  const auto x = round_to(randn_vec(rows * D, 10, 1), p.dtype);
-  const auto wg = round_to(randn_vec(D * F, 10, 2, 0.2), p.dtype);
-  const auto wu = round_to(randn_vec(D * F, 10, 3, 0.2), p.dtype);
-  const auto wd = round_to(randn_vec(F * D, 10, 4, 0.2), p.dtype);
-  const auto dy = round_to(randn_vec(rows * D, 10, 5), p.dtype);
-  const double g0 = 0.5;
-  std::vector<double> y_ref(rows * D), dx_ref(rows * D), dwg_ref(D * F, g0), dwu_ref(D * F, g0), dwd_ref(F * D, g0);
-  SwigluCache cache;
-  swiglu_forward<double>(x.data(), rows, D, F, wg.data(), wu.data(), wd.data(), y_ref.data(), cache);
-  swiglu_backward<double>(x.data(), dy.data(), rows, D, F, wg.data(), wu.data(), wd.data(), cache, dx_ref.data(),
-                          dwg_ref.data(), dwu_ref.data(), dwd_ref.data());
-  Tensor x_d = to_device(x, p.dtype), wg_d = to_device(wg, p.dtype), wu_d = to_device(wu, p.dtype),
-         wd_d = to_device(wd, p.dtype), dy_d = to_device(dy, DType::f32);
-  Tensor y_d({rows * D}, DType::f32, Device::cuda), dx_d({rows * D}, DType::f32, Device::cuda);
-  Tensor dwg_d = to_device(std::vector<double>(D * F, g0), DType::f32);
-  Tensor dwu_d = to_device(std::vector<double>(D * F, g0), DType::f32);
-  Tensor dwd_d = to_device(std::vector<double>(F * D, g0), DType::f32);
-  SwigluCudaCache cc;
-  swiglu_forward_cuda<A>(x_d.data<A>(), rows, D, F, wg_d.data<A>(), wu_d.data<A>(), wd_d.data<A>(), y_d.data<float>(), cc);
-  swiglu_backward_cuda<A>(x_d.data<A>(), dy_d.data<float>(), rows, D, F, wg_d.data<A>(), wu_d.data<A>(),
-                          wd_d.data<A>(), cc, dx_d.data<float>(), dwg_d.data<float>(), dwu_d.data<float>(),
-                          dwd_d.data<float>());
-  IHA_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_TRUE(close_normwise(from_device(y_d), y_ref, p.tau, "y"));
-  EXPECT_TRUE(close_normwise(from_device(dx_d), dx_ref, p.tau, "dx"));
-  EXPECT_TRUE(close_normwise(minus(from_device(dwg_d), g0), minus(dwg_ref, g0), p.tau, "dW_gate"));
-  EXPECT_TRUE(close_normwise(minus(from_device(dwu_d), g0), minus(dwu_ref, g0), p.tau, "dW_up"));
-  EXPECT_TRUE(close_normwise(minus(from_device(dwd_d), g0), minus(dwd_ref, g0), p.tau, "dW_down"));
-}
-
-TEST(ModelOpsCuda, SwigluForwardAndBackward) {
-  IHA_SKIP_WITHOUT_GPU();
-  check_swiglu<float>(kPrecisions[0]);
-  check_swiglu<bf16>(kPrecisions[1]);
-}
-
 // ---------------------------------------------------------------- cross-entropy
 
 TEST(ModelOpsCuda, CrossEntropyLossStatsAndGradient) {

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <yaml-cpp/yaml.h>
+
 #include "model/run_config.h"
 #include "model/trainer.h"
 

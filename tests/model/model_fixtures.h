@@ -76,10 +76,9 @@ inline std::string tiny_run_yaml(int64_t sp, int64_t dp, const std::string& layo
 // Parses YAML text (with optional "key=value" overrides) into a run config.
 inline RunConfig run_config_from(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
   ConfigNode root = ConfigNode::from_string(yaml, "test");
-  for (const auto& o : overrides) ConfigNode::apply_override(root.raw(), o);
-  YAML::Emitter out;
-  out << root.raw();
-  return parse_run_config(ConfigNode::from_string(out.c_str(), "test"), out.c_str());
+  for (const auto& o : overrides) root.apply_override(o);
+  const std::string text = root.to_yaml();
+  return parse_run_config(ConfigNode::from_string(text, "test"), text);
 }
 
 // Losses of `steps` training steps from a fresh init, and the parameters after them.
