@@ -160,6 +160,14 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
   }
   c.eval.checkpoint = ev.get<std::string>("checkpoint", "");
 
+  const ConfigNode sw = root.child("sweep");
+  c.sweep.lengths = sw.get<std::vector<int64_t>>("lengths", {});
+  for (int64_t L : c.sweep.lengths)
+    IHA_CONFIG_CHECK(L >= 2, "config key '", sw.key_path("lengths"), "': every length must be >= 2 "
+                     "tokens, got ", L);
+  c.sweep.sequences = non_negative(sw, "sequences", 0);
+  c.sweep.out = sw.get<std::string>("out", "");
+
   const ConfigNode ck = root.child("checkpoint");
   c.checkpoint.dir = ck.get<std::string>("dir", "");
   c.checkpoint.every = non_negative(ck, "every", 0);

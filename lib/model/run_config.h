@@ -3,7 +3,7 @@
 // Every key is documented in docs/training.md. Reading is strict: an unknown key, a wrong type
 // or an invalid value throws ConfigError naming the dotted key.
 // Threads: plain data; parsing is local (wrap it in collective_check to agree across ranks).
-// defines: iha::MeshSchemes, iha::DataConfig, iha::EvalConfig, iha::CheckpointConfig, iha::LogConfig,
+// defines: iha::MeshSchemes, iha::DataConfig, iha::EvalConfig, iha::SweepConfig, iha::CheckpointConfig, iha::LogConfig,
 //          iha::RunConfig, iha::load_run_config, iha::parse_run_config, iha::make_data_source
 #pragma once
 
@@ -52,6 +52,14 @@ struct EvalConfig {
   std::string checkpoint;   // `eval` mode: checkpoint directory (default: checkpoint.dir)
 };
 
+// `iha-train sweep`: one checkpoint evaluated at several sequence lengths, the multikey
+// needle at each depth bin (make_needle_depth_source) of each length.
+struct SweepConfig {
+  std::vector<int64_t> lengths;  // sequence lengths (tokens), each >= 2
+  int64_t sequences = 0;         // held-out sequences per (length, depth bin); 0: eval.sequences
+  std::string out;               // directory for sweep.jsonl and sweep.md (empty: console only)
+};
+
 struct CheckpointConfig {
   std::string dir;          // empty: no checkpoints
   int64_t every = 0;        // save every this many steps (0: only at the end)
@@ -86,6 +94,7 @@ struct RunConfig {
   OptimConfig optim;
   DataConfig data;
   EvalConfig eval;
+  SweepConfig sweep;
   CheckpointConfig checkpoint;
   LogConfig log;
   std::string finetune_from;  // finetune: checkpoint directory the weights come from

@@ -271,16 +271,28 @@ template <class T>
 EvalStats Trainer<T>::evaluate() {
   IHA_CONFIG_CHECK(eval_loader_ != nullptr, "evaluation needs held-out data: set config key "
                    "'eval.path' to a held-out token file");
+  return evaluate(*eval_loader_);
+}
+
+template <class T>
+EvalStats Trainer<T>::evaluate(std::shared_ptr<TokenSource> held_out) {
+  std::unique_ptr<DataLoader> loader;
+  collective_check(*world_, [&] { loader = std::make_unique<DataLoader>(std::move(held_out), cfg_.seq_len, tokens_); });
+  return evaluate(*loader);
+}
+
+template <class T>
+EvalStats Trainer<T>::evaluate(const DataLoader& held_out) {
   const int64_t dp = cfg_.mesh.dp, eb = cfg_.eval.batch;
   int64_t total = cfg_.eval.sequences;
-  const int64_t available = eval_loader_->source().num_sequences();
+  const int64_t available = held_out.source().num_sequences();
   if (available > 0) total = std::min(total, available);
   // Replica r evaluates batches r, r + dp, ... of the held-out sequences. All batches are read
   // first, under one world-wide check, so a bad file stops every rank at the same point.
   std::vector<TokenBatch> batches;
   collective_check(*world_, [&] {
     for (int64_t first = mesh_->dp_index() * eb; first < total; first += dp * eb)
-      batches.push_back(eval_loader_->batch(first, std::min(eb, total - first)));
+      batches.push_back(held_out.batch(first, std::min(eb, total - first)));
   });
   CrossEntropyStats local;
   for (const auto& b : batches) local.add(model_->evaluate(b));

@@ -129,6 +129,9 @@ class Trainer {
   // Mean loss and accuracy on cfg.eval.sequences held-out sequences (collective). Throws
   // ConfigError if the run has no held-out data.
   EvalStats evaluate();
+  // The same on cfg.eval.sequences sequences of another source of this run's sequence length
+  // (e.g. a needle-depth probe; collective, the same source on every rank).
+  EvalStats evaluate(std::shared_ptr<TokenSource> held_out);
   bool has_held_out() const { return eval_loader_ != nullptr; }
 
   const RunConfig& config() const { return cfg_; }
@@ -154,6 +157,7 @@ class Trainer {
   double global_sum(double local, const std::string& site);
   // The model, optimizer and gradient reduction (replicated or ZeRO-1) on the backend.
   void build_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank);
+  EvalStats evaluate(const DataLoader& held_out);
   // The global loss statistics of a step and its gradient norm; NonFiniteLoss if not finite.
   StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
 
