@@ -36,6 +36,9 @@ void check_lengths(const RunConfig& cfg, const CheckpointModel& ck, int64_t worl
                    "depths of the multikey task, got '", cfg.data.kind, "'");
   IHA_CONFIG_CHECK(cfg.eval.sequences > 0 || cfg.sweep.sequences > 0, "config key "
                    "'sweep.sequences': the sweep needs >= 1 sequence per depth bin");
+  const int64_t ranks = cfg.mesh.dp * cfg.mesh.hp * cfg.mesh.sp;
+  IHA_CONFIG_CHECK(ranks == world_size, "config key 'mesh': dp * hp * sp = ", ranks,
+                   " ranks but the job has ", world_size, " (dp * hp * sp must equal the world size)");
   const int64_t replica = cfg.mesh.hp * cfg.mesh.sp;
   for (int64_t L : cfg.sweep.lengths) {
     try {
