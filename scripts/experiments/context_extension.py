@@ -54,7 +54,7 @@ def main():
     n0 = a.n0
     methods = a.methods.split(",")
     lengths = [n0 * f for f in (1, 2, 4, 8, 16)]
-    r = expkit.Runner(a.build, a.out)
+    r = expkit.Runner(a.build, a.out, force=a.smoke)
     cfg = "configs/demo.yaml"
     common = [("logging.every", "10"), ("eval.every", "0"), ("checkpoint.every", "0")]
 

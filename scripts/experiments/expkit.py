@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ class Runner:
     stopped and a changed command reruns.
     """
 
-    def __init__(self, build, out, log=sys.stdout):
+    def __init__(self, build, out, log=sys.stdout, force=False):
         self.binary = os.path.join(os.path.abspath(build), "apps", "iha-train", "iha-train")
         if not os.access(self.binary, os.X_OK):
             raise SystemExit("error: no iha-train binary at %s (build it first: cmake --build %s "
@@ -38,6 +39,7 @@ class Runner:
         self.out = os.path.abspath(out)
         os.makedirs(self.out, exist_ok=True)
         self.log = log
+        self.force = force  # rerun every stage (smoke runs: a test must not pass on old outputs)
         self.commands = []  # (stage, command line, seconds)
 
     def stage(self, name, mode, config, sets, ranks=1):
@@ -51,14 +53,16 @@ class Runner:
         line = " ".join(shlex.quote(c) for c in cmd)
         stamp = os.path.join(d, "done")
         key = hashlib.sha256(line.encode()).hexdigest()
-        if os.path.exists(stamp) and open(stamp).read().strip() == key:
+        if not self.force and os.path.exists(stamp) and open(stamp).read().strip() == key:
             print("[skip] %s (done before with the same command)" % name, file=self.log, flush=True)
             self.commands.append((name, line, None))
             return d
-        for f in ("log.jsonl", "sweep/sweep.jsonl"):
+        for f in ("done", "log.jsonl", "sweep/sweep.jsonl"):
             p = os.path.join(d, f)
             if os.path.exists(p):
                 os.remove(p)
+        if os.path.isdir(os.path.join(d, "ck")):
+            shutil.rmtree(os.path.join(d, "ck"))
         print("[run ] %s: %s" % (name, line), file=self.log, flush=True)
         t0 = time.time()
         with open(os.path.join(d, "console.txt"), "w") as console:

@@ -65,7 +65,7 @@ def main():
     if a.smoke:
         a.steps, a.batch, a.length, a.seeds, a.eval_sequences, a.max_tasks = 2, 4, 64, 1, 8, 1
     lo, hi = map(float, a.band.split(","))
-    r = expkit.Runner(a.build, a.out)
+    r = expkit.Runner(a.build, a.out, force=a.smoke)
 
     def train(name, task_sets, model_sets, seed):
         d = os.path.join(r.out, name)

@@ -31,7 +31,7 @@ def main():
                     help="further iha-train config overrides")
     ap.add_argument("--build", default=os.path.join(expkit.REPO, "build"))
     a = ap.parse_args()
-    runner = expkit.Runner(a.build, a.out)
+    runner = expkit.Runner(a.build, a.out, force=True)
     sets = [tuple(s.split("=", 1)) for s in a.set]
     sets += [("eval.checkpoint", os.path.abspath(a.checkpoint)), ("sweep.lengths", "[%s]" % a.lengths),
              ("sweep.sequences", str(a.sequences)), ("sweep.out", os.path.join(runner.out, "sweep")),
