@@ -31,10 +31,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import expkit  # noqa: E402
 
-# Candidate tasks, hardest retrieval first: (name, description, config overrides).
+# Candidate tasks in the order they are tried: (name, description, config overrides).
 TASKS = [
     ("multikey-8", "multikey retrieval, 8 pairs, 16 key ids, 16 value ids (chance 1/16)",
      [("data.kind", "multikey"), ("data.pairs", "8")]),
+    ("multikey-4", "multikey retrieval, 4 pairs, 16 key ids, 16 value ids (chance 1/16; the demo's task)",
+     [("data.kind", "multikey"), ("data.pairs", "4")]),
     ("multikey-16", "multikey retrieval, 16 pairs, 32 key ids, 32 value ids (chance 1/32)",
      [("data.kind", "multikey"), ("data.pairs", "16"), ("data.key_tokens", "32"),
       ("data.value_tokens", "32"), ("model.vocab_size", "96")]),
