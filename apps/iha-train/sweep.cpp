@@ -103,6 +103,9 @@ int run_sweep(const RunConfig& cfg, std::shared_ptr<Communicator> world, const C
     Trainer<T> trainer(c, world, ck.model.window_virtual);
     TrainCheckpoints<T>(trainer, 1).load(path, StateParts::weights);
     const double factor = static_cast<double>(L) / static_cast<double>(ck.seq_len);
+    auto line_of = [&](const std::string& event) {
+      return JsonLine().add("event", event).add("length", L).add("trained_length", ck.seq_len).add("factor", factor);
+    };
     std::ostringstream row;
     row << "| " << L << " | " << fixed(factor, 2) << " |";
     double sum = 0;
@@ -113,11 +116,7 @@ int run_sweep(const RunConfig& cfg, std::shared_ptr<Communicator> world, const C
       sum += e.answer_accuracy;
       answers += e.answers;
       row << " " << fixed(e.answer_accuracy, 3) << " |";
-      const JsonLine line = JsonLine()
-                                .add("event", std::string("sweep"))
-                                .add("length", L)
-                                .add("trained_length", ck.seq_len)
-                                .add("factor", factor)
+      const JsonLine line = line_of("sweep")
                                 .add("bin", b)
                                 .add("depth_lo", static_cast<double>(b) / bins)
                                 .add("depth_hi", static_cast<double>(b + 1) / bins)
@@ -133,11 +132,7 @@ int run_sweep(const RunConfig& cfg, std::shared_ptr<Communicator> world, const C
     row << " " << fixed(mean, 3) << " |";
     rep.console(row.str() + "  (" + format_duration(secs) + ")");
     if (table) *table << row.str() << "\n" << std::flush;
-    const JsonLine summary = JsonLine()
-                                 .add("event", std::string("sweep_length"))
-                                 .add("length", L)
-                                 .add("trained_length", ck.seq_len)
-                                 .add("factor", factor)
+    const JsonLine summary = line_of("sweep_length")
                                  .add("answer_accuracy", mean)
                                  .add("answers", answers)
                                  .add("chance", chance)

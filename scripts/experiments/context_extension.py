@@ -19,7 +19,6 @@ Writes OUT/results.json, OUT/results.md and the PNG plots (copied to --figures i
 import argparse
 import json
 import os
-import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -139,15 +138,11 @@ def main():
     print("best method: %s; after the 16x fine-tune: %.3f at N0, %.3f at 16x N0 (goal: within 0.10: %s)"
           % (best, m16[n0], m16[16 * n0], res["goal"]["within_10_points"]))
     if a.figures:
-        os.makedirs(a.figures, exist_ok=True)
-        for f in ("ctx_zeroshot.png", "ctx_ft4x.png", "ctx_ft16x.png", "ctx_depth.png", "results.md", "results.json"):
-            shutil.copy(os.path.join(r.out, f), os.path.join(a.figures, f if f.endswith(".png") else "ctx_" + f))
+        expkit.copy_outputs(r.out, a.figures, [(f, f) for f in ("ctx_zeroshot.png", "ctx_ft4x.png", "ctx_ft16x.png",
+                                                                "ctx_depth.png")]
+                            + [("results.md", "ctx_results.md"), ("results.json", "ctx_results.json")])
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except expkit.StageFailed as e:
-        print(str(e), file=sys.stderr)
-        sys.exit(e.code)
+    expkit.run_main(main)

@@ -190,3 +190,19 @@ def machine():
                            capture_output=True, text=True).stdout.strip()
     return {"cpu": cpu, "cpus": os.cpu_count(), "commit": commit + ("+dirty" if dirty else ""),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def copy_outputs(src, dst, names):
+    """Copies src/name to dst/renamed for (name, renamed) in names (the figures docs use)."""
+    os.makedirs(dst, exist_ok=True)
+    for name, renamed in names:
+        shutil.copy(os.path.join(src, name), os.path.join(dst, renamed))
+
+
+def run_main(main):
+    """Exit with main()'s code, or with a failed stage's (2 for bad input) and its message."""
+    try:
+        sys.exit(main())
+    except StageFailed as e:
+        print(str(e), file=sys.stderr)
+        sys.exit(e.code)

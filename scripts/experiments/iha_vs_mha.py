@@ -13,8 +13,8 @@ Calibration: the learning rate is constant after warmup (optim.min_lr = optim.lr
 of S steps is exactly the first S steps of a longer run with the same seed. The MHA baseline
 (seed 1) trains --max-steps steps on each candidate task in turn with a held-out evaluation
 every --eval-every steps; the first task whose MHA accuracy enters the band (30-80%: neither
-solved nor at chance, so a difference can show) is compared at the evaluated step count S in
-the band closest to its middle, with --seeds seeds per model (train.seed = data.seed = seed),
+solved nor at chance, so a difference can show) is compared at the first evaluated step count
+S in the band (the smallest budget at which MHA is in it), with --seeds seeds per model (train.seed = data.seed = seed),
 mean and sample standard deviation of the held-out answer accuracy after S steps. If no task
 enters the band, the report says so and compares nothing.
 
@@ -24,7 +24,6 @@ enters the band, the report says so and compares nothing.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 
@@ -100,7 +99,6 @@ def main():
 
     mha = MODELS[2]
     calib, chosen, steps = {}, None, None
-    mid = (lo + hi) / 2
     for name, desc, tsets in TASKS:
         c = train("calib-%s" % name, tsets, mha[2], 1, a.max_steps, a.eval_every, a.eval_sequences // 2)
         in_band = [(st, acc) for st, acc in c["curve"] if lo <= acc <= hi]
@@ -108,7 +106,7 @@ def main():
         calib[name] = c
         if in_band:
             chosen = (name, desc, tsets)
-            steps = min(in_band, key=lambda p: abs(p[1] - mid))[0]
+            steps = in_band[0][0]
             break
     note = "" if chosen else "no candidate task put MHA in [%.2f, %.2f] within %d steps: nothing compared" % (
         lo, hi, a.max_steps)
@@ -175,16 +173,11 @@ def main():
     plt.close(fig)
     print(md)
     if a.figures:
-        os.makedirs(a.figures, exist_ok=True)
-        shutil.copy(os.path.join(r.out, "iha_vs_mha.png"), a.figures)
-        shutil.copy(os.path.join(r.out, "results.md"), os.path.join(a.figures, "iha_vs_mha_results.md"))
-        shutil.copy(os.path.join(r.out, "results.json"), os.path.join(a.figures, "iha_vs_mha_results.json"))
+        expkit.copy_outputs(r.out, a.figures, [("iha_vs_mha.png", "iha_vs_mha.png"),
+                                               ("results.md", "iha_vs_mha_results.md"),
+                                               ("results.json", "iha_vs_mha_results.json")])
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except expkit.StageFailed as e:
-        print(str(e), file=sys.stderr)
-        sys.exit(e.code)
+    expkit.run_main(main)
