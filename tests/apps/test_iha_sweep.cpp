@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -157,6 +158,29 @@ TEST(IhaSweep, WritesEveryLengthAndDepthTheSameOnAnyMesh) {
   }
   for (size_t i = 0; i < by_ranks[1].size(); ++i)
     EXPECT_EQ(by_ranks[1][i].accuracy, by_ranks[2][i].accuracy) << "row " << i;
+}
+
+}  // namespace
+
+namespace {
+
+// configs/finetune-64k.yaml and the 4x stage its header runs with overrides are valid configs
+// for their 4 ranks (the recipe's commands; `check` reads no checkpoint).
+TEST(IhaSweep, TheExtensionRecipeStagesAreValidConfigs) {
+  const std::string cfg = std::string(" --config ") + IHA_SOURCE_DIR + "/configs/finetune-64k.yaml";
+  const Result last = train(4, "check" + cfg);
+  EXPECT_EQ(last.code, 0) << last.output;
+  EXPECT_NE(last.output.find("N=65536"), std::string::npos) << last.output;
+  std::ifstream f(std::string(IHA_SOURCE_DIR) + "/configs/finetune-64k.yaml");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  // The 4x stage's overrides, as the header gives them.
+  const size_t at = text.find("--set sequence.length=16384");
+  ASSERT_NE(at, std::string::npos) << "the header no longer gives the 4x stage";
+  std::string sets = text.substr(at, text.find("\n#   # 3.", at) - at);
+  for (size_t p; (p = sets.find("\\\n#")) != std::string::npos;) sets.replace(p, 3, " ");
+  const Result four = train(4, "check" + cfg + " " + sets);
+  EXPECT_EQ(four.code, 0) << sets << "\n" << four.output;
+  EXPECT_NE(four.output.find("N=16384"), std::string::npos) << four.output;
 }
 
 }  // namespace
