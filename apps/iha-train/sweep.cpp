@@ -7,7 +7,6 @@
 #include <sstream>
 #include <vector>
 
-#include "core/rng.h"
 #include "model/trainer.h"
 #include "parallel/layout.h"
 
@@ -22,10 +21,6 @@ RunConfig at_length(const RunConfig& cfg, int64_t L) {
   if (cfg.sweep.sequences > 0) c.eval.sequences = cfg.sweep.sequences;
   return c;
 }
-
-// The same held-out stream a run's evaluation uses (make_data_source), so that bin averages
-// are comparable with the `eval` figures of the same config.
-uint64_t held_out_seed(const RunConfig& cfg) { return hash3(cfg.data.seed, 0x68656c64ull, 0); }
 
 // Everything a length must satisfy, checked up front on every rank, each failure restated as
 // a problem of sweep.lengths (the key the user gave the length in).

@@ -277,6 +277,8 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
   return e;
 }
 
+uint64_t held_out_seed(const RunConfig& c) { return hash3(c.data.seed, 0x68656c64ull, 0); }
+
 std::shared_ptr<TokenSource> make_data_source(const RunConfig& c, bool held_out) {
   const int64_t N = c.seq_len, V = c.model.vocab;
   if (c.data.kind == "hdf5") {
@@ -284,9 +286,7 @@ std::shared_ptr<TokenSource> make_data_source(const RunConfig& c, bool held_out)
     if (c.eval.path.empty()) return nullptr;
     return open_token_file(c.eval.path, c.data.dataset, N, V);
   }
-  // Held-out synthetic sequences come from a seed derived from data.seed, so they are never
-  // among the training sequences' streams.
-  const uint64_t seed = held_out ? hash3(c.data.seed, 0x68656c64ull, 0) : c.data.seed;
+  const uint64_t seed = held_out ? held_out_seed(c) : c.data.seed;
   if (c.data.kind == "twohop") {
     TwoHopSpec spec = c.data.twohop;
     if (held_out) spec.queries = c.eval.queries;

@@ -4,7 +4,8 @@
 // or an invalid value throws ConfigError naming the dotted key.
 // Threads: plain data; parsing is local (wrap it in collective_check to agree across ranks).
 // defines: iha::MeshSchemes, iha::DataConfig, iha::EvalConfig, iha::SweepConfig, iha::CheckpointConfig, iha::LogConfig,
-//          iha::RunConfig, iha::load_run_config, iha::parse_run_config, iha::make_data_source
+//          iha::RunConfig, iha::load_run_config, iha::parse_run_config, iha::make_data_source,
+//          iha::held_out_seed
 #pragma once
 
 #include <cstdint>
@@ -131,5 +132,8 @@ RunEstimate check_run_fits_machine(const RunConfig& cfg, int64_t world_size);
 // derived seed for synthetic tasks and eval.path for HDF5). Returns null for held_out when the
 // run has no held-out data.
 std::shared_ptr<TokenSource> make_data_source(const RunConfig& cfg, bool held_out);
+// The seed of the held-out stream of a synthetic task (derived from data.seed, so held-out
+// sequences are never among the training sequences).
+uint64_t held_out_seed(const RunConfig& cfg);
 
 }  // namespace iha
