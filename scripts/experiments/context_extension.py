@@ -16,7 +16,6 @@ Writes OUT/results.json, OUT/results.md and the PNG plots (copied to --figures i
   python3 scripts/experiments/context_extension.py --out runs/experiments/context      # full
   python3 scripts/experiments/context_extension.py --smoke --out /tmp/ctx-smoke       # seconds
 """
-import argparse
 import json
 import os
 import sys
@@ -35,11 +34,7 @@ def scaling(method, factor, n0):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(expkit.REPO, "runs", "experiments", "context"))
-    ap.add_argument("--build", default=os.path.join(expkit.REPO, "build"))
-    ap.add_argument("--figures", default=None, help="copy the PNGs and results.md here")
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every stage runs")
+    ap = expkit.experiment_args(__doc__, "context")
     ap.add_argument("--n0", type=int, default=128)
     ap.add_argument("--base-steps", type=int, default=800)
     ap.add_argument("--ft-steps", type=int, default=150, help="steps of each 4x fine-tune")

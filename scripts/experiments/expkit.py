@@ -206,3 +206,15 @@ def run_main(main):
     except StageFailed as e:
         print(str(e), file=sys.stderr)
         sys.exit(e.code)
+
+
+def experiment_args(doc, name):
+    """The options every experiment script has: --out (default runs/experiments/NAME),
+    --build, --figures (copy the PNGs and results there) and --smoke."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(REPO, "runs", "experiments", name))
+    ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    ap.add_argument("--figures", default=None, help="copy the PNGs and results here")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every stage runs")
+    return ap

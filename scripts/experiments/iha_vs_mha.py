@@ -21,7 +21,6 @@ enters the band, the report says so and compares nothing.
   python3 scripts/experiments/iha_vs_mha.py --out runs/experiments/iha_vs_mha        # full
   python3 scripts/experiments/iha_vs_mha.py --smoke --out /tmp/ivm-smoke            # seconds
 """
-import argparse
 import json
 import os
 import statistics
@@ -54,11 +53,7 @@ MODELS = [
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(expkit.REPO, "runs", "experiments", "iha_vs_mha"))
-    ap.add_argument("--build", default=os.path.join(expkit.REPO, "build"))
-    ap.add_argument("--figures", default=None, help="copy the PNG and results here")
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks that every stage runs")
+    ap = expkit.experiment_args(__doc__, "iha_vs_mha")
     ap.add_argument("--max-steps", type=int, default=1500, help="calibration run length")
     ap.add_argument("--eval-every", type=int, default=50, help="calibration evaluation interval")
     ap.add_argument("--batch", type=int, default=16)
