@@ -1,6 +1,6 @@
 // iha-train: train, fine-tune or evaluate an IHA language model from a YAML config.
 //
-//   mpiexec -n R iha-train train|finetune|eval --config FILE [--set key=value ...] [--resume [auto]]
+//   mpiexec -n R iha-train train|finetune|eval|sweep|check --config FILE [--set key=value ...] [--resume [auto]]
 //
 // Exit codes: 0 success; 2 bad command line, config or data (the message names the key or
 // file; every rank exits 2); 3 the loss became NaN or Inf (the last good checkpoint is kept);
@@ -25,15 +25,17 @@
 #include "parallel/comm.h"
 #include "progress.h"
 #include "stop_signals.h"
+#include "sweep.h"
 
 namespace iha::app {
 namespace {
 
 const char* kUsage =
-    "usage: iha-train train|finetune|eval|check --config FILE [--set key=value ...] [--resume [auto]]\n"
+    "usage: iha-train train|finetune|eval|sweep|check --config FILE [--set key=value ...] [--resume [auto]]\n"
     "  train     train a model (from scratch, or from checkpoint.dir/latest with --resume)\n"
     "  finetune  load weights from finetune.from and continue at this config's context\n"
     "  eval      loss and answer accuracy of a checkpoint on held-out data\n"
+    "  sweep     answer accuracy of a checkpoint at each of sweep.lengths and each needle depth\n"
     "  check     validate the config against the types, the launched ranks and this machine,\n"
     "            print the plan, and exit (0 valid, 2 not); touches no file\n"
     "  --set k=v override a config key (dotted path, YAML value), e.g. --set optim.lr=3e-4\n"
@@ -44,7 +46,7 @@ const char* kUsage =
     "train and finetune stop at the next step boundary on SIGUSR1, SIGUSR2, SIGTERM or SIGINT,\n"
     "saving a checkpoint (exit 4); a second such signal ends them at once (exit 128 + signal).\n";
 
-enum class Mode { train, finetune, eval, check };
+enum class Mode { train, finetune, eval, sweep, check };
 
 struct Args {
   Mode mode = Mode::train;
@@ -69,10 +71,12 @@ Args parse_args(int argc, char** argv) {
     a.mode = Mode::finetune;
   } else if (cmd == "eval") {
     a.mode = Mode::eval;
+  } else if (cmd == "sweep") {
+    a.mode = Mode::sweep;
   } else if (cmd == "check") {
     a.mode = Mode::check;
   } else {
-    throw ConfigError("unknown command '" + cmd + "' (expected train, finetune, eval or check)");
+    throw ConfigError("unknown command '" + cmd + "' (expected train, finetune, eval, sweep or check)");
   }
   for (int i = 2; i < argc; ++i) {
     const std::string s = argv[i];
@@ -94,7 +98,7 @@ Args parse_args(int argc, char** argv) {
     }
   }
   IHA_CONFIG_CHECK(!a.config.empty(), "--config FILE is required");
-  IHA_CONFIG_CHECK(!(a.resume && (a.mode == Mode::eval || a.mode == Mode::check)),
+  IHA_CONFIG_CHECK(!(a.resume && (a.mode == Mode::eval || a.mode == Mode::sweep || a.mode == Mode::check)),
                    "--resume applies to train and finetune");
   return a;
 }
@@ -128,7 +132,7 @@ struct Origin {
 Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
   Origin o;
   const std::string& root = cfg.checkpoint.dir;
-  if (args.mode == Mode::eval) {
+  if (args.mode == Mode::eval || args.mode == Mode::sweep) {
     o.kind = Origin::weights;
     o.path = cfg.eval.checkpoint.empty() ? root : cfg.eval.checkpoint;
     o.ck = inspect_train_checkpoint(w, o.path, cfg.eval.checkpoint.empty() ? "checkpoint.dir" : "eval.checkpoint");
@@ -183,12 +187,13 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
   const bool root = w.rank() == 0;
   std::unique_ptr<Reporter> rep;
   collective_check(w, [&] {
-    if (args.mode != Mode::eval)
+    if (args.mode != Mode::eval && args.mode != Mode::sweep)
       IHA_CONFIG_CHECK(cfg.steps >= 1, "config key 'train.steps': training needs >= 1 step, got ",
                        cfg.steps);
     rep = std::make_unique<Reporter>(root, cfg.log.jsonl);
   });
   const Origin origin = plan(args, cfg, w);
+  if (args.mode == Mode::sweep) return run_sweep<T>(cfg, world, *origin.ck, origin.path, *rep);
   if (origin.kind == Origin::resume && origin.ck->step == cfg.steps) {
     rep->console("nothing to do: " + origin.ck->dir + " is step " + std::to_string(cfg.steps) +
                  " = train.steps");

@@ -189,6 +189,49 @@ class TwoHopSource final : public SyntheticSource {
   TwoHopSpec spec_;
 };
 
+// The multikey task with the query pinned to one pair: the needle sits at a known depth.
+// Keys, values and slots are drawn as MultiKeySource draws them for one query.
+class NeedleDepthSource final : public SyntheticSource {
+ public:
+  NeedleDepthSource(const MultiKeySpec& spec, int64_t vocab, int64_t N, uint64_t seed, int64_t bin)
+      : SyntheticSource(vocab, N, seed, 1 + spec.key_tokens + spec.value_tokens, spec.loss_on),
+        spec_(spec), bin_(bin) {}
+  std::string describe() const override {
+    std::ostringstream os;
+    os << "needle_depth(pairs=" << spec_.pairs << ", bin=" << bin_ << ", key_tokens="
+       << spec_.key_tokens << ", value_tokens=" << spec_.value_tokens << ", N=" << N_
+       << ", seed=" << seed_ << ")";
+    return os.str();
+  }
+
+ protected:
+  Placement place(int64_t s) const override {
+    Rng rng{hash3(seed_, 0x64657074ull, static_cast<uint64_t>(s)), 0};
+    const int64_t k = spec_.pairs, key_base = 1, value_base = 1 + spec_.key_tokens;
+    const std::vector<int64_t> keys = distinct_draw(rng, spec_.key_tokens, k);
+    const int64_t haystack = N_ + 1 - 3;
+    Placement pl;
+    int64_t asked_value = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t value = static_cast<int64_t>(rng.next_below(spec_.value_tokens));
+      if (i == bin_) asked_value = value;
+      const int64_t p = slot_position(rng, haystack, k, i, 2);
+      pl.placed.emplace_back(p, static_cast<int32_t>(key_base + keys[i]));
+      pl.placed.emplace_back(p + 1, static_cast<int32_t>(value_base + value));
+    }
+    pl.placed.emplace_back(haystack, kQueryToken);
+    pl.placed.emplace_back(haystack + 1, static_cast<int32_t>(key_base + keys[bin_]));
+    pl.placed.emplace_back(haystack + 2, static_cast<int32_t>(value_base + asked_value));
+    pl.answer_positions.push_back(haystack + 2);
+    finish(pl);
+    return pl;
+  }
+
+ private:
+  MultiKeySpec spec_;
+  int64_t bin_;
+};
+
 // ---- HDF5 ----
 
 // Process-wide: the HDF5 library here is built without thread safety, and the checkpoint
@@ -481,6 +524,16 @@ std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t 
                    " chains and ", spec.queries, " queries need at least ",
                    4 * spec.chains + 3 * spec.queries - 1, " tokens, got ", N);
   return std::make_shared<TwoHopSource>(spec, vocab, N, seed);
+}
+
+std::shared_ptr<TokenSource> make_needle_depth_source(const MultiKeySpec& spec, int64_t vocab,
+                                                      int64_t N, uint64_t seed, int64_t depth_bin) {
+  MultiKeySpec one = spec;
+  one.queries = 1;
+  make_multikey_source(one, vocab, N, seed);  // the same checks, naming the same keys
+  IHA_CONFIG_CHECK(depth_bin >= 0 && depth_bin < spec.pairs, "needle depth bin ", depth_bin,
+                   " outside [0, data.pairs = ", spec.pairs, ")");
+  return std::make_shared<NeedleDepthSource>(one, vocab, N, seed, depth_bin);
 }
 
 std::shared_ptr<TokenSource> open_token_file(const std::string& path, const std::string& dataset,

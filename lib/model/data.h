@@ -28,6 +28,7 @@
 // serialises its calls on one process-wide mutex.
 // defines: iha::TokenBatch, iha::TokenSource, iha::MultiKeySpec, iha::TwoHopSpec,
 //          iha::LossOn, iha::make_multikey_source, iha::make_twohop_source,
+//          iha::make_needle_depth_source,
 //          iha::open_token_file, iha::TokenFileWriter, iha::doc_starts_dataset, iha::DataLoader
 #pragma once
 
@@ -102,6 +103,14 @@ std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int6
                                                   int64_t N, uint64_t seed);
 std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t vocab, int64_t N,
                                                 uint64_t seed);
+// Needle-depth probe of the multikey task (for length sweeps): sequences drawn as by
+// make_multikey_source with one query, except that the query always asks pair `depth_bin`.
+// The k = spec.pairs pairs sit in k equal segments of the haystack in order, so bin i holds
+// the answer at depth [i/k, (i+1)/k) of the context; the mean over the k bins is the multikey
+// accuracy with the asked pair drawn uniformly. ConfigError as make_multikey_source, and
+// naming `depth_bin` when it is outside [0, pairs).
+std::shared_ptr<TokenSource> make_needle_depth_source(const MultiKeySpec& spec, int64_t vocab,
+                                                      int64_t N, uint64_t seed, int64_t depth_bin);
 // Opens an HDF5 token file; errors name the file and dataset (missing, wrong dtype or rank,
 // no vocab_size, vocab_size above the model's, too short for one sequence; doc_starts not
 // int64, not 1-D, empty, first not 0, not strictly ascending, or out of range). Ids are
@@ -153,6 +162,7 @@ class DataLoader {
   // every sequence's segment starts.
   TokenBatch batch(int64_t first, int64_t count) const;
   const TokenSource& source() const { return *source_; }
+  const std::shared_ptr<TokenSource>& shared_source() const { return source_; }
   int64_t local_tokens() const { return n_local_; }
 
  private:

@@ -159,6 +159,14 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
   }
   c.eval.checkpoint = ev.get<std::string>("checkpoint", "");
 
+  const ConfigNode sw = root.child("sweep");
+  c.sweep.lengths = sw.get<std::vector<int64_t>>("lengths", {});
+  for (int64_t L : c.sweep.lengths)
+    IHA_CONFIG_CHECK(L >= 2, "config key '", sw.key_path("lengths"), "': every length must be >= 2 "
+                     "tokens, got ", L);
+  c.sweep.sequences = non_negative(sw, "sequences", 0);
+  c.sweep.out = sw.get<std::string>("out", "");
+
   const ConfigNode ck = root.child("checkpoint");
   c.checkpoint.dir = ck.get<std::string>("dir", "");
   c.checkpoint.every = non_negative(ck, "every", 0);
@@ -266,6 +274,8 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
   return e;
 }
 
+uint64_t held_out_seed(const RunConfig& c) { return hash3(c.data.seed, 0x68656c64ull, 0); }
+
 std::shared_ptr<TokenSource> make_data_source(const RunConfig& c, bool held_out) {
   const int64_t N = c.seq_len, V = c.model.vocab;
   if (c.data.kind == "hdf5") {
@@ -273,9 +283,7 @@ std::shared_ptr<TokenSource> make_data_source(const RunConfig& c, bool held_out)
     if (c.eval.path.empty()) return nullptr;
     return open_token_file(c.eval.path, c.data.dataset, N, V);
   }
-  // Held-out synthetic sequences come from a seed derived from data.seed, so they are never
-  // among the training sequences' streams.
-  const uint64_t seed = held_out ? hash3(c.data.seed, 0x68656c64ull, 0) : c.data.seed;
+  const uint64_t seed = held_out ? held_out_seed(c) : c.data.seed;
   if (c.data.kind == "twohop") {
     TwoHopSpec spec = c.data.twohop;
     if (held_out) spec.queries = c.eval.queries;

@@ -3,8 +3,9 @@
 // Every key is documented in docs/training.md. Reading is strict: an unknown key, a wrong type
 // or an invalid value throws ConfigError naming the dotted key.
 // Threads: plain data; parsing is local (wrap it in collective_check to agree across ranks).
-// defines: iha::MeshSchemes, iha::DataConfig, iha::EvalConfig, iha::CheckpointConfig, iha::LogConfig,
-//          iha::RunConfig, iha::load_run_config, iha::parse_run_config, iha::make_data_source
+// defines: iha::MeshSchemes, iha::DataConfig, iha::EvalConfig, iha::SweepConfig, iha::CheckpointConfig, iha::LogConfig,
+//          iha::RunConfig, iha::load_run_config, iha::parse_run_config, iha::make_data_source,
+//          iha::held_out_seed
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,14 @@ struct EvalConfig {
   std::string checkpoint;   // `eval` mode: checkpoint directory (default: checkpoint.dir)
 };
 
+// `iha-train sweep`: one checkpoint evaluated at several sequence lengths, the multikey
+// needle at each depth bin (make_needle_depth_source) of each length.
+struct SweepConfig {
+  std::vector<int64_t> lengths;  // sequence lengths (tokens), each >= 2
+  int64_t sequences = 0;         // held-out sequences per (length, depth bin); 0: eval.sequences
+  std::string out;               // directory for sweep.jsonl and sweep.md (empty: console only)
+};
+
 struct CheckpointConfig {
   std::string dir;          // empty: no checkpoints
   int64_t every = 0;        // save every this many steps (0: only at the end)
@@ -86,6 +95,7 @@ struct RunConfig {
   OptimConfig optim;
   DataConfig data;
   EvalConfig eval;
+  SweepConfig sweep;
   CheckpointConfig checkpoint;
   LogConfig log;
   std::string finetune_from;  // finetune: checkpoint directory the weights come from
@@ -122,5 +132,8 @@ RunEstimate check_run_fits_machine(const RunConfig& cfg, int64_t world_size);
 // derived seed for synthetic tasks and eval.path for HDF5). Returns null for held_out when the
 // run has no held-out data.
 std::shared_ptr<TokenSource> make_data_source(const RunConfig& cfg, bool held_out);
+// The seed of the held-out stream of a synthetic task (derived from data.seed, so held-out
+// sequences are never among the training sequences).
+uint64_t held_out_seed(const RunConfig& cfg);
 
 }  // namespace iha

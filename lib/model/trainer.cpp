@@ -119,10 +119,9 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
   build_state(make_core, world_->size(), world_->rank());
   const int64_t model_tokens = model_->local_tokens();
   collective_check(*world_, [&] {
-    train_source_ = make_data_source(cfg_, false);
-    train_loader_ = std::make_unique<DataLoader>(train_source_, N, tokens_);
-    eval_source_ = make_data_source(cfg_, true);
-    if (eval_source_) eval_loader_ = std::make_unique<DataLoader>(eval_source_, N, tokens_);
+    train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), N, tokens_);
+    if (auto held_out = make_data_source(cfg_, true))
+      eval_loader_ = std::make_unique<DataLoader>(std::move(held_out), N, tokens_);
     IHA_CHECK(train_loader_->local_tokens() == model_tokens, "data shard holds ",
               train_loader_->local_tokens(), " tokens, the attention cores ", model_tokens);
   });
@@ -183,9 +182,10 @@ double Trainer<T>::global_sum(double local, const std::string& site) {
 }
 
 template <class T>
-TokenBatch Trainer<T>::load(const DataLoader& loader, const std::shared_ptr<TokenSource>& source, int64_t first,
-                            int64_t count, std::vector<std::vector<int64_t>>* map) const {
+TokenBatch Trainer<T>::load(const DataLoader& loader, int64_t first, int64_t count,
+                            std::vector<std::vector<int64_t>>* map) const {
   if (!per_batch_map()) return loader.batch(first, count);
+  const std::shared_ptr<TokenSource>& source = loader.shared_source();
   const int64_t N = cfg_.seq_len, total = source->num_sequences();
   SegmentStarts starts;
   for (int64_t i = 0; i < count; ++i) starts.push_back(source->segment_starts(total > 0 ? (first + i) % total : first + i));
@@ -204,7 +204,7 @@ StepStats Trainer<T>::train_step() {
   std::vector<std::vector<std::vector<int64_t>>> maps(static_cast<size_t>(accum));
   collective_check(*world_, [&] {
     for (int64_t u = 0; u < accum; ++u)
-      batches[u] = load(*train_loader_, train_source_, cursor + (u * dp + r) * mb, mb, &maps[u]);
+      batches[u] = load(*train_loader_, cursor + (u * dp + r) * mb, mb, &maps[u]);
   });
   int64_t count = 0;
   for (const auto& b : batches) count += b.target_count();
@@ -330,9 +330,21 @@ template <class T>
 EvalStats Trainer<T>::evaluate() {
   IHA_CONFIG_CHECK(eval_loader_ != nullptr, "evaluation needs held-out data: set config key "
                    "'eval.path' to a held-out token file");
+  return evaluate(*eval_loader_);
+}
+
+template <class T>
+EvalStats Trainer<T>::evaluate(std::shared_ptr<TokenSource> held_out) {
+  std::unique_ptr<DataLoader> loader;
+  collective_check(*world_, [&] { loader = std::make_unique<DataLoader>(std::move(held_out), cfg_.seq_len, tokens_); });
+  return evaluate(*loader);
+}
+
+template <class T>
+EvalStats Trainer<T>::evaluate(const DataLoader& held_out) {
   const int64_t dp = cfg_.mesh.dp, eb = cfg_.eval.batch;
   int64_t total = cfg_.eval.sequences;
-  const int64_t available = eval_loader_->source().num_sequences();
+  const int64_t available = held_out.source().num_sequences();
   if (available > 0) total = std::min(total, available);
   // Replica r evaluates batches r, r + dp, ... of the held-out sequences. All batches are read
   // first, under one world-wide check, so a bad file stops every rank at the same point.
@@ -341,7 +353,7 @@ EvalStats Trainer<T>::evaluate() {
   collective_check(*world_, [&] {
     for (int64_t first = mesh_->dp_index() * eb; first < total; first += dp * eb) {
       maps.emplace_back();
-      batches.push_back(load(*eval_loader_, eval_source_, first, std::min(eb, total - first), &maps.back()));
+      batches.push_back(load(held_out, first, std::min(eb, total - first), &maps.back()));
     }
   });
   CrossEntropyStats local;

@@ -145,6 +145,9 @@ class Trainer {
   // Mean loss and accuracy on cfg.eval.sequences held-out sequences (collective). Throws
   // ConfigError if the run has no held-out data.
   EvalStats evaluate();
+  // The same on cfg.eval.sequences sequences of another source of this run's sequence length
+  // (e.g. a needle-depth probe; collective, the same source on every rank).
+  EvalStats evaluate(std::shared_ptr<TokenSource> held_out);
   bool has_held_out() const { return eval_loader_ != nullptr; }
 
   const RunConfig& config() const { return cfg_; }
@@ -172,6 +175,7 @@ class Trainer {
   double global_sum(double local, const std::string& site);
   // The model, optimizer and gradient reduction (replicated or sharded) on the backend.
   void build_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank);
+  EvalStats evaluate(const DataLoader& held_out);
   // The global loss statistics of a step and its gradient norm; NonFiniteLoss if not finite.
   StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
   // Sharded state: every rank's parameter shard into the model's flat buffer.
@@ -179,8 +183,8 @@ class Trainer {
   // Sequences [first, first + count) of `source` as this rank's rows. Under the balanced
   // layout the token map is computed from their document starts (the same on every rank of
   // the replica) into *map, and the rows follow it; otherwise `loader`'s fixed map.
-  TokenBatch load(const DataLoader& loader, const std::shared_ptr<TokenSource>& source, int64_t first,
-                  int64_t count, std::vector<std::vector<int64_t>>* map) const;
+  TokenBatch load(const DataLoader& loader, int64_t first, int64_t count,
+                  std::vector<std::vector<int64_t>>* map) const;
   // True when each micro-batch gets its own map (layout balanced over more than one rank).
   bool per_batch_map() const { return cfg_.layout == LayoutKind::balanced && cfg_.mesh.hp * cfg_.mesh.sp > 1; }
 
@@ -199,7 +203,6 @@ class Trainer {
   std::unique_ptr<GradientBuckets> buckets_;  // level 0 with world size > 1, level 2
   Tensor grad_shard_, param_shard_;           // levels 1, 2: this rank's shard
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
-  std::shared_ptr<TokenSource> train_source_, eval_source_;
   std::vector<PairCost> pair_costs_;  // balanced layout: each layer's cost of a token
   TrainerScalars scalars_;
 };
