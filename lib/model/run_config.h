@@ -66,7 +66,7 @@ struct LogConfig {
 struct RunConfig {
   std::string text;         // the effective YAML after overrides (saved with checkpoints)
   MeshShape mesh;
-  MeshSchemes schemes;      // mesh.schemes (default: global head when hp > 1, else sequence)
+  MeshSchemes schemes;      // mesh.schemes (default: global head when tp * hp > 1, else sequence)
   int64_t grad_bucket_kib = 1024;  // mesh.grad_bucket_kib: gradient all-reduce bucket size
   int64_t seq_len = 0;      // N, tokens per sequence
   LayoutKind layout = LayoutKind::zigzag;

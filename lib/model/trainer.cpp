@@ -49,17 +49,26 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 void check_mesh_fits_model(const RunConfig& cfg) {
-  const int64_t hp = cfg.mesh.hp, H = cfg.model.H, Hkv = cfg.model.kv_heads_or_H();
-  if (hp == 1 || (H % hp == 0 && Hkv % hp == 0)) return;
+  const int64_t tp = cfg.mesh.tp, hp = cfg.mesh.hp, H = cfg.model.H, Hkv = cfg.model.kv_heads_or_H();
+  if (tp > 1) {
+    IHA_CONFIG_CHECK(cfg.model.ffn % tp == 0, "config key 'mesh.tp': the tensor-parallel degree ", tp,
+                     " must divide model.ffn = ", cfg.model.ffn, " (the MLP's hidden units are split over tp)");
+    IHA_CONFIG_CHECK(!cfg.optim.zero, "config keys 'optim.zero' and 'mesh.tp': sharded optimizer state is not "
+                     "built for tensor-parallel runs yet; set optim.zero: false or mesh.tp: 1");
+  }
+  const int64_t heads = tp * hp;  // attention splits heads over tp and hp together
+  if (heads == 1 || (H % heads == 0 && Hkv % heads == 0)) return;
   for (int64_t i = 0; i < cfg.model.layers; ++i) {
     const LayerConfig lc = cfg.model.layer_config(i);
     if (cfg.schemes.for_layer(lc) != ParallelScheme::head) continue;
     const char* kind = lc.windowed() ? "window" : "global";
-    throw ConfigError("config key 'mesh.hp': the head-parallel degree " + std::to_string(hp) +
+    const std::string degree = tp == 1 ? "the head-parallel degree " + std::to_string(hp)
+                                       : "mesh.tp * mesh.hp = " + std::to_string(heads);
+    throw ConfigError(std::string("config key '") + (tp == 1 ? "mesh.hp" : "mesh.tp") + "': " + degree +
                       " must divide model.H = " + std::to_string(H) +
                       (Hkv != H ? " and model.kv_heads = " + std::to_string(Hkv) : std::string()) + " because " + kind +
                       " layers use the head scheme (mesh.schemes." + kind +
-                      ": head); choose an hp that divides H or set mesh.schemes." + kind +
+                      ": head); choose degrees that divide H or set mesh.schemes." + kind +
                       ": sequence");
   }
 }
@@ -95,8 +104,16 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
   } else {
     backend_ = cpu_model_backend<T>(cfg_.tiles);
   }
-  const int64_t N = cfg_.seq_len, hp = cfg_.mesh.hp, sp = cfg_.mesh.sp;
-  tokens_ = ReplicaLayout(cfg_.layout, N, sp, hp).tokens_of(mesh_->sp_index(), mesh_->hp_index());
+  const int64_t N = cfg_.seq_len, hp = cfg_.mesh.head_group(), sp = cfg_.mesh.sp, tp = cfg_.mesh.tp;
+  const ReplicaLayout replica(cfg_.layout, N, sp, hp);
+  tokens_ = replica.tokens_of(mesh_->sp_index(), mesh_->head_index());
+  TensorParallel tensor;
+  if (tp > 1) {
+    tensor.comm = cmesh->tensor_ptr();
+    for (int64_t t = 0; t < tp; ++t)
+      tensor.tokens.push_back(static_cast<int64_t>(
+          replica.tokens_of(mesh_->sp_index(), mesh_->hp_index() * tp + t).size()));
+  }
   const ReplicaGroups groups = ReplicaGroups::from(*cmesh);
   const SeqParallelOptions opt{cfg_.layout, cfg_.tiles, backend_};
   // The one place that decides where attention runs: all tokens local, or spread over the
@@ -105,7 +122,7 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
     if (hp * sp == 1) return make_local_core<T>(lc, N, backend_);
     return make_replica_core<T>(lc, N, groups, cfg_.schemes.for_layer(lc), opt);
   };
-  build_state(make_core, world_->size(), world_->rank());
+  build_state(make_core, std::move(tensor), world_->size(), world_->rank());
   const int64_t model_tokens = model_->local_tokens();
   collective_check(*world_, [&] {
     train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), N, tokens_);
@@ -118,9 +135,11 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
 }
 
 template <class T>
-void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank) {
+void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_core, TensorParallel tensor,
+                             int64_t R, int64_t rank) {
   const bool zero = cfg_.optim.zero;
-  model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute, zero ? R : 1, backend_);
+  model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute, zero ? R : 1, backend_,
+                                            std::move(tensor));
   const auto layout = model_->layout();
   const int64_t L = layout->total();
   if (zero) {
@@ -134,9 +153,21 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
     opt_ = AdamW<T>(layout, 0, L, backend_);
     if (R > 1) {
       std::vector<int64_t> sizes;
-      for (const ParamSpec& s : layout->specs()) sizes.push_back(s.numel());
+      std::vector<char> whole, split;
+      for (const ParamSpec& s : layout->specs()) {
+        sizes.push_back(s.numel());
+        whole.push_back(!s.split());
+        split.push_back(s.split());
+      }
+      // Tensor-parallel shards are summed over the ranks holding the same shard, everything
+      // else over the world.
+      const bool tp = cfg_.mesh.tp > 1;
       buckets_ = std::make_unique<GradientBuckets>(compute_world_, sizes, dtype_of<T>(), cfg_.grad_bucket_kib * 1024,
-                                                   "train.grad");
+                                                   "train.grad", tp ? whole : std::vector<char>{});
+      if (tp && R > cfg_.mesh.tp)
+        shard_buckets_ = std::make_unique<GradientBuckets>(
+            (device_mesh_ ? *device_mesh_ : *mesh_).same_shard_ptr(), sizes, dtype_of<T>(),
+            cfg_.grad_bucket_kib * 1024, "train.grad_tp_shard", split);
     }
   }
 }
@@ -192,13 +223,18 @@ StepStats Trainer<T>::train_step() {
   typename Transformer<T>::GradientsReady ready;
   if (buckets_) {
     ready = [this](size_t first, size_t end) {
-      for (size_t i = first; i < end; ++i) buckets_->mark_ready(static_cast<int64_t>(i));
+      for (size_t i = first; i < end; ++i) {
+        buckets_->mark_ready(static_cast<int64_t>(i));
+        if (shard_buckets_) shard_buckets_->mark_ready(static_cast<int64_t>(i));
+      }
       buckets_->progress();
+      if (shard_buckets_) shard_buckets_->progress();
     };
   }
   for (size_t u = 0; u < batches.size(); ++u) {
     const bool last = u + 1 == batches.size();
     if (last && buckets_) buckets_->begin(grads.flat().raw());
+    if (last && shard_buckets_) shard_buckets_->begin(grads.flat().raw());
     local.add(model_->forward_backward(batches[u], scale, last ? ready : nullptr));
   }
 
@@ -217,8 +253,22 @@ StepStats Trainer<T>::train_step() {
     sq = global_sum(be.sum_of_squares(g, g.numel()), "train.norm");
   } else {
     if (buckets_) buckets_->finish();
+    if (shard_buckets_) shard_buckets_->finish();
     g = grads.flat();
-    sq = be.sum_of_squares(g, g.numel());
+    if (cfg_.mesh.tp == 1) {
+      sq = be.sum_of_squares(g, g.numel());
+    } else {
+      // Every parameter once: the replicated tensors here, each shard on its tp rank (summed
+      // over the tp group in rank order).
+      double whole = 0, split = 0;
+      const auto& specs = model_->layout()->specs();
+      for (size_t i = 0; i < specs.size(); ++i)
+        (specs[i].split() ? split : whole) += be.sum_of_squares(grads.view(i), specs[i].numel());
+      std::vector<double> all(static_cast<size_t>(cfg_.mesh.tp));
+      mesh_->tensor().all_gather(&split, all.data(), 1, DType::f64, "train.norm_tp");
+      sq = whole;
+      for (double x : all) sq += x;
+    }
   }
   StepStats s = step_stats(local, count, sq);
   if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) be.scale(g, g.numel(), cfg_.optim.clip / s.grad_norm);
@@ -307,8 +357,13 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
   std::vector<NamedTensor> out;
   const Device dev = backend_->device();
   const auto& specs = model_->layout()->specs();
-  for (size_t i = 0; i < specs.size(); ++i)
-    out.push_back({"param/" + specs[i].name, model_->params().view(i), specs[i].shape});
+  // A tensor-parallel shard is a hyperslab of the global tensor (NamedTensor::slab).
+  const auto named = [&](const std::string& name, const ParamSpec& s, Tensor t) {
+    NamedTensor nt{name, std::move(t), s.full_shape()};
+    nt.slab = s.global_offset;
+    return nt;
+  };
+  for (size_t i = 0; i < specs.size(); ++i) out.push_back(named("param/" + specs[i].name, specs[i], model_->params().view(i)));
   const int64_t rank = world_->rank();
   const std::pair<const char*, Tensor*> moments[2] = {{"adam_m/", &opt_.m()}, {"adam_v/", &opt_.v()}};
   for (const auto& [prefix, state] : moments) {
@@ -316,7 +371,7 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
     for (const ParamSpec& s : specs) {
       NamedTensor nt{prefix + s.name, Tensor(), s.shape};
       if (!cfg_.optim.zero) {
-        nt.tensor = Tensor::view(base + s.offset, s.shape, dtype_of<T>(), dev);
+        nt = named(prefix + s.name, s, Tensor::view(base + s.offset, s.shape, dtype_of<T>(), dev));
       } else {
         // This rank's piece of the tensor: one flat range (possibly empty).
         auto [a, b] = part_.piece(rank, s.offset, s.offset + s.numel());

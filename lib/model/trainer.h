@@ -98,6 +98,9 @@ struct NamedTensor {
   // With end >= 0, `tensor` holds elements [begin, end) of the flattened global tensor (a
   // ZeRO shard; possibly empty); otherwise it is the whole tensor, replicated.
   int64_t begin = 0, end = -1;
+  // Non-empty: `tensor` is the hyperslab of the global tensor at this offset (a
+  // tensor-parallel shard; its extent is the tensor's shape).
+  Shape slab;
   bool sharded() const { return end >= 0; }
 };
 
@@ -153,7 +156,8 @@ class Trainer {
   // Sum of one double per rank, added in rank order (the same bits on every rank).
   double global_sum(double local, const std::string& site);
   // The model, optimizer and gradient reduction (replicated or ZeRO-1) on the backend.
-  void build_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank);
+  void build_state(const typename Transformer<T>::CoreFactory& make_core, TensorParallel tensor, int64_t R,
+                   int64_t rank);
   // The global loss statistics of a step and its gradient norm; NonFiniteLoss if not finite.
   StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
 
@@ -169,7 +173,8 @@ class Trainer {
   std::unique_ptr<Transformer<T>> model_;
   AdamW<T> opt_;
   FlatPartition part_;
-  std::unique_ptr<GradientBuckets> buckets_;  // without ZeRO, world size > 1
+  std::unique_ptr<GradientBuckets> buckets_;  // without ZeRO, world size > 1 (with tp: unsplit tensors)
+  std::unique_ptr<GradientBuckets> shard_buckets_;  // with tp: the shards, over same_shard()
   Tensor grad_shard_, param_shard_;           // with ZeRO: this rank's range
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
   TrainerScalars scalars_;

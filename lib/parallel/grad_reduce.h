@@ -25,13 +25,15 @@ class GradientBuckets {
  public:
   // tensor_sizes: element counts of the tensors laid out back to back in the flat buffer, in
   // buffer order. Buckets are formed from the end of the buffer backwards (backward produces
-  // the last layers' gradients first).
+  // the last layers' gradients first). reduced: which tensors this object sums (empty: all);
+  // the others are left alone (another group sums them, e.g. tensor-parallel shards).
   GradientBuckets(std::shared_ptr<Communicator> comm, std::vector<int64_t> tensor_sizes, DType dt,
-                  int64_t bucket_bytes, std::string site = "grad.dp");
+                  int64_t bucket_bytes, std::string site = "grad.dp", std::vector<char> reduced = {});
 
   // Starts a new step: buffer is the flat gradient buffer (must stay valid until finish()).
   void begin(void* buffer);
-  // Tensor i's gradient is final for this step; may start its bucket's reduction.
+  // Tensor i's gradient is final for this step; may start its bucket's reduction (none for a
+  // tensor not reduced here).
   void mark_ready(int64_t tensor);
   // Advances started reductions (call between pieces of backward work).
   void progress();
