@@ -37,7 +37,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from project import ACC, ACT, GB, Cluster, Projection, Scheme, iha_1b
+from project import ACC, ACT, GB, Cluster, Projection, Scheme, fmt_table as fmt, iha_1b
 from workload import Model
 
 DECOMPOSITIONS = ("a", "b", "c")
@@ -157,22 +157,6 @@ class TPProjection(Projection):
         bw, alpha = self.cl.link(T > self.cl.gpus_per_node)
         return 2 * alpha * (T - 1) + vol_out / bw + self.t_bytes(2 * n_rank * (3 * per_tok + out_back))
 
-    def coll_span(self, nbytes, R, per_node):
-        """project.py coll with the R ranks spread per_node to a node."""
-        if R <= 1:
-            return 0.0
-        cl = self.cl
-        nodes = math.ceil(R / per_node)
-        intra = min(R, per_node)
-        bw_n, a_n = cl.link(False)
-        bw_i, a_i = cl.link(True)
-        x = 0.0
-        if intra > 1:
-            x += (intra - 1) / intra * nbytes / bw_n + a_n * (intra - 1)
-        if nodes > 1:
-            x += (nodes - 1) / nodes * (nbytes / intra) / bw_i + a_i * (nodes - 1)
-        return x
-
     def tp_step(self, tp: int, hp: int, sp: int, dp: int, dec: str):
         m, cl, N = self.m, self.cl, self.N
         T = tp * hp
@@ -211,8 +195,8 @@ class TPProjection(Projection):
         pr = params_per_rank(m, tp, dec)
         rep = pr["mix"] + pr["norms"] + (pr["attn"] if dec != "b" else 0)
         sh = pr["mlp"] + pr["vocab"] + (pr["attn"] if dec == "b" else 0)   # (c)'s W~ is derived, not a parameter
-        g = (self.coll_span(rep * ACC, R, gpn) + self.coll_span(rep * ACT, R, gpn)
-             + self.coll_span(sh * ACC, R // tp, max(1, gpn // tp)) + self.coll_span(sh * ACT, R // tp, max(1, gpn // tp)))
+        g = (self.coll(rep * ACC, R, gpn) + self.coll(rep * ACT, R, gpn)
+             + self.coll(sh * ACC, R // tp, max(1, gpn // tp)) + self.coll(sh * ACT, R // tp, max(1, gpn // tp)))
         t += g
         owned = rep + sh
         # base counted AdamW on P / R and the gradient zeroing of all P: replace by the rank's own.
@@ -277,13 +261,6 @@ def per_block_table(m: Model, N: int, T: int, cl: Cluster, sp: int = 1):
             rows.append(dict(kind=kind, dec=dec, bytes_attn=3 * bb["attn_fwd"], bytes_mlp=3 * bb["mlp_fwd"],
                              t_attn_ms=1e3 * t_attn, t_extra_ms=1e3 * t_extra, t_total_ms=1e3 * (t_attn + t_extra)))
     return rows
-
-
-def fmt(rows, cols, headers):
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    for r in rows:
-        out.append("| " + " | ".join(c(r) for c in cols) + " |")
-    return "\n".join(out)
 
 
 def mesh_rows(m, N, gpus_per_replica, dp, cl):

@@ -9,10 +9,14 @@
 // The config's checkpoints, logging file and evaluation are switched off. Reported (rank 0, a
 // table line and with --json one JSON object): step_s (median wall time of the steps after
 // the first), per family (train.grad: gradient reduction, train.params: ZeRO all-gather, a2a,
-// ring, halo, pring, phalo) the bytes sent per step by the busiest rank and its seconds blocked
-// per step, and optimizer_mib: AdamW moments held by one rank (1/R of the replicated size with
-// ZeRO). grad_bucket_kib large enough for one bucket starts the all-reduce only after the
+// ring, halo, pring, phalo, mlp: the tensor-parallel MLP) the bytes sent per step by the
+// busiest rank and its seconds blocked per step, optimizer_mib: AdamW moments held by one rank
+// (1/R of the replicated size with ZeRO), the parameters a rank holds by kind (mlp, embed,
+// lm_head, other; elements) and the peak resident memory of the busiest rank (max_rss_mib,
+// getrusage). grad_bucket_kib large enough for one bucket starts the all-reduce only after the
 // whole backward: the exposed train.grad time then shows what the overlap hides.
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -51,7 +55,7 @@ int main(int argc, char** argv) {
     IHA_CONFIG_CHECK(cfg.dtype == DType::f32, "bench_mesh_step runs float32 configs");
     Trainer<float> t(cfg, world);
     t.init();
-    const char* families[] = {"train.grad", "train.params", "a2a.", "ring.", "halo.", "pring.", "phalo."};
+    const char* families[] = {"train.grad", "train.params", "a2a.", "ring.", "halo.", "pring.", "phalo.", "mlp."};
     std::vector<double> times;
     std::map<std::string, double> bytes, wait;
     for (int64_t s = 0; s < steps; ++s) {
@@ -79,6 +83,20 @@ int main(int argc, char** argv) {
     }
     double opt_mib = static_cast<double>(t.optimizer().m().nbytes() + t.optimizer().v().nbytes()) / (1 << 20);
     world->all_reduce(&opt_mib, 1, DType::f64, ReduceOp::max, "bench");
+    // Parameters held by this rank, by kind (tensor parallelism splits the MLP's).
+    std::map<std::string, double> held = {{"mlp", 0}, {"embed", 0}, {"lm_head", 0}, {"other", 0}};
+    for (const ParamSpec& s : t.model().layout()->specs()) {
+      const char* kind = s.name.find(".mlp.") != std::string::npos ? "mlp"
+                         : s.name == "embed"                         ? "embed"
+                         : s.name == "lm_head"                       ? "lm_head"
+                                                                     : "other";
+      held[kind] += static_cast<double>(s.numel());
+    }
+    for (auto& kv : held) world->all_reduce(&kv.second, 1, DType::f64, ReduceOp::max, "bench");
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    double rss_mib = static_cast<double>(ru.ru_maxrss) / 1024.0;  // Linux: KiB
+    world->all_reduce(&rss_mib, 1, DType::f64, ReduceOp::max, "bench");
     const double step_s = bench::median(times);
     if (root) {
       std::printf("%s schemes global=%s window=%s zero=%d bucket_kib=%lld | step %.4f s | optimizer %.3f MiB/rank\n",
@@ -94,7 +112,9 @@ int main(int argc, char** argv) {
             << "\", \"global_scheme\": \"" << scheme_name(cfg.schemes.global) << "\", \"window_scheme\": \""
             << scheme_name(cfg.schemes.window) << "\", \"zero\": " << (cfg.optim.zero ? 1 : 0)
             << ", \"grad_bucket_kib\": " << cfg.grad_bucket_kib << ", \"seq_len\": " << cfg.seq_len
-            << ", \"step_s\": " << step_s << ", \"optimizer_mib\": " << opt_mib;
+            << ", \"step_s\": " << step_s << ", \"optimizer_mib\": " << opt_mib << ", \"max_rss_mib\": " << rss_mib
+            << ", \"layers\": " << cfg.model.layers << ", \"tp\": " << cfg.mesh.tp;
+        for (const auto& kv : held) out << ", \"params_" << kv.first << "\": " << kv.second;
         for (const char* f : families) {
           std::string k = f;
           if (k.back() == '.') k.pop_back();

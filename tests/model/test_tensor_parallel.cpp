@@ -8,6 +8,7 @@
 // with a ConfigError naming the keys.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 
 #include "model/train_checkpoint.h"
@@ -19,6 +20,7 @@ namespace iha {
 namespace {
 
 using test::close_normwise;
+using test::expect_config_error_everywhere;
 using test::self_comm;
 using test::world;
 
@@ -112,20 +114,47 @@ bool same_on_all_ranks(const std::vector<double>& v) {
   return true;
 }
 
+TpSetup make_setup(MeshShape m, const char* g, const char* w, const char* kind, const char* collapse, bool rc,
+                   int64_t H = 8) {
+  TpSetup s;
+  s.mesh = m;
+  s.global = g;
+  s.window = w;
+  s.global_kind = kind;
+  s.collapse = collapse;
+  s.recompute = rc;
+  s.H = H;
+  return s;
+}
+
+// IHA_TP_SWEEP=1 (scripts/tp_sweep.sh): every mesh with tp > 1 of the world size, crossed
+// with every (global, window) scheme pair, both model kinds of the global layer, both
+// collapse forms and recomputation on and off.
+std::vector<TpSetup> full_sweep(int64_t R) {
+  std::vector<TpSetup> out;
+  for (int64_t tp = 2; tp <= R; ++tp)
+    for (int64_t hp = 1; tp * hp <= R; ++hp)
+      for (int64_t dp = 1; tp * hp * dp <= R; ++dp) {
+        if (R % (tp * hp * dp)) continue;
+        const MeshShape m{dp, hp, R / (tp * hp * dp), tp};
+        for (const char* g : {"head", "sequence"})
+          for (const char* w : {"head", "sequence"})
+            for (const char* kind : {"iha", "mha"})
+              for (const char* collapse : {"global", "per_head"})
+                for (bool rc : {true, false})
+                  out.push_back(make_setup(m, g, w, kind, collapse, rc, 12));  // 12: any tp * hp of 2-4 ranks
+      }
+  return out;
+}
+
 // The meshes of this world size: every tp > 1 that divides it, paired with the other degrees
 // and the model and scheme variants so that each pair of (mesh, scheme, model kind, collapse,
 // recompute) values meets at least once over the 2- and 4-rank runs.
 std::vector<TpSetup> setups(int64_t R) {
+  if (const char* e = std::getenv("IHA_TP_SWEEP"); e && std::string(e) == "1") return full_sweep(R);
   std::vector<TpSetup> out;
   auto add = [&](MeshShape m, const char* g, const char* w, const char* kind, const char* collapse, bool rc) {
-    TpSetup s;
-    s.mesh = m;
-    s.global = g;
-    s.window = w;
-    s.global_kind = kind;
-    s.collapse = collapse;
-    s.recompute = rc;
-    out.push_back(s);
+    out.push_back(make_setup(m, g, w, kind, collapse, rc));
   };
   if (R == 2) {
     add({1, 1, 1, 2}, "head", "head", "iha", "global", true);
@@ -262,19 +291,6 @@ TEST(TensorParallel, ResumesAcrossTpSizes) {
     EXPECT_TRUE(close_normwise(losses, ref.losses, 1e-10, "losses"));
     EXPECT_TRUE(close_normwise(global_flat(tb, "param"), ref.params, 1e-10, "parameters"));
   }
-}
-
-void expect_config_error_everywhere(const std::function<void()>& make, const std::vector<std::string>& needles) {
-  int caught = 0;
-  try {
-    make();
-    ADD_FAILURE() << "no error";
-  } catch (const ConfigError& e) {
-    caught = 1;
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
-  }
-  world().all_reduce(&caught, 1, DType::i32, ReduceOp::min, "test");
-  EXPECT_EQ(caught, 1) << "some rank did not throw";
 }
 
 TEST(TensorParallelErrors, BadMeshesNameTheKeysOnEveryRank) {
