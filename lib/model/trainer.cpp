@@ -53,8 +53,6 @@ void check_mesh_fits_model(const RunConfig& cfg) {
   if (tp > 1) {
     IHA_CONFIG_CHECK(cfg.model.ffn % tp == 0, "config key 'mesh.tp': the tensor-parallel degree ", tp,
                      " must divide model.ffn = ", cfg.model.ffn, " (the MLP's hidden units are split over tp)");
-    IHA_CONFIG_CHECK(!cfg.optim.zero, "config keys 'optim.zero' and 'mesh.tp': sharded optimizer state is not "
-                     "built for tensor-parallel runs yet; set optim.zero: false or mesh.tp: 1");
   }
   const int64_t heads = tp * hp;  // attention splits heads over tp and hp together
   if (heads == 1 || (H % heads == 0 && Hkv % heads == 0)) return;
@@ -122,7 +120,10 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
     if (hp * sp == 1) return make_local_core<T>(lc, N, backend_);
     return make_replica_core<T>(lc, N, groups, cfg_.schemes.for_layer(lc), opt);
   };
-  build_state(make_core, std::move(tensor), world_->size(), world_->rank());
+  // ZeRO shards span the ranks holding the same weights: the world, or with tp the ranks of
+  // this rank's tp index.
+  holders_ = tp > 1 ? cmesh->same_shard_ptr() : compute_world_;
+  build_state(make_core, std::move(tensor), holders_->size(), holders_->rank());
   const int64_t model_tokens = model_->local_tokens();
   collective_check(*world_, [&] {
     train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), N, tokens_);
@@ -137,7 +138,9 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
 template <class T>
 void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_core, TensorParallel tensor,
                              int64_t R, int64_t rank) {
+  // R, rank: the holders of the same weights (ZeRO's span); the gradient sums span the world.
   const bool zero = cfg_.optim.zero;
+  const int64_t world = world_->size();
   model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute, zero ? R : 1, backend_,
                                             std::move(tensor));
   const auto layout = model_->layout();
@@ -148,10 +151,22 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
     opt_ = AdamW<T>(layout, b, e, backend_);
     grad_shard_ = backend_->alloc_acc({part_.per_rank()});
     param_shard_ = backend_->alloc_acc({part_.per_rank()});
+    if (cfg_.mesh.tp > 1) {
+      // The replicated tensors' gradients are first summed over the tp group (a tp group holds
+      // one share of them per rank), then with the shards reduce-scattered over the holders.
+      std::vector<int64_t> sizes;
+      std::vector<char> whole;
+      for (const ParamSpec& s : layout->specs()) {
+        sizes.push_back(s.numel());
+        whole.push_back(!s.split());
+      }
+      tp_sum_ = std::make_unique<GradientBuckets>((device_mesh_ ? *device_mesh_ : *mesh_).tensor_ptr(), sizes,
+                                                  dtype_of<T>(), cfg_.grad_bucket_kib * 1024, "train.grad_tp", whole);
+    }
   } else {
     part_ = FlatPartition{L, 1};
     opt_ = AdamW<T>(layout, 0, L, backend_);
-    if (R > 1) {
+    if (world > 1) {
       std::vector<int64_t> sizes;
       std::vector<char> whole, split;
       for (const ParamSpec& s : layout->specs()) {
@@ -164,7 +179,7 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
       const bool tp = cfg_.mesh.tp > 1;
       buckets_ = std::make_unique<GradientBuckets>(compute_world_, sizes, dtype_of<T>(), cfg_.grad_bucket_kib * 1024,
                                                    "train.grad", tp ? whole : std::vector<char>{});
-      if (tp && R > cfg_.mesh.tp)
+      if (tp && R > 1)
         shard_buckets_ = std::make_unique<GradientBuckets>(
             (device_mesh_ ? *device_mesh_ : *mesh_).same_shard_ptr(), sizes, dtype_of<T>(),
             cfg_.grad_bucket_kib * 1024, "train.grad_tp_shard", split);
@@ -246,11 +261,28 @@ StepStats Trainer<T>::train_step() {
   if (zero) {
     // Blocking collectives: their whole time is exposed, counted like a wait for the benchmarks.
     const auto t0 = std::chrono::steady_clock::now();
-    compute_world_->reduce_scatter(grads.padded().raw(), grad_shard_.raw(), part_.per_rank(), dtype_of<T>(),
-                                   "train.grad");
+    if (tp_sum_) {
+      tp_sum_->begin(grads.flat().raw());
+      tp_sum_->finish();
+    }
+    holders_->reduce_scatter(grads.padded().raw(), grad_shard_.raw(), part_.per_rank(), dtype_of<T>(),
+                             "train.grad");
     world_->counters().add_wait("train.grad", seconds_since(t0));
     g = grad_shard_;  // the padding sums to zero
-    sq = global_sum(be.sum_of_squares(g, g.numel()), "train.norm");
+    double local = 0;
+    if (cfg_.mesh.tp == 1) {
+      local = be.sum_of_squares(g, g.numel());
+    } else {
+      // Every parameter once: the tp ranks of a holder group hold the same replicated tensors,
+      // so tp rank 0 counts them; every rank counts its range of the shards.
+      const int64_t b = part_.begin(holders_->rank());
+      for (const ParamSpec& s : model_->layout()->specs()) {
+        if (!s.split() && mesh_->tp_index() != 0) continue;
+        const auto [lo, hi] = part_.piece(holders_->rank(), s.offset, s.offset + s.numel());
+        if (hi > lo) local += be.sum_of_squares(CBuf(g).at(lo - b), hi - lo);
+      }
+    }
+    sq = global_sum(local, "train.norm");
   } else {
     if (buckets_) buckets_->finish();
     if (shard_buckets_) shard_buckets_->finish();
@@ -278,14 +310,14 @@ StepStats Trainer<T>::train_step() {
     // is that, clipped to the real elements), then gather every rank's range. The fp32
     // masters of a bf16 run are what is updated and gathered; the model refreshes its compute
     // copy from them at the next forward.
-    const int64_t b = part_.begin(world_->rank());
+    const int64_t b = part_.begin(holders_->rank());
     if (opt_.end() > opt_.begin())  // a rank past the real elements holds only padding
       opt_.update(cfg_.optim, scalars_.step + 1, s.lr, Buf(params.flat()).at(opt_.begin()),
                   CBuf(g).at(opt_.begin() - b));
     be.cast(CBuf(params.padded()).at(b), param_shard_, part_.per_rank());
     const auto t0 = std::chrono::steady_clock::now();
-    compute_world_->all_gather(param_shard_.raw(), params.padded().raw(), part_.per_rank(), dtype_of<T>(),
-                               "train.params");
+    holders_->all_gather(param_shard_.raw(), params.padded().raw(), part_.per_rank(), dtype_of<T>(),
+                         "train.params");
     world_->counters().add_wait("train.params", seconds_since(t0));
   } else {
     opt_.update(cfg_.optim, scalars_.step + 1, s.lr, params, grads);
@@ -359,22 +391,49 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
   const auto& specs = model_->layout()->specs();
   // A tensor-parallel shard is a hyperslab of the global tensor (NamedTensor::slab).
   const auto named = [&](const std::string& name, const ParamSpec& s, Tensor t) {
-    NamedTensor nt{name, std::move(t), s.full_shape()};
+    NamedTensor nt{name, std::move(t), s.full_shape(), 0, -1, {}};
     nt.slab = s.global_offset;
     return nt;
   };
   for (size_t i = 0; i < specs.size(); ++i) out.push_back(named("param/" + specs[i].name, specs[i], model_->params().view(i)));
-  const int64_t rank = world_->rank();
+  const int64_t rank = holders_->rank();
   const std::pair<const char*, Tensor*> moments[2] = {{"adam_m/", &opt_.m()}, {"adam_v/", &opt_.v()}};
   for (const auto& [prefix, state] : moments) {
     T* base = state->template data<T>();
     for (const ParamSpec& s : specs) {
-      NamedTensor nt{prefix + s.name, Tensor(), s.shape};
+      NamedTensor nt{prefix + s.name, Tensor(), s.full_shape(), 0, -1, {}};
       if (!cfg_.optim.zero) {
         nt = named(prefix + s.name, s, Tensor::view(base + s.offset, s.shape, dtype_of<T>(), dev));
       } else {
         // This rank's piece of the tensor: one flat range (possibly empty).
         auto [a, b] = part_.piece(rank, s.offset, s.offset + s.numel());
+        if (b > a && s.split()) {
+          // A range of a tensor-parallel shard [rows, cols] is, in the global tensor, a partial
+          // first row, whole rows and a partial last row: up to three hyperslabs.
+          const int64_t cols = s.shape[1], lo = a - s.offset, hi = b - s.offset;
+          const auto slab = [&](int64_t i, int64_t rows, int64_t n) {
+            NamedTensor p{prefix + s.name,
+                          Tensor::view(base + (a - opt_.begin()) + (i - lo), {rows, n}, dtype_of<T>(), dev),
+                          s.global_shape,
+                          0,
+                          -1,
+                          {i / cols + s.global_offset[0], i % cols + s.global_offset[1]}};
+            out.push_back(std::move(p));
+          };
+          int64_t i = lo;
+          if (i % cols != 0) {
+            const int64_t n = std::min(hi, (i / cols + 1) * cols) - i;
+            slab(i, 1, n);
+            i += n;
+          }
+          if (hi - i >= cols) {
+            const int64_t rows = (hi - i) / cols;
+            slab(i, rows, cols);
+            i += rows * cols;
+          }
+          if (i < hi) slab(i, 1, hi - i);
+          continue;
+        }
         if (b <= a) {
           nt.tensor = Tensor::view(base, {0}, dtype_of<T>(), dev);
           nt.begin = nt.end = 0;

@@ -1,19 +1,26 @@
-// The training loop's state and its steps on a process mesh dp x hp x sp: the model (its
+// The training loop's state and its steps on a process mesh dp x tp x hp x sp: the model (its
 // attention cores chosen per layer kind: local, or make_replica_core with the configured
-// scheme), AdamW moments (replicated, or ZeRO-1 sharded), the step count, the data cursor and
-// the RNG. Parameters are replicated on every rank (no tensor parallelism), so every rank of
-// the world holds a share of every parameter gradient and they are summed over all ranks.
+// scheme over the tp x hp x sp replica), AdamW moments (replicated, or ZeRO-1 sharded), the
+// step count, the data cursor and the RNG. Without tensor parallelism parameters are
+// replicated on every rank, so every rank of the world holds a share of every parameter
+// gradient and they are summed over all ranks. With mesh.tp > 1 the MLP weights are sharded
+// over each tp group (Transformer's TensorParallel): a shard's gradient is summed over the
+// ranks holding that shard (ProcessMesh::same_shard), every other gradient over the world.
 //
 // One step = gradient accumulation over micro-batches, then
-//   - without ZeRO: the flat gradient buffer is all-reduced over the world in buckets
-//     (GradientBuckets); on the last micro-batch each bucket's all-reduce starts as soon as the
+//   - without ZeRO: the flat gradient buffer is all-reduced in buckets (GradientBuckets; with
+//     tp one set over the world for the replicated tensors, one over same_shard() for the
+//     shards); on the last micro-batch each bucket's all-reduce starts as soon as the
 //     backward has finished its parameters (last blocks first), so it overlaps the backward of
-//     the earlier blocks; then clipping by the global norm and AdamW on the whole buffer;
-//   - with ZeRO (optim.zero): one reduce-scatter of the zero-padded flat gradient buffer
-//     (FlatPartition over the world: rank r gets the sum of its contiguous range), the global
-//     norm from the ranks' local sums of squares (all-gathered, added in rank order), AdamW on
-//     the local range only (moments hold 1/R of the buffer), and an all-gather of the
-//     parameters.
+//     the earlier blocks; then clipping by the global norm (each parameter counted once) and
+//     AdamW on the whole buffer;
+//   - with ZeRO (optim.zero): with tp, the replicated tensors' gradients are first all-reduced
+//     over the tp group; then one reduce-scatter of the zero-padded flat gradient buffer over
+//     the holders of the same weights (FlatPartition over them: the world, or same_shard()
+//     with tp; rank r gets the sum of its contiguous range), the global norm from the ranks'
+//     local sums of squares (all-gathered over the world, added in rank order; with tp the
+//     replicated tensors counted on tp rank 0 only), AdamW on the local range only, and an
+//     all-gather of the parameters over the holders.
 // Results are bitwise deterministic for a fixed mesh and configuration, and every rank holds
 // the same parameter bits after every step.
 //
@@ -26,8 +33,10 @@
 // of sequences, independent of the mesh. Inside a replica the rank (sp, hp) holds the tokens
 // ReplicaLayout(layout, N, sp, hp).tokens_of(sp_index, hp_index) (with hp = 1: SequenceLayout).
 //
-// Checkpoint state (state_tensors, TrainerScalars): every parameter (replicated) and both
-// AdamW moments by name (replicated, or with ZeRO this rank's flat range of each), step, data
+// Checkpoint state (state_tensors, TrainerScalars): every parameter (replicated, or with tp a
+// shard as a hyperslab of the global tensor) and both AdamW moments by name (the same, or with
+// ZeRO this rank's flat range of each; with tp and ZeRO a shard's range as up to three
+// hyperslabs, the same name repeated), step, data
 // cursor, RNG (seed, counter). The RNG is reserved for stochastic training features; nothing
 // draws from it yet.
 //
@@ -139,7 +148,8 @@ class Trainer {
   ProcessMesh& mesh() { return *mesh_; }
   // This rank's tokens of each sequence (ascending): its rows in the model.
   const std::vector<int64_t>& tokens() const { return tokens_; }
-  // ZeRO-1: the split of the flat parameter buffer over the world (ranks = 1 without ZeRO).
+  // ZeRO-1: the split of the flat parameter buffer over the holders of the same weights (the
+  // world, or with tp the ranks of this tp index; ranks = 1 without ZeRO).
   const FlatPartition& partition() const { return part_; }
   // The model (on the backend's device).
   Transformer<T>& model() { return *model_; }
@@ -155,7 +165,8 @@ class Trainer {
  private:
   // Sum of one double per rank, added in rank order (the same bits on every rank).
   double global_sum(double local, const std::string& site);
-  // The model, optimizer and gradient reduction (replicated or ZeRO-1) on the backend.
+  // The model, optimizer and gradient reduction (replicated or ZeRO-1) on the backend; R and
+  // rank: this rank's place among the holders of the same weights.
   void build_state(const typename Transformer<T>::CoreFactory& make_core, TensorParallel tensor, int64_t R,
                    int64_t rank);
   // The global loss statistics of a step and its gradient norm; NonFiniteLoss if not finite.
@@ -175,6 +186,8 @@ class Trainer {
   FlatPartition part_;
   std::unique_ptr<GradientBuckets> buckets_;  // without ZeRO, world size > 1 (with tp: unsplit tensors)
   std::unique_ptr<GradientBuckets> shard_buckets_;  // with tp: the shards, over same_shard()
+  std::unique_ptr<GradientBuckets> tp_sum_;         // ZeRO with tp: replicated tensors over tp
+  std::shared_ptr<Communicator> holders_;           // ranks holding the same weights (ZeRO's span)
   Tensor grad_shard_, param_shard_;           // with ZeRO: this rank's range
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
   TrainerScalars scalars_;

@@ -1,9 +1,9 @@
 // Tensor parallelism (mesh.tp) against one process: a pairwise-covering set of meshes (tp with
 // sp, hp, dp; both attention schemes over the tp group; global and per-head collapse, an mha
-// global layer; recomputation on and off) trains 5 float64 steps to the single-process losses
+// global layer; recomputation on and off; ZeRO-1 on and off) trains 5 float64 steps to the single-process losses
 // and parameters within 1e-10; the block outputs' consequence at the first step (loss and
 // every gradient, gathered into global tensors) within 1e-12. Checkpoints hold global tensors:
-// a run saved with one tp resumes with another. The MLP's per-rank parameters are 1/tp of the
+// a run saved with one tp (ZeRO-1 or not) resumes with another (either). The MLP's per-rank parameters are 1/tp of the
 // whole; the MLP's collectives move the bytes of docs/parallel.md. Bad meshes stop every rank
 // with a ConfigError naming the keys.
 #include <gtest/gtest.h>
@@ -115,8 +115,9 @@ bool same_on_all_ranks(const std::vector<double>& v) {
 }
 
 TpSetup make_setup(MeshShape m, const char* g, const char* w, const char* kind, const char* collapse, bool rc,
-                   int64_t H = 8) {
+                   bool zero = false, int64_t H = 8) {
   TpSetup s;
+  s.zero = zero;
   s.mesh = m;
   s.global = g;
   s.window = w;
@@ -142,30 +143,30 @@ std::vector<TpSetup> full_sweep(int64_t R) {
             for (const char* kind : {"iha", "mha"})
               for (const char* collapse : {"global", "per_head"})
                 for (bool rc : {true, false})
-                  out.push_back(make_setup(m, g, w, kind, collapse, rc, 12));  // 12: any tp * hp of 2-4 ranks
+                  for (bool zero : {false, true})
+                    out.push_back(make_setup(m, g, w, kind, collapse, rc, zero, 12));  // 12: any tp * hp of 2-4 ranks
       }
   return out;
 }
 
 // The meshes of this world size: every tp > 1 that divides it, paired with the other degrees
 // and the model and scheme variants so that each pair of (mesh, scheme, model kind, collapse,
-// recompute) values meets at least once over the 2- and 4-rank runs.
+// recompute, ZeRO-1) values meets at least once over the 2- and 4-rank runs.
 std::vector<TpSetup> setups(int64_t R) {
   if (const char* e = std::getenv("IHA_TP_SWEEP"); e && std::string(e) == "1") return full_sweep(R);
   std::vector<TpSetup> out;
-  auto add = [&](MeshShape m, const char* g, const char* w, const char* kind, const char* collapse, bool rc) {
-    out.push_back(make_setup(m, g, w, kind, collapse, rc));
-  };
+  auto add = [&](MeshShape m, const char* g, const char* w, const char* kind, const char* collapse, bool rc,
+                 bool zero) { out.push_back(make_setup(m, g, w, kind, collapse, rc, zero)); };
   if (R == 2) {
-    add({1, 1, 1, 2}, "head", "head", "iha", "global", true);
-    add({1, 1, 1, 2}, "sequence", "sequence", "iha", "per_head", false);
-    add({1, 1, 1, 2}, "head", "sequence", "mha", "global", true);
+    add({1, 1, 1, 2}, "head", "head", "iha", "global", true, false);
+    add({1, 1, 1, 2}, "sequence", "sequence", "iha", "per_head", false, true);
+    add({1, 1, 1, 2}, "head", "sequence", "mha", "global", true, true);
   } else if (R == 4) {
-    add({1, 1, 2, 2}, "head", "sequence", "iha", "per_head", true);    // tp x sp
-    add({1, 2, 1, 2}, "head", "head", "mha", "global", false);         // tp x hp
-    add({2, 1, 1, 2}, "sequence", "sequence", "iha", "global", true);  // dp x tp
-    add({1, 1, 1, 4}, "head", "head", "iha", "global", false);         // tp = 4
-    add({1, 1, 1, 4}, "sequence", "head", "mha", "per_head", true);
+    add({1, 1, 2, 2}, "head", "sequence", "iha", "per_head", true, true);     // tp x sp
+    add({1, 2, 1, 2}, "head", "head", "mha", "global", false, false);         // tp x hp
+    add({2, 1, 1, 2}, "sequence", "sequence", "iha", "global", true, true);   // dp x tp
+    add({1, 1, 1, 4}, "head", "head", "iha", "global", false, true);          // tp = 4
+    add({1, 1, 1, 4}, "sequence", "head", "mha", "per_head", true, false);
   }
   return out;
 }
@@ -193,7 +194,8 @@ TEST(TensorParallel, Float64GradientsMatchOneProcess) {
   const int64_t R = world().size();
   const std::vector<TpSetup> all = setups(R);
   if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
-  for (const TpSetup& s : {all.front(), all.back()}) {
+  for (TpSetup s : {all.front(), all.back()}) {
+    s.zero = false;  // the whole reduced gradient stays in grads() only without ZeRO
     SCOPED_TRACE(s.str());
     auto grads_after_step = [&](const TpSetup& x, std::shared_ptr<Communicator> comm, double& loss) {
       RunConfig c = config(x);
@@ -266,12 +268,23 @@ TEST(TensorParallel, ResumesAcrossTpSizes) {
   ref_setup.global = "sequence";
   const TpRun ref = train(ref_setup, self_comm());
   // tp = R <-> tp = 1 (sp = R) and, on 4 ranks, tp = 4 -> tp = 2 x sp = 2.
-  std::vector<std::pair<MeshShape, MeshShape>> moves = {{{1, 1, 1, R}, {1, 1, R, 1}}, {{1, 1, R, 1}, {1, 1, 1, R}}};
-  if (R == 4) moves.push_back({{1, 1, 1, 4}, {1, 1, 2, 2}});
-  for (const auto& [from, to] : moves) {
+  // (mesh, ZeRO-1) -> (mesh, ZeRO-1): tp = R <-> tp = 1 (sp = R) and, on 4 ranks, tp = 4 ->
+  // tp = 2 x sp = 2, with and without sharded moments on either side.
+  struct Move {
+    MeshShape from;
+    bool from_zero;
+    MeshShape to;
+    bool to_zero;
+  };
+  std::vector<Move> moves = {{{1, 1, 1, R}, true, {1, 1, R, 1}, false}, {{1, 1, R, 1}, true, {1, 1, 1, R}, false},
+                             {{1, 1, 1, R}, false, {1, 1, 1, R}, true}};
+  if (R == 4) moves.push_back({{1, 1, 1, 4}, true, {1, 1, 2, 2}, true});
+  for (const Move& mv : moves) {
     TpSetup a = ref_setup, b = ref_setup;
-    a.mesh = from;
-    b.mesh = to;
+    a.mesh = mv.from;
+    a.zero = mv.from_zero;
+    b.mesh = mv.to;
+    b.zero = mv.to_zero;
     SCOPED_TRACE(a.str() + " -> " + b.str());
     test::SharedDir dir("tp_resume");
     {
@@ -310,9 +323,6 @@ TEST(TensorParallelErrors, BadMeshesNameTheKeysOnEveryRank) {
   s.global = "head";
   expect_config_error_everywhere([&] { Trainer<double> t(config(s), test::world_ptr()); },
                                  {"mesh.tp", "model.H", "mesh.schemes.global"});
-  s.H = 8;
-  s.zero = true;
-  expect_config_error_everywhere([&] { Trainer<double> t(config(s), test::world_ptr()); }, {"optim.zero", "mesh.tp"});
 }
 
 }  // namespace
