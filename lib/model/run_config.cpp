@@ -244,11 +244,14 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
   const S per_layer = S(4) * D * H * d + S(3) * D * F + S(2) * D + S(4) * H * P * P;
   const S params = S(2) * V * D + L * per_layer + D;
   e.params = params.value();
+  // What one rank holds: tensor parallelism splits the MLP's 3 D F per layer over tp.
+  const S held =
+      S(2) * V * D + L * (S(4) * D * H * d + ceil_div(S(3) * D * F, tp) + S(2) * D + S(4) * H * P * P) + D;
   const S es(static_cast<int64_t>(dtype_size(c.dtype)));
   // Parameters and gradients on every rank, moments on every rank or 1/R of them (ZeRO-1).
   const S R(world_size > 0 ? world_size : (dp * tp * hp * sp).value());
-  const S weights = S(2) * params * es;
-  const S moments = c.optim.zero ? ceil_div(S(2) * params * es, R) : S(2) * params * es;
+  const S weights = S(2) * held * es;
+  const S moments = c.optim.zero ? ceil_div(S(2) * held * es, ceil_div(R, tp)) : S(2) * held * es;
   const S local_tokens = ceil_div(N, tp * hp * sp);
   const S activations = mb * local_tokens * (L * D + V) * es;
   const S total = weights + moments + activations;

@@ -30,9 +30,11 @@ struct TpSetup {
   std::string collapse = "global", global_kind = "iha";
   bool recompute = true, zero = false;
   int64_t H = 8, ffn = 24;
+  int64_t kv_heads = 0;  // grouped-query attention when > 0 (DESIGN.md section 13)
   std::string str() const {
     return mesh.str() + " schemes " + global + "/" + window + " " + global_kind + " " + collapse +
-           (recompute ? " recompute" : "") + (zero ? " zero" : "");
+           (recompute ? " recompute" : "") + (zero ? " zero" : "") +
+           (kv_heads ? " kv_heads=" + std::to_string(kv_heads) : std::string());
   }
 };
 
@@ -48,7 +50,8 @@ RunConfig config(const TpSetup& s) {
       "model: {vocab_size: 32, D: 16, H: " + std::to_string(s.H) + ", d: 2, P: 2, layers: 2, ffn: " +
       std::to_string(s.ffn) + ",\n"
       "        pattern: LG, rope_base: 100, init_std: 0.2, window: 3, collapse: " + s.collapse +
-      ", global_kind: " + s.global_kind + "}\n"
+      ", global_kind: " + s.global_kind +
+      (s.kv_heads ? ", kv_heads: " + std::to_string(s.kv_heads) : std::string()) + "}\n"
       "train: {dtype: float64, steps: 5, batch_size: 8, micro_batch: " + std::to_string(mb) +
       ", seed: 3, recompute: " + (s.recompute ? "true" : "false") + "}\n"
       "optim: {lr: 1.0e-2, warmup_steps: 2, weight_decay: 0.1, clip: 0.5, zero: " + (s.zero ? "true" : "false") +
@@ -151,7 +154,8 @@ std::vector<TpSetup> full_sweep(int64_t R) {
 
 // The meshes of this world size: every tp > 1 that divides it, paired with the other degrees
 // and the model and scheme variants so that each pair of (mesh, scheme, model kind, collapse,
-// recompute, ZeRO-1) values meets at least once over the 2- and 4-rank runs.
+// recompute, ZeRO-1) values meets at least once over the 2- and 4-rank runs; two of them use
+// grouped-query attention.
 std::vector<TpSetup> setups(int64_t R) {
   if (const char* e = std::getenv("IHA_TP_SWEEP"); e && std::string(e) == "1") return full_sweep(R);
   std::vector<TpSetup> out;
@@ -161,11 +165,13 @@ std::vector<TpSetup> setups(int64_t R) {
     add({1, 1, 1, 2}, "head", "head", "iha", "global", true, false);
     add({1, 1, 1, 2}, "sequence", "sequence", "iha", "per_head", false, true);
     add({1, 1, 1, 2}, "head", "sequence", "mha", "global", true, true);
+    out.back().kv_heads = 2;  // grouped-query attention, kv heads split over tp
   } else if (R == 4) {
     add({1, 1, 2, 2}, "head", "sequence", "iha", "per_head", true, true);     // tp x sp
     add({1, 2, 1, 2}, "head", "head", "mha", "global", false, false);         // tp x hp
     add({2, 1, 1, 2}, "sequence", "sequence", "iha", "global", true, true);   // dp x tp
     add({1, 1, 1, 4}, "head", "head", "iha", "global", false, true);          // tp = 4
+    out.back().kv_heads = 4;
     add({1, 1, 1, 4}, "sequence", "head", "mha", "per_head", true, false);
   }
   return out;
