@@ -1,13 +1,19 @@
 // The world communicator for tests running under mpiexec (set by mpi_main.cpp).
-// defines: iha::test::world, iha::test::set_world, iha::test::self_comm, iha::test::SharedDir
+// defines: iha::test::world, iha::test::set_world, iha::test::self_comm, iha::test::SharedDir,
+//          iha::test::expect_config_error_everywhere
 #pragma once
 
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "core/error.h"
 #include "parallel/comm.h"
 
 namespace iha::test {
@@ -43,5 +49,19 @@ class SharedDir {
  private:
   std::string path_;
 };
+
+// Runs `make` expecting a ConfigError containing every needle, on every rank. Collective.
+inline void expect_config_error_everywhere(const std::function<void()>& make, const std::vector<std::string>& needles) {
+  int caught = 0;
+  try {
+    make();
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    caught = 1;
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+  world().all_reduce(&caught, 1, DType::i32, ReduceOp::min, "test");
+  EXPECT_EQ(caught, 1) << "some rank did not throw";
+}
 
 }  // namespace iha::test

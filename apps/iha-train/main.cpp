@@ -421,9 +421,10 @@ int main(int argc, char** argv) {
       cfg = load_run_config(args.config, args.overrides);
       est = check_run_fits_machine(cfg, world->size());
       if (args.mode == Mode::check) {
-        const int64_t ranks = cfg.mesh.dp * cfg.mesh.hp * cfg.mesh.sp;  // checked above
-        IHA_CONFIG_CHECK(ranks == world->size(), "config key 'mesh': dp * hp * sp = ", ranks,
-                         " ranks but the job has ", world->size(), " (dp * hp * sp must equal the world size)");
+        const int64_t ranks = cfg.mesh.size();  // checked above
+        IHA_CONFIG_CHECK(ranks == world->size(), "config key 'mesh': dp * tp * hp * sp = ", ranks,
+                         " ranks but the job has ", world->size(),
+                         " (mesh.dp * mesh.tp * mesh.hp * mesh.sp must equal the world size)");
         cfg.model.resolve_window(cfg.seq_len, std::nullopt);
         check_mesh_fits_model(cfg);
       }

@@ -281,13 +281,14 @@ class Projection:
         return t, exposed, busy
 
     # ---- the gradient collectives over R ranks (every rank holds all parameters)
-    def coll(self, nbytes, R):
+    def coll(self, nbytes, R, per_node=None):
         """Hierarchical ring reduce-scatter (or all-gather) of nbytes over R ranks: NVLink
-        inside the node, then IB across nodes on each GPU's 1/gpn of the bytes."""
+        inside the node, then IB across nodes on each GPU's 1/gpn of the bytes. per_node: the
+        group's ranks on one node (default: a whole node's GPUs)."""
         cl = self.cl
         if R <= 1:
             return 0.0
-        gpn = cl.gpus_per_node
+        gpn = per_node or cl.gpus_per_node
         nodes = math.ceil(R / gpn)
         intra = min(R, gpn)
         bw_n, a_n = cl.link(False)

@@ -9,11 +9,13 @@
 // The config's checkpoints, logging file and evaluation are switched off. Reported (rank 0, a
 // table line and with --json one JSON object): step_s (median wall time of the steps after
 // the first), per family (train.grad: gradient reduction, train.params: ZeRO all-gather, a2a,
-// ring, halo, pring, phalo) the bytes sent per step by the busiest rank and its seconds blocked
-// per step, and the resident state of one rank (Trainer::state_bytes: parameters, gradients,
-// optimizer; param_mib, grad_mib, optimizer_mib) and its peak RSS. grad_bucket_kib large enough
-// for one bucket starts the all-reduce (or the level-2 reduce-scatter) only after the whole
-// backward: the exposed train.grad time then shows what the overlap hides.
+// ring, halo, pring, phalo, mlp: the tensor-parallel MLP) the bytes sent per step by the
+// busiest rank and its seconds blocked per step, the resident state of one rank
+// (Trainer::state_bytes: parameters, gradients, optimizer; param_mib, grad_mib, optimizer_mib),
+// the parameters a rank holds by kind (mlp, embed, lm_head, other; elements) and the peak RSS
+// of the busiest rank. grad_bucket_kib large enough for one bucket starts the all-reduce (or
+// the level-2 reduce-scatter) only after the whole backward: the exposed train.grad time then
+// shows what the overlap hides.
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -53,7 +55,7 @@ int main(int argc, char** argv) {
     IHA_CONFIG_CHECK(cfg.dtype == DType::f32, "bench_mesh_step runs float32 configs");
     Trainer<float> t(cfg, world);
     t.init();
-    const char* families[] = {"train.grad", "train.params", "a2a.", "ring.", "halo.", "pring.", "phalo."};
+    const char* families[] = {"train.grad", "train.params", "a2a.", "ring.", "halo.", "pring.", "phalo.", "mlp."};
     std::vector<double> times;
     std::map<std::string, double> bytes, wait;
     for (int64_t s = 0; s < steps; ++s) {
@@ -84,6 +86,16 @@ int main(int argc, char** argv) {
                      static_cast<double>(sb.optimizer) / (1 << 20), app::memory_use().peak_rss_mib};
     world->all_reduce(mib, 4, DType::f64, ReduceOp::max, "bench");
     const double opt_mib = mib[2];
+    // Parameters held by this rank, by kind (tensor parallelism splits the MLP's).
+    std::map<std::string, double> held = {{"mlp", 0}, {"embed", 0}, {"lm_head", 0}, {"other", 0}};
+    for (const ParamSpec& s : t.model().layout()->specs()) {
+      const char* kind = s.name.find(".mlp.") != std::string::npos ? "mlp"
+                         : s.name == "embed"                         ? "embed"
+                         : s.name == "lm_head"                       ? "lm_head"
+                                                                     : "other";
+      held[kind] += static_cast<double>(s.numel());
+    }
+    for (auto& kv : held) world->all_reduce(&kv.second, 1, DType::f64, ReduceOp::max, "bench");
     const double step_s = bench::median(times);
     if (root) {
       std::printf("%s schemes global=%s window=%s zero=%lld bucket_kib=%lld | step %.4f s | per rank: parameters "
@@ -101,7 +113,9 @@ int main(int argc, char** argv) {
             << scheme_name(cfg.schemes.window) << "\", \"zero\": " << cfg.optim.zero
             << ", \"grad_bucket_kib\": " << cfg.grad_bucket_kib << ", \"seq_len\": " << cfg.seq_len
             << ", \"step_s\": " << step_s << ", \"param_mib\": " << mib[0] << ", \"grad_mib\": " << mib[1]
-            << ", \"optimizer_mib\": " << opt_mib << ", \"peak_rss_mib\": " << mib[3];
+            << ", \"optimizer_mib\": " << opt_mib << ", \"peak_rss_mib\": " << mib[3]
+            << ", \"layers\": " << cfg.model.layers << ", \"tp\": " << cfg.mesh.tp;
+        for (const auto& kv : held) out << ", \"params_" << kv.first << "\": " << kv.second;
         for (const char* f : families) {
           std::string k = f;
           if (k.back() == '.') k.pop_back();

@@ -17,6 +17,29 @@ void ParamLayout::add(const std::string& name, Shape shape, bool decay) {
   specs_.push_back(std::move(s));
 }
 
+void ParamLayout::add_split(const std::string& name, Shape shape, bool decay, Shape global, Shape offset) {
+  IHA_CHECK(global.size() == shape.size() && offset.size() == shape.size(), "parameter '", name,
+            "': shard, global shape and offset differ in rank");
+  for (size_t k = 0; k < shape.size(); ++k)
+    IHA_CHECK(offset[k] >= 0 && offset[k] + shape[k] <= global[k], "parameter '", name, "': shard outside the global tensor");
+  add(name, std::move(shape), decay);
+  specs_.back().global_shape = std::move(global);
+  specs_.back().global_offset = std::move(offset);
+}
+
+int64_t ParamSpec::global_index(int64_t i) const {
+  if (!split()) return i;
+  // Row-major: peel local coordinates from the last dimension, shift them, re-linearise.
+  int64_t g = 0, stride = 1;
+  for (size_t k = shape.size(); k-- > 0;) {
+    const int64_t coord = i % shape[k] + global_offset[k];
+    i /= shape[k];
+    g += coord * stride;
+    stride *= global_shape[k];
+  }
+  return g;
+}
+
 size_t ParamLayout::index(const std::string& name) const {
   for (size_t i = 0; i < specs_.size(); ++i)
     if (specs_[i].name == name) return i;

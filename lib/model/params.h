@@ -24,13 +24,22 @@ struct ParamSpec {
   Shape shape;
   bool decay = false;  // AdamW weight decay applies (matrices of linear maps and embeddings)
   int64_t offset = 0;  // first element in the flat buffer
+  // A tensor-parallel shard: `shape` is this rank's block of the global tensor of shape
+  // global_shape at global_offset (one hyperslab). Empty for a whole tensor.
+  Shape global_shape, global_offset;
   int64_t numel() const { return shape_numel(shape); }
+  bool split() const { return !global_offset.empty(); }
+  const Shape& full_shape() const { return split() ? global_shape : shape; }
+  // Global flat index of local flat element i.
+  int64_t global_index(int64_t i) const;
 };
 
 // The ordered list of parameters and their offsets (shared by params, grads and moments).
 class ParamLayout {
  public:
   void add(const std::string& name, Shape shape, bool decay);
+  // A shard: the block `shape` at `offset` of a global tensor of shape `global` (same rank).
+  void add_split(const std::string& name, Shape shape, bool decay, Shape global, Shape offset);
   const std::vector<ParamSpec>& specs() const { return specs_; }
   int64_t total() const { return total_; }
   // Index of a parameter by name; throws naming it if absent.

@@ -88,8 +88,9 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
   c.mesh.dp = positive(mesh, "dp", 1);
   c.mesh.hp = positive(mesh, "hp", 1);
   c.mesh.sp = positive(mesh, "sp", 1);
+  c.mesh.tp = positive(mesh, "tp", 1);
   const ConfigNode schemes = mesh.child("schemes");
-  c.schemes.global = parse_scheme(schemes.get<std::string>("global", c.mesh.hp > 1 ? "head" : "sequence"),
+  c.schemes.global = parse_scheme(schemes.get<std::string>("global", c.mesh.head_group() > 1 ? "head" : "sequence"),
                                   schemes.key_path("global"));
   c.schemes.window = parse_scheme(schemes.get<std::string>("window", "sequence"), schemes.key_path("window"));
   c.grad_bucket_kib = positive(mesh, "grad_bucket_kib", c.grad_bucket_kib);
@@ -235,10 +236,10 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
       P(m.P, "model.P"), L(m.layers, "model.layers"), F(m.ffn, "model.ffn"),
       N(c.seq_len, "sequence.length"), mb(c.micro_batch, "train.micro_batch"),
       B(c.batch_size, "train.batch_size"), dp(c.mesh.dp, "mesh.dp"), hp(c.mesh.hp, "mesh.hp"),
-      sp(c.mesh.sp, "mesh.sp"), threads(c.threads, "train.threads");
+      sp(c.mesh.sp, "mesh.sp"), tp(c.mesh.tp, "mesh.tp"), threads(c.threads, "train.threads");
   // Products the model and the kernels form (their values are used below or by the trainer;
   // checking them here keeps every later int64 size in range).
-  (dp * hp * sp).value();
+  (dp * tp * hp * sp).value();
   (B * N).value();                                                          // tokens a step
   (S(2) * P * P).value();                                                   // default window
   (H * P * d).value();                                                      // pseudo-head width
@@ -247,13 +248,17 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
   const S per_layer = S(4) * D * H * d + S(3) * D * F + S(2) * D + S(4) * H * P * P;
   const S params = S(2) * V * D + L * per_layer + D;
   e.params = params.value();
+  // What one rank holds: tensor parallelism splits the MLP's 3 D F per layer over tp.
+  const S held =
+      S(2) * V * D + L * (S(4) * D * H * d + ceil_div(S(3) * D * F, tp) + S(2) * D + S(4) * H * P * P) + D;
   const S es(static_cast<int64_t>(dtype_size(c.dtype)));
-  // Parameters and gradients on every rank, moments on every rank or 1/R of them (optim.zero),
-  // which then adds a parameter and a gradient shard.
-  const S R(world_size > 0 ? world_size : (dp * hp * sp).value());
-  const S weights = S(2) * params * es;
-  const S moments = c.optim.zero > 0 ? S(2) * ceil_div(S(2) * params * es, R) : S(2) * params * es;
-  const S local_tokens = ceil_div(N, hp * sp);
+  // Parameters and gradients on every rank, moments on every rank or 1/R of them (optim.zero,
+  // R the holders of the same weights: the world over tp), which then adds a parameter and a
+  // gradient shard.
+  const S R(world_size > 0 ? world_size : (dp * tp * hp * sp).value());
+  const S weights = S(2) * held * es;
+  const S moments = c.optim.zero > 0 ? S(2) * ceil_div(S(2) * held * es, ceil_div(R, tp)) : S(2) * held * es;
+  const S local_tokens = ceil_div(N, tp * hp * sp);
   const S activations = mb * local_tokens * (L * D + V) * es;
   const S total = weights + moments + activations;
   e.bytes_per_rank = total.value();

@@ -75,7 +75,7 @@ struct LogConfig {
 struct RunConfig {
   std::string text;         // the effective YAML after overrides (saved with checkpoints)
   MeshShape mesh;
-  MeshSchemes schemes;      // mesh.schemes (default: global head when hp > 1, else sequence)
+  MeshSchemes schemes;      // mesh.schemes (default: global head when tp * hp > 1, else sequence)
   int64_t grad_bucket_kib = 1024;  // mesh.grad_bucket_kib: gradient all-reduce bucket size
   int64_t seq_len = 0;      // N, tokens per sequence
   LayoutKind layout = LayoutKind::zigzag;
@@ -114,9 +114,10 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text);
 // (core/config_size.h): a lower bound, so that only configs that cannot run are refused.
 struct RunEstimate {
   int64_t params = 0;             // parameters of the model
-  int64_t bytes_per_rank = 0;     // parameters, gradients, AdamW moments and the activations
-                                  // of one micro-batch (at least one D-vector per token and
-                                  // layer, and the logits), on each rank
+  int64_t bytes_per_rank = 0;     // parameters (with tp: the rank's MLP shards), gradients,
+                                  // AdamW moments and the activations of one micro-batch (at
+                                  // least one D-vector per token and layer, and the logits),
+                                  // on each rank
   int64_t available_bytes = 0;    // memory this process may still use (MemAvailable, cgroup)
   int64_t cpus = 0;               // CPUs online
 };

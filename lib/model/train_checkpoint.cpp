@@ -72,8 +72,9 @@ CheckpointModel inspect_train_checkpoint(Communicator& world, const std::string&
     m.norm_eps = info.get<double>("model/norm_eps");
     ck.dtype = parse_dtype(info.get<std::string>("dtype"));
     const auto& mesh = info.get<std::vector<int64_t>>("mesh");
-    IHA_CONFIG_CHECK(mesh.size() == 3, where, ": meta/mesh must hold dp, hp, sp");
-    ck.mesh = MeshShape{mesh[0], mesh[1], mesh[2]};
+    // dp, hp, sp, and tp since tensor parallelism (absent: 1).
+    IHA_CONFIG_CHECK(mesh.size() == 3 || mesh.size() == 4, where, ": meta/mesh must hold dp, hp, sp[, tp]");
+    ck.mesh = MeshShape{mesh[0], mesh[1], mesh[2], mesh.size() == 4 ? mesh[3] : 1};
     ck.layout = info.get<std::string>("layout");
     ck.seq_len = info.get<int64_t>("seq_len");
   });
@@ -126,6 +127,8 @@ void TrainCheckpoints<T>::register_state(StateParts parts) {
     if (parts == StateParts::weights && nt.name.rfind("param/", 0) != 0) continue;
     if (nt.sharded())
       ckpt_.add_tensor(nt.name, nt.tensor, nt.shape, ShardSpec::flat_range(nt.begin, nt.end));
+    else if (!nt.slab.empty())
+      ckpt_.add_tensor(nt.name, nt.tensor, nt.shape, ShardSpec::hyperslab(nt.slab, nt.tensor.shape()));
     else
       ckpt_.add_tensor(nt.name, nt.tensor, nt.tensor.shape());
   }
@@ -142,7 +145,7 @@ std::string TrainCheckpoints<T>::save(const std::string& root) {
   ckpt_.set_meta("rng/seed", s.rng.seed);
   ckpt_.set_meta("rng/counter", s.rng.counter);
   ckpt_.set_meta("config", cfg.text);
-  ckpt_.set_meta("mesh", std::vector<int64_t>{cfg.mesh.dp, cfg.mesh.hp, cfg.mesh.sp});
+  ckpt_.set_meta("mesh", std::vector<int64_t>{cfg.mesh.dp, cfg.mesh.hp, cfg.mesh.sp, cfg.mesh.tp});
   ckpt_.set_meta("layout", std::string(layout_name(cfg.layout)));
   ckpt_.set_meta("seq_len", cfg.seq_len);
   ckpt_.set_meta("dtype", std::string(cfg.dtype == DType::f64 ? "float64" : "float32"));

@@ -49,17 +49,28 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 void check_mesh_fits_model(const RunConfig& cfg) {
-  const int64_t hp = cfg.mesh.hp, H = cfg.model.H, Hkv = cfg.model.kv_heads_or_H();
-  if (hp == 1 || (H % hp == 0 && Hkv % hp == 0)) return;
+  const int64_t tp = cfg.mesh.tp, hp = cfg.mesh.hp, H = cfg.model.H, Hkv = cfg.model.kv_heads_or_H();
+  if (tp > 1) {
+    IHA_CONFIG_CHECK(cfg.model.ffn % tp == 0, "config key 'mesh.tp': the tensor-parallel degree ", tp,
+                     " must divide model.ffn = ", cfg.model.ffn, " (the MLP's hidden units are split over tp)");
+    // Level 2 reduce-scatters buckets over the holders during backward; the replicated
+    // tensors would first need their sum over tp, which only level 1 does.
+    IHA_CONFIG_CHECK(cfg.optim.zero < 2, "config key 'optim.zero': level ", cfg.optim.zero,
+                     " is not supported with mesh.tp = ", tp, " (use optim.zero 0 or 1, or mesh.tp 1)");
+  }
+  const int64_t heads = tp * hp;  // attention splits heads over tp and hp together
+  if (heads == 1 || (H % heads == 0 && Hkv % heads == 0)) return;
   for (int64_t i = 0; i < cfg.model.layers; ++i) {
     const LayerConfig lc = cfg.model.layer_config(i);
     if (cfg.schemes.for_layer(lc) != ParallelScheme::head) continue;
     const char* kind = lc.windowed() ? "window" : "global";
-    throw ConfigError("config key 'mesh.hp': the head-parallel degree " + std::to_string(hp) +
+    const std::string degree = tp == 1 ? "the head-parallel degree " + std::to_string(hp)
+                                       : "mesh.tp * mesh.hp = " + std::to_string(heads);
+    throw ConfigError(std::string("config key '") + (tp == 1 ? "mesh.hp" : "mesh.tp") + "': " + degree +
                       " must divide model.H = " + std::to_string(H) +
                       (Hkv != H ? " and model.kv_heads = " + std::to_string(Hkv) : std::string()) + " because " + kind +
                       " layers use the head scheme (mesh.schemes." + kind +
-                      ": head); choose an hp that divides H or set mesh.schemes." + kind +
+                      ": head); choose degrees that divide H or set mesh.schemes." + kind +
                       ": sequence");
   }
 }
@@ -95,8 +106,19 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
   } else {
     backend_ = cpu_model_backend<T>(cfg_.tiles);
   }
-  const int64_t N = cfg_.seq_len, hp = cfg_.mesh.hp, sp = cfg_.mesh.sp;
-  tokens_ = ReplicaLayout(cfg_.layout, N, sp, hp).tokens_of(mesh_->sp_index(), mesh_->hp_index());
+  const int64_t N = cfg_.seq_len, hp = cfg_.mesh.head_group(), sp = cfg_.mesh.sp, tp = cfg_.mesh.tp;
+  const ReplicaLayout replica(cfg_.layout, N, sp, hp);
+  tokens_ = replica.tokens_of(mesh_->sp_index(), mesh_->head_index());
+  TensorParallel tensor;
+  if (tp > 1) {
+    tensor.comm = cmesh->tensor_ptr();
+    for (int64_t t = 0; t < tp; ++t)
+      tensor.tokens.push_back(static_cast<int64_t>(
+          replica.tokens_of(mesh_->sp_index(), mesh_->hp_index() * tp + t).size()));
+  }
+  // The tensor-parallel regions are sized by the fixed token counts of the tp group.
+  IHA_CONFIG_CHECK(tp == 1 || cfg_.layout != LayoutKind::balanced, "config key 'sequence.layout': balanced is not "
+                   "supported with mesh.tp > 1 (set sequence.layout to contiguous or zigzag, or mesh.tp to 1)");
   if (per_batch_map()) {
     // Only the pre-mix (sequence) scheme takes a new token map; the head scheme's all-to-all
     // and its groups' token unions are fixed.
@@ -116,7 +138,10 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
     if (hp * sp == 1) return make_local_core<T>(lc, N, backend_);
     return make_replica_core<T>(lc, N, groups, cfg_.schemes.for_layer(lc), opt);
   };
-  build_state(make_core, world_->size(), world_->rank());
+  // ZeRO shards span the ranks holding the same weights: the world, or with tp the ranks of
+  // this rank's tp index.
+  holders_ = tp > 1 ? cmesh->same_shard_ptr() : compute_world_;
+  build_state(make_core, std::move(tensor), holders_->size(), holders_->rank());
   const int64_t model_tokens = model_->local_tokens();
   collective_check(*world_, [&] {
     train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), N, tokens_);
@@ -129,19 +154,28 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
 }
 
 template <class T>
-void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank) {
-  const int64_t level = cfg_.optim.zero;
-  const auto layout = make_param_layout(cfg_.model);
+void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_core, TensorParallel tensor,
+                             int64_t R, int64_t rank) {
+  // R, rank: the holders of the same weights (sharded state's span); the gradient sums span the world.
+  const int64_t level = cfg_.optim.zero, tp = cfg_.mesh.tp;
+  const auto layout = make_param_layout(cfg_.model, tensor.size(), tensor.rank());
   std::vector<int64_t> sizes;
-  for (const ParamSpec& s : layout->specs()) sizes.push_back(s.numel());
+  std::vector<char> whole, split;  // with tp: the replicated tensors, the shards
+  for (const ParamSpec& s : layout->specs()) {
+    sizes.push_back(s.numel());
+    whole.push_back(!s.split());
+    split.push_back(s.split());
+  }
   const int64_t es = static_cast<int64_t>(dtype_size(dtype_of<T>())), bucket = cfg_.grad_bucket_kib * 1024;
   // Level 1 shards the whole buffer at once (one reduce-scatter after backward); level 2 cuts
-  // it like the gradient buckets, so each unit's reduce-scatter starts during backward.
-  if (level == 0) shard_ = ShardLayout::bucketed(sizes, es, bucket, 1);
+  // it like the gradient buckets, so each unit's reduce-scatter starts during backward. At
+  // level 0 with tp a bucket holds replicated tensors or shards, never both (they are summed
+  // over different groups).
+  if (level == 0) shard_ = ShardLayout::bucketed(sizes, es, bucket, 1, tp > 1 ? split : std::vector<char>{});
   else if (level == 1) shard_ = ShardLayout::whole(sizes, R);
   else shard_ = ShardLayout::bucketed(sizes, es, bucket, R);
   model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute,
-                                            level > 0 ? shard_.window_end() : 0, backend_);
+                                            level > 0 ? shard_.window_end() : 0, backend_, std::move(tensor));
   const int64_t L = model_->layout()->total();
   if (level > 0) {
     opt_ = AdamW<T>(model_->layout(), shard_.ranges(rank), shard_.shard_size(), backend_);
@@ -150,8 +184,25 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
   } else {
     opt_ = AdamW<T>(model_->layout(), 0, L, backend_);
   }
-  if ((level == 0 && R > 1) || level == 2)
-    buckets_ = std::make_unique<GradientBuckets>(compute_world_, shard_, level == 2, dtype_of<T>(), "train.grad");
+  ProcessMesh& cmesh = device_mesh_ ? *device_mesh_ : *mesh_;
+  if (tp == 1) {
+    if ((level == 0 && R > 1) || level == 2)
+      buckets_ = std::make_unique<GradientBuckets>(compute_world_, shard_, level == 2, dtype_of<T>(), "train.grad");
+  } else if (level == 0) {
+    // Tensor-parallel shards are summed over the ranks holding the same shard, everything
+    // else over the world.
+    if (world_->size() > 1)
+      buckets_ = std::make_unique<GradientBuckets>(compute_world_, shard_, false, dtype_of<T>(), "train.grad", whole);
+    if (R > 1)
+      shard_buckets_ = std::make_unique<GradientBuckets>(cmesh.same_shard_ptr(), shard_, false, dtype_of<T>(),
+                                                         "train.grad_tp_shard", split);
+  } else {
+    // Level 1 (check_mesh_fits_model refuses level 2 with tp): the replicated tensors'
+    // gradients are first summed over the tp group (a tp group holds one share of them per
+    // rank), then with the shards reduce-scattered over the holders.
+    tp_sum_ = std::make_unique<GradientBuckets>(cmesh.tensor_ptr(), sizes, dtype_of<T>(), bucket, "train.grad_tp",
+                                                whole);
+  }
 }
 
 template <class T>
@@ -233,14 +284,19 @@ StepStats Trainer<T>::train_step() {
   typename Transformer<T>::GradientsReady ready;
   if (buckets_) {
     ready = [this](size_t first, size_t end) {
-      for (size_t i = first; i < end; ++i) buckets_->mark_ready(static_cast<int64_t>(i));
+      for (size_t i = first; i < end; ++i) {
+        buckets_->mark_ready(static_cast<int64_t>(i));
+        if (shard_buckets_) shard_buckets_->mark_ready(static_cast<int64_t>(i));
+      }
       buckets_->progress();
+      if (shard_buckets_) shard_buckets_->progress();
     };
   }
   const int64_t level = cfg_.optim.zero;
   for (size_t u = 0; u < batches.size(); ++u) {
     const bool last = u + 1 == batches.size();
     if (last && buckets_) buckets_->begin(grads.padded().raw(), level == 2 ? grad_shard_.raw() : nullptr);
+    if (last && shard_buckets_) shard_buckets_->begin(grads.padded().raw());
     if (per_batch_map()) model_->set_token_map(maps[u]);
     local.add(model_->forward_backward(batches[u], scale, last ? ready : nullptr));
   }
@@ -252,25 +308,56 @@ StepStats Trainer<T>::train_step() {
   if (level == 1) {
     // Blocking collectives: their whole time is exposed, counted like a wait for the benchmarks.
     const auto t0 = std::chrono::steady_clock::now();
-    compute_world_->reduce_scatter(grads.padded().raw(), grad_shard_.raw(), shard_.shard_size(), dtype_of<T>(),
-                                   "train.grad");
+    if (tp_sum_) {
+      tp_sum_->begin(grads.padded().raw());
+      tp_sum_->finish();
+    }
+    holders_->reduce_scatter(grads.padded().raw(), grad_shard_.raw(), shard_.shard_size(), dtype_of<T>(),
+                             "train.grad");
     world_->counters().add_wait("train.grad", seconds_since(t0));
-  } else if (buckets_) {
-    buckets_->finish();
+  } else {
+    if (buckets_) buckets_->finish();
+    if (shard_buckets_) shard_buckets_->finish();
   }
   if (level > 0) {
     g = grad_shard_;  // the padding is zero
-    sq = global_sum(be.sum_of_squares(g, g.numel()), "train.norm");
+    double local = 0;
+    if (cfg_.mesh.tp == 1) {
+      local = be.sum_of_squares(g, g.numel());
+    } else {
+      // Every parameter once: the tp ranks of a holder group hold the same replicated tensors,
+      // so tp rank 0 counts them; every rank counts its piece of the shards.
+      const auto& specs = model_->layout()->specs();
+      for (size_t i = 0; i < specs.size(); ++i) {
+        if (!specs[i].split() && mesh_->tp_index() != 0) continue;
+        const ShardRange p = shard_.tensor_piece(static_cast<int64_t>(i), holders_->rank());
+        if (p.size() > 0) local += be.sum_of_squares(CBuf(g).at(p.local), p.size());
+      }
+    }
+    sq = global_sum(local, "train.norm");
   } else {
     g = grads.flat();
-    sq = be.sum_of_squares(g, g.numel());
+    if (cfg_.mesh.tp == 1) {
+      sq = be.sum_of_squares(g, g.numel());
+    } else {
+      // Every parameter once: the replicated tensors here, each shard on its tp rank (summed
+      // over the tp group in rank order).
+      double whole = 0, split = 0;
+      const auto& specs = model_->layout()->specs();
+      for (size_t i = 0; i < specs.size(); ++i)
+        (specs[i].split() ? split : whole) += be.sum_of_squares(grads.view(i), specs[i].numel());
+      std::vector<double> all(static_cast<size_t>(cfg_.mesh.tp));
+      mesh_->tensor().all_gather(&split, all.data(), 1, DType::f64, "train.norm_tp");
+      sq = whole;
+      for (double x : all) sq += x;
+    }
   }
   StepStats s = step_stats(local, count, sq);
   if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) be.scale(g, g.numel(), cfg_.optim.clip / s.grad_norm);
   s.lr = learning_rate(cfg_.optim, scalars_.step, cfg_.steps);
   if (level > 0) {
     // Update this rank's shard of the masters (fp32 in a bf16 run; the model refreshes its
-    // compute copy from them at the next forward), then gather every rank's shard.
+    // compute copy from them at the next forward), then gather every holder's shard.
     for (const ShardRange& r : opt_.ranges()) be.cast(CBuf(params.flat()).at(r.begin), Buf(param_shard_).at(r.local), r.size());
     opt_.update(cfg_.optim, scalars_.step + 1, s.lr, Buf(param_shard_), CBuf(g));
     gather_params();
@@ -290,8 +377,8 @@ void Trainer<T>::gather_params() {
   Tensor& full = model_->params().padded();
   const auto t0 = std::chrono::steady_clock::now();
   for (const ShardUnit& u : shard_.units())
-    compute_world_->all_gather(CBuf(param_shard_).at(u.local_offset).p, Buf(full).at(u.offset).p, u.chunk,
-                               dtype_of<T>(), "train.params");
+    holders_->all_gather(CBuf(param_shard_).at(u.local_offset).p, Buf(full).at(u.offset).p, u.chunk,
+                         dtype_of<T>(), "train.params");
   world_->counters().add_wait("train.params", seconds_since(t0));
 }
 
@@ -384,20 +471,52 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
   std::vector<NamedTensor> out;
   const Device dev = backend_->device();
   const auto& specs = model_->layout()->specs();
-  for (size_t i = 0; i < specs.size(); ++i)
-    out.push_back({"param/" + specs[i].name, model_->params().view(i), specs[i].shape});
-  const int64_t rank = world_->rank();
+  // A tensor-parallel shard is a hyperslab of the global tensor (NamedTensor::slab).
+  const auto named = [&](const std::string& name, const ParamSpec& s, Tensor t) {
+    NamedTensor nt{name, std::move(t), s.full_shape(), 0, -1, {}};
+    nt.slab = s.global_offset;
+    return nt;
+  };
+  for (size_t i = 0; i < specs.size(); ++i) out.push_back(named("param/" + specs[i].name, specs[i], model_->params().view(i)));
+  const int64_t rank = holders_->rank();
   const std::pair<const char*, Tensor*> moments[2] = {{"adam_m/", &opt_.m()}, {"adam_v/", &opt_.v()}};
   for (const auto& [prefix, state] : moments) {
     T* base = state->template data<T>();
-    for (size_t i = 0; i < specs.size(); ++i) {
-      const ParamSpec& s = specs[i];
-      NamedTensor nt{prefix + s.name, Tensor(), s.shape};
+    for (size_t t = 0; t < specs.size(); ++t) {
+      const ParamSpec& s = specs[t];
+      NamedTensor nt{prefix + s.name, Tensor(), s.full_shape(), 0, -1, {}};
       if (cfg_.optim.zero == 0) {
-        nt.tensor = Tensor::view(base + s.offset, s.shape, dtype_of<T>(), dev);
+        nt = named(prefix + s.name, s, Tensor::view(base + s.offset, s.shape, dtype_of<T>(), dev));
       } else {
         // This rank's piece of the tensor: one flat range (possibly empty).
-        const ShardRange p = shard_.tensor_piece(static_cast<int64_t>(i), rank);
+        const ShardRange p = shard_.tensor_piece(static_cast<int64_t>(t), rank);
+        if (p.size() > 0 && s.split()) {
+          // A range of a tensor-parallel shard [rows, cols] is, in the global tensor, a partial
+          // first row, whole rows and a partial last row: up to three hyperslabs.
+          const int64_t cols = s.shape[1], lo = p.begin - s.offset, hi = p.end - s.offset;
+          const auto slab = [&](int64_t i, int64_t rows, int64_t n) {
+            NamedTensor piece{prefix + s.name,
+                              Tensor::view(base + p.local + (i - lo), {rows, n}, dtype_of<T>(), dev),
+                              s.global_shape,
+                              0,
+                              -1,
+                              {i / cols + s.global_offset[0], i % cols + s.global_offset[1]}};
+            out.push_back(std::move(piece));
+          };
+          int64_t i = lo;
+          if (i % cols != 0) {
+            const int64_t n = std::min(hi, (i / cols + 1) * cols) - i;
+            slab(i, 1, n);
+            i += n;
+          }
+          if (hi - i >= cols) {
+            const int64_t rows = (hi - i) / cols;
+            slab(i, rows, cols);
+            i += rows * cols;
+          }
+          if (i < hi) slab(i, 1, hi - i);
+          continue;
+        }
         if (p.size() <= 0) {
           nt.tensor = Tensor::view(base, {0}, dtype_of<T>(), dev);
           nt.begin = nt.end = 0;

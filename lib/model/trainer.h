@@ -1,24 +1,32 @@
-// The training loop's state and its steps on a process mesh dp x hp x sp: the model (its
+// The training loop's state and its steps on a process mesh dp x tp x hp x sp: the model (its
 // attention cores chosen per layer kind: local, or make_replica_core with the configured
-// scheme), AdamW moments (replicated, or sharded), the step count, the data cursor and the
-// RNG. Parameters are replicated on every rank (no tensor parallelism), so every rank of the
-// world holds a share of every parameter gradient and they are summed over all ranks; sharded
-// state spans the whole world (the ranks holding the same weights).
+// scheme over the tp x hp x sp replica), AdamW moments (replicated, or sharded), the step
+// count, the data cursor and the RNG. Without tensor parallelism parameters are replicated on
+// every rank, so every rank of the world holds a share of every parameter gradient and they
+// are summed over all ranks; sharded state spans the whole world. With mesh.tp > 1 the MLP
+// weights are sharded over each tp group (Transformer's TensorParallel): a shard's gradient is
+// summed over the ranks holding that shard (ProcessMesh::same_shard), every other gradient
+// over the world; sharded state spans the holders of the same weights (same_shard()).
 //
 // One step = gradient accumulation over micro-batches (gradients accumulate whole in the
 // model's flat buffer at every level), then, by optim.zero:
-//   - 0: the flat gradient buffer is all-reduced over the world in buckets (GradientBuckets);
-//     on the last micro-batch each bucket's all-reduce starts as soon as the backward has
-//     finished its parameters (last blocks first), so it overlaps the backward of the earlier
-//     blocks; then clipping by the global norm and AdamW on the whole buffer;
-//   - 1: after backward, one blocking reduce-scatter of the whole buffer (ShardLayout::whole:
-//     rank r gets the sum of one contiguous range);
-//   - 2: the buckets of level 0 become the units of the shard layout (ShardLayout::bucketed)
-//     and each is reduce-scattered into this rank's gradient shard as soon as the last
-//     micro-batch's backward has finished it (accumulate whole, scatter once);
-//   then (levels 1, 2) the global norm from the ranks' local sums of squares (all-gathered,
-//   added in rank order), AdamW on this rank's shard only (moments hold 1/R of the buffer), and
-//   all-gathers of the parameter shards, unit by unit.
+//   - 0: the flat gradient buffer is all-reduced in buckets (GradientBuckets; with tp one set
+//     over the world for the replicated tensors, one over same_shard() for the shards, a
+//     bucket never mixing the two); on the last micro-batch each bucket's all-reduce starts as
+//     soon as the backward has finished its parameters (last blocks first), so it overlaps the
+//     backward of the earlier blocks; then clipping by the global norm (each parameter counted
+//     once) and AdamW on the whole buffer;
+//   - 1: with tp, the replicated tensors' gradients are first all-reduced over the tp group;
+//     then after backward one blocking reduce-scatter of the whole buffer over the holders
+//     (ShardLayout::whole: rank r gets the sum of one contiguous range);
+//   - 2 (not with mesh.tp > 1: a config error): the buckets of level 0 become the units of the
+//     shard layout (ShardLayout::bucketed) and each is reduce-scattered into this rank's
+//     gradient shard as soon as the last micro-batch's backward has finished it (accumulate
+//     whole, scatter once);
+//   then (levels 1, 2) the global norm from the ranks' local sums of squares (all-gathered over
+//   the world, added in rank order; with tp the replicated tensors counted on tp rank 0 only),
+//   AdamW on this rank's shard only (moments hold 1/R of the buffer), and all-gathers of the
+//   parameter shards over the holders, unit by unit.
 // Results are bitwise deterministic for a fixed mesh and configuration, and every rank holds
 // the same parameter bits after every step.
 //
@@ -34,8 +42,10 @@
 // of sequences, independent of the mesh. Inside a replica the rank (sp, hp) holds the tokens
 // ReplicaLayout(layout, N, sp, hp).tokens_of(sp_index, hp_index) (with hp = 1: SequenceLayout).
 //
-// Checkpoint state (state_tensors, TrainerScalars): every parameter (replicated) and both
-// AdamW moments by name (replicated, or sharded: this rank's flat range of each), step, data
+// Checkpoint state (state_tensors, TrainerScalars): every parameter (replicated, or with tp a
+// shard as a hyperslab of the global tensor) and both AdamW moments by name (the same, or
+// sharded: this rank's flat range of each; with tp a shard's range as up to three
+// hyperslabs, the same name repeated), step, data
 // cursor, RNG (seed, counter). The RNG is reserved for stochastic training features; nothing
 // draws from it yet.
 //
@@ -114,11 +124,16 @@ struct NamedTensor {
   // With end >= 0, `tensor` holds elements [begin, end) of the flattened global tensor (a
   // ZeRO shard; possibly empty); otherwise it is the whole tensor, replicated.
   int64_t begin = 0, end = -1;
+  // Non-empty: `tensor` is the hyperslab of the global tensor at this offset (a
+  // tensor-parallel shard; its extent is the tensor's shape).
+  Shape slab;
   bool sharded() const { return end >= 0; }
 };
 
-// Throws ConfigError naming mesh.hp, model.H and the mesh.schemes key when a layer kind of the
-// model uses the head scheme and hp does not divide H. Local; the Trainer runs it on every rank.
+// Throws ConfigError naming the config key at fault when the mesh does not fit the model: mesh.hp
+// (or mesh.tp), model.H and the mesh.schemes key when a layer kind uses the head scheme and the
+// head group does not divide H; mesh.tp when it does not divide model.ffn, or with optim.zero 2.
+// Local; the Trainer runs it on every rank.
 void check_mesh_fits_model(const RunConfig& cfg);
 
 // Visible (query, key) pairs of one head of one layer over a whole sequence of N tokens.
@@ -155,8 +170,8 @@ class Trainer {
   ProcessMesh& mesh() { return *mesh_; }
   // This rank's tokens of each sequence (ascending): its rows in the model.
   const std::vector<int64_t>& tokens() const { return tokens_; }
-  // How sharded state splits the flat buffer over the world (level 0: the gradient buckets
-  // over one rank).
+  // How sharded state splits the flat buffer over the holders of the same weights (the world,
+  // or with tp the ranks of this tp index; level 0: the gradient buckets over one rank).
   const ShardLayout& shard_layout() const { return shard_; }
   StateBytes state_bytes() const;
   // The model (on the backend's device).
@@ -173,8 +188,10 @@ class Trainer {
  private:
   // Sum of one double per rank, added in rank order (the same bits on every rank).
   double global_sum(double local, const std::string& site);
-  // The model, optimizer and gradient reduction (replicated or sharded) on the backend.
-  void build_state(const typename Transformer<T>::CoreFactory& make_core, int64_t R, int64_t rank);
+  // The model, optimizer and gradient reduction (replicated or sharded) on the backend; R and
+  // rank: this rank's place among the holders of the same weights.
+  void build_state(const typename Transformer<T>::CoreFactory& make_core, TensorParallel tensor, int64_t R,
+                   int64_t rank);
   EvalStats evaluate(const DataLoader& held_out);
   // The global loss statistics of a step and its gradient norm; NonFiniteLoss if not finite.
   StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
@@ -200,8 +217,11 @@ class Trainer {
   std::unique_ptr<Transformer<T>> model_;
   AdamW<T> opt_;
   ShardLayout shard_;
-  std::unique_ptr<GradientBuckets> buckets_;  // level 0 with world size > 1, level 2
-  Tensor grad_shard_, param_shard_;           // levels 1, 2: this rank's shard
+  std::unique_ptr<GradientBuckets> buckets_;        // level 0 with world size > 1 (with tp: unsplit tensors), level 2
+  std::unique_ptr<GradientBuckets> shard_buckets_;  // level 0 with tp: the shards, over same_shard()
+  std::unique_ptr<GradientBuckets> tp_sum_;         // level 1 with tp: replicated tensors over tp
+  std::shared_ptr<Communicator> holders_;           // ranks holding the same weights (sharded state's span)
+  Tensor grad_shard_, param_shard_;                 // levels 1, 2: this rank's shard
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
   std::vector<PairCost> pair_costs_;  // balanced layout: each layer's cost of a token
   TrainerScalars scalars_;

@@ -29,8 +29,12 @@ Tensor host_tensor(const std::vector<uint8_t>& v) {
 
 }  // namespace
 
-std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c) {
+std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c, int64_t tp, int64_t tp_rank) {
+  IHA_CONFIG_CHECK(tp >= 1 && c.ffn % tp == 0, "config key 'mesh.tp': the tensor-parallel degree ", tp,
+                   " must divide model.ffn = ", c.ffn, " (the MLP's hidden units are split over tp)");
+  IHA_CHECK(tp_rank >= 0 && tp_rank < tp, "tensor-parallel rank ", tp_rank, " outside [0, ", tp, ")");
   auto L = std::make_shared<ParamLayout>();
+  const int64_t Floc = c.ffn / tp, f0 = tp_rank * Floc;
   const int64_t Hd = c.H * c.d, Hkv = c.kv_heads_or_H(), Kd = Hkv * c.d;
   L->add("embed", {c.vocab, c.D}, true);
   for (int64_t i = 0; i < c.layers; ++i) {
@@ -47,9 +51,16 @@ std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c) {
       L->add(p + "attn.collapse", {c.H, c.collapse == Collapse::global ? c.H * c.P : c.P}, false);
     }
     L->add(p + "norm2", {c.D}, false);
-    L->add(p + "mlp.w_gate", {c.D, c.ffn}, true);
-    L->add(p + "mlp.w_up", {c.D, c.ffn}, true);
-    L->add(p + "mlp.w_down", {c.ffn, c.D}, true);
+    if (tp == 1) {
+      L->add(p + "mlp.w_gate", {c.D, c.ffn}, true);
+      L->add(p + "mlp.w_up", {c.D, c.ffn}, true);
+      L->add(p + "mlp.w_down", {c.ffn, c.D}, true);
+    } else {
+      // Megatron: gate and up column-parallel, down row-parallel.
+      L->add_split(p + "mlp.w_gate", {c.D, Floc}, true, {c.D, c.ffn}, {0, f0});
+      L->add_split(p + "mlp.w_up", {c.D, Floc}, true, {c.D, c.ffn}, {0, f0});
+      L->add_split(p + "mlp.w_down", {Floc, c.D}, true, {c.ffn, c.D}, {f0, 0});
+    }
   }
   L->add("norm_f", {c.D}, false);
   L->add("lm_head", {c.D, c.vocab}, true);
@@ -76,21 +87,29 @@ struct Transformer<T>::BlockActs {
   typename IhaLayer<T>::Cache attn;
   Tensor y;           // x + attention (acc)
   Tensor b, inv2;     // RMSNorm(y) (compute), its 1/rms
-  Tensor gate, up;    // SwiGLU pre-activations (acc)
+  Tensor bg;          // the MLP input rows: b, or with tp the group's rows of b (compute)
+  Tensor gate, up;    // SwiGLU pre-activations of bg's rows (acc)
   void keep_input_only() {
-    a = inv1 = y = b = inv2 = gate = up = Tensor();
+    a = inv1 = y = b = inv2 = bg = gate = up = Tensor();
     attn = typename IhaLayer<T>::Cache();
   }
 };
 
 template <class T>
 Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute,
-                            int64_t min_storage, std::shared_ptr<const ModelBackend> backend)
-    : cfg_(cfg), be_(backend ? std::move(backend) : cpu_model_backend<T>()), recompute_(recompute) {
+                            int64_t min_storage, std::shared_ptr<const ModelBackend> backend,
+                            TensorParallel tp)
+    : cfg_(cfg), be_(backend ? std::move(backend) : cpu_model_backend<T>()), tp_(std::move(tp)), recompute_(recompute) {
   cfg_.validate();
   IHA_CHECK(be_->acc_dtype() == dtype_of<T>(), "Transformer<", dtype_name(dtype_of<T>()), "> on backend ",
             be_->name(), " whose accumulation dtype is ", dtype_name(be_->acc_dtype()));
-  layout_ = make_param_layout(cfg_);
+  if (tp_.size() > 1) {
+    IHA_CHECK(static_cast<int64_t>(tp_.tokens.size()) == tp_.size(), "tensor-parallel group of ", tp_.size(),
+              " ranks given ", tp_.tokens.size(), " token counts");
+    IHA_CHECK(tp_.comm->device() == be_->device(), "tensor-parallel communicator on another device than the model");
+    tp_tokens_max_ = *std::max_element(tp_.tokens.begin(), tp_.tokens.end());
+  }
+  layout_ = make_param_layout(cfg_, tp_.size(), tp_.rank());
   params_ = ParamSet<T>(layout_, min_storage, be_->device());
   grads_ = ParamSet<T>(layout_, min_storage, be_->device());
   if (be_->compute_dtype() != dtype_of<T>()) compute_ = be_->alloc_compute({layout_->total()});
@@ -109,6 +128,8 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core
     IHA_CHECK(core->backend().device() == be_->device() && core->backend().compute_dtype() == be_->compute_dtype(),
               "block ", i, " core computes on ", core->backend().name(), ", the model on ", be_->name());
     if (i == 0) n_local_ = core->local_tokens();
+    IHA_CHECK(tp_.size() == 1 || tp_.tokens[tp_.rank()] == core->local_tokens(), "block ", i, " core holds ",
+              core->local_tokens(), " tokens, the tensor-parallel group says ", tp_.tokens[tp_.rank()]);
     IHA_CHECK(core->local_tokens() == n_local_, "block ", i, " core holds ", core->local_tokens(),
               " tokens, block 0's holds ", n_local_);
     blk->attn = std::make_unique<IhaLayer<T>>(blk->layer, core);
@@ -186,7 +207,8 @@ void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* fla
       const bool out_proj = ends_with(s.name, "attn.wo") || ends_with(s.name, "mlp.w_down");
       const double std = cfg.init_std * (out_proj ? out_scale : 1.0);
       const uint64_t stream = name_stream(s.name.c_str());
-      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(std * normal01(seed, stream, i));
+      // Drawn at the global index: a shard holds the same values as the whole tensor.
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(std * normal01(seed, stream, s.global_index(i)));
     }
   }
 }
@@ -252,15 +274,19 @@ void Transformer<T>::block_forward(Block& blk, const Tensor& x, Tensor& out, Blo
   acts.b = be.alloc_compute({B, n, D});
   acts.inv2 = be.alloc_acc({rows});
   be.rmsnorm_forward(acts.y, rows, D, blk.norm2, cfg_.norm_eps, acts.b, acts.inv2);
-  // SwiGLU: gate and up pre-activations kept (acc); the hidden state h is recomputed.
-  acts.gate = be.alloc_acc({rows, F});
-  acts.up = be.alloc_acc({rows, F});
-  be.gemm(false, false, rows, F, D, acts.b, D, blk.w_gate, F, 0, acts.gate, F);
-  be.gemm(false, false, rows, F, D, acts.b, D, blk.w_up, F, 0, acts.up, F);
-  Tensor h = be.alloc_compute({rows, F});
-  be.swiglu_act_forward(acts.gate, acts.up, rows * F, h);
-  out = be.alloc_acc({B, n, D});
-  be.gemm(false, false, rows, D, F, h, F, blk.w_down, D, 0, out, D);
+  // SwiGLU: gate and up pre-activations kept (acc); the hidden state h is recomputed. With tp,
+  // on the group's rows and this rank's F / tp hidden units.
+  acts.bg = gather_rows(acts.b, B, be.compute_dtype(), "mlp.gather");
+  const int64_t G = acts.bg.numel() / D, Fl = F / tp_.size();
+  acts.gate = be.alloc_acc({G, Fl});
+  acts.up = be.alloc_acc({G, Fl});
+  be.gemm(false, false, G, Fl, D, acts.bg, D, blk.w_gate, Fl, 0, acts.gate, Fl);
+  be.gemm(false, false, G, Fl, D, acts.bg, D, blk.w_up, Fl, 0, acts.up, Fl);
+  Tensor h = be.alloc_compute({G, Fl});
+  be.swiglu_act_forward(acts.gate, acts.up, G * Fl, h);
+  Tensor partial = be.alloc_acc({G, D});
+  be.gemm(false, false, G, D, Fl, h, Fl, blk.w_down, D, 0, partial, D);
+  out = scatter_rows(partial, B, "mlp.scatter");
   be.add(out, acts.y, rows * D);
 }
 
@@ -269,21 +295,25 @@ void Transformer<T>::block_backward(Block& blk, const Tensor& dout, BlockActs& a
   const ModelBackend& be = *be_;
   const int64_t B = dout.dim(0), n = dout.dim(1), D = cfg_.D, F = cfg_.ffn, rows = B * n;
   // SwiGLU backward: dh = dout W_down^T; (da, du) from (gate, up, dh); db = da W_gate^T + du W_up^T.
-  const Tensor dout_c = be.to_compute(dout);
-  Tensor h = be.alloc_compute({rows, F});
-  be.swiglu_act_forward(acts.gate, acts.up, rows * F, h);
-  be.gemm(true, false, F, D, rows, h, F, dout_c, D, 1, blk.g_down, D);
-  Tensor dh = be.alloc_acc({rows, F});
-  be.gemm(false, true, rows, F, D, dout_c, D, blk.w_down, D, 0, dh, F);
+  // With tp, on the group's rows (dout all-gathered) and this rank's hidden units; db's
+  // partial sums are reduce-scattered back to their tokens.
+  const Tensor dout_c = gather_rows(be.to_compute(dout), B, be.compute_dtype(), "mlp.gather_grad");
+  const int64_t G = acts.bg.numel() / D, Fl = F / tp_.size();
+  Tensor h = be.alloc_compute({G, Fl});
+  be.swiglu_act_forward(acts.gate, acts.up, G * Fl, h);
+  be.gemm(true, false, Fl, D, G, h, Fl, dout_c, D, 1, blk.g_down, D);
+  Tensor dh = be.alloc_acc({G, Fl});
+  be.gemm(false, true, G, Fl, D, dout_c, D, blk.w_down, D, 0, dh, Fl);
   // du reuses h's memory; da reuses dh's when the dtypes agree (element-wise op).
-  const Tensor da = be.compute_dtype() == be.acc_dtype() ? dh : be.alloc_compute({rows, F});
+  const Tensor da = be.compute_dtype() == be.acc_dtype() ? dh : be.alloc_compute({G, Fl});
   const Tensor& du = h;
-  be.swiglu_act_backward(acts.gate, acts.up, dh, rows * F, da, du);
-  be.gemm(true, false, D, F, rows, acts.b, D, da, F, 1, blk.g_gate, F);
-  be.gemm(true, false, D, F, rows, acts.b, D, du, F, 1, blk.g_up, F);
-  Tensor db = be.alloc_acc({B, n, D});
-  be.gemm(false, true, rows, D, F, da, F, blk.w_gate, F, 0, db, D);
-  be.gemm(false, true, rows, D, F, du, F, blk.w_up, F, 1, db, D);
+  be.swiglu_act_backward(acts.gate, acts.up, dh, G * Fl, da, du);
+  be.gemm(true, false, D, Fl, G, acts.bg, D, da, Fl, 1, blk.g_gate, Fl);
+  be.gemm(true, false, D, Fl, G, acts.bg, D, du, Fl, 1, blk.g_up, Fl);
+  Tensor db_part = be.alloc_acc({G, D});
+  be.gemm(false, true, G, D, Fl, da, Fl, blk.w_gate, Fl, 0, db_part, D);
+  be.gemm(false, true, G, D, Fl, du, Fl, blk.w_up, Fl, 1, db_part, D);
+  Tensor db = scatter_rows(db_part, B, "mlp.scatter_grad");
   Tensor dy = be.alloc_acc({B, n, D});
   be.rmsnorm_backward(acts.y, db, rows, D, blk.norm2, acts.inv2, dy, blk.g_norm2);
   be.add(dy, dout, rows * D);
@@ -292,6 +322,35 @@ void Transformer<T>::block_backward(Block& blk, const Tensor& dout, BlockActs& a
   dx = be.alloc_acc({B, n, D});
   be.rmsnorm_backward(acts.x, da_attn, rows, D, blk.norm1, acts.inv1, dx, blk.g_norm1);
   be.add(dx, dy, rows * D);
+}
+
+template <class T>
+Tensor Transformer<T>::gather_rows(const Tensor& own, int64_t B, DType dt, const char* site) const {
+  if (tp_.size() == 1) return own;
+  const ModelBackend& be = *be_;
+  const int64_t D = cfg_.D, block = B * tp_tokens_max_ * D;
+  const auto alloc = [&](Shape s) { return dt == be.acc_dtype() ? be.alloc_acc(std::move(s)) : be.alloc_compute(std::move(s)); };
+  // Each rank's rows padded with zero rows to the largest share: zero rows add nothing to the
+  // weight gradients and their outputs are dropped by scatter_rows.
+  Tensor pad = alloc({B * tp_tokens_max_, D});
+  be.cast(own, pad, B * n_local_ * D);
+  Tensor group = alloc({tp_.size() * B * tp_tokens_max_, D});
+  tp_.comm->all_gather(pad.raw(), group.raw(), block, dt, site);
+  return group;
+}
+
+template <class T>
+Tensor Transformer<T>::scatter_rows(const Tensor& group, int64_t B, const char* site) const {
+  const int64_t D = cfg_.D;
+  if (tp_.size() == 1) return group.reshape({B, n_local_, D});
+  const ModelBackend& be = *be_;
+  const int64_t block = B * tp_tokens_max_ * D;
+  Tensor mine = be.alloc_acc({B * tp_tokens_max_, D});
+  tp_.comm->reduce_scatter(group.raw(), mine.raw(), block, be.acc_dtype(), site);
+  if (n_local_ == tp_tokens_max_) return mine.reshape({B, n_local_, D});
+  Tensor out = be.alloc_acc({B, n_local_, D});
+  be.cast(mine, out, B * n_local_ * D);
+  return out;
 }
 
 template <class T>

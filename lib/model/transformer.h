@@ -23,8 +23,18 @@
 // the weights, refreshed from the masters at the start of every forward. Batches come from the
 // host: token ids and targets are checked there, before they reach the device.
 //
+// Tensor parallelism (DESIGN.md section 12, docs/parallel.md "Tensor parallelism"): with a
+// TensorParallel group of tp ranks, each rank holds columns [r F/tp, (r+1) F/tp) of w_gate and
+// w_up and the same rows of w_down. Between blocks the residual stream stays sequence-sharded
+// (each rank its own tokens); the MLP all-gathers the normed input of the group's tokens,
+// computes its slice of the hidden units and reduce-scatters the down projection's partial
+// sums back to the tokens' owners (backward: the mirror). Norms, attention (whose cores split
+// heads over the tp group), embedding and LM head are replicated in tp: their gradients are
+// this rank's share, to be summed over the world like the data-parallel ones; the MLP shards'
+// over the ranks holding the same shard.
+//
 // Threads: one thread drives a model; BLAS and attention kernels may use set_num_threads().
-// defines: iha::make_param_layout, iha::init_model_params, iha::Transformer
+// defines: iha::make_param_layout, iha::init_model_params, iha::TensorParallel, iha::Transformer
 #pragma once
 
 #include <functional>
@@ -37,11 +47,22 @@
 #include "model/model_config.h"
 #include "model/ops.h"
 #include "model/params.h"
+#include "parallel/comm.h"
 
 namespace iha {
 
-// The parameter layout of a model (names, shapes, weight-decay flags), in schema order.
-std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& cfg);
+// The parameter layout of a model (names, shapes, weight-decay flags), in schema order; with
+// tp > 1 the MLP weights are rank tp_rank's shards (ParamSpec::split).
+std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& cfg, int64_t tp = 1, int64_t tp_rank = 0);
+
+// The tensor-parallel group of a model: its communicator (ordered by tp index; on the
+// backend's device) and the tokens per sequence each of its ranks holds. Empty: tp = 1.
+struct TensorParallel {
+  std::shared_ptr<Communicator> comm;
+  std::vector<int64_t> tokens;  // per tp rank
+  int64_t size() const { return comm ? comm->size() : 1; }
+  int64_t rank() const { return comm ? comm->rank() : 0; }
+};
 
 // Writes the initial parameters (docs/model.md "Initialisation") into a flat host buffer of
 // `layout`: every backend's model starts from the same values.
@@ -64,12 +85,14 @@ class Transformer {
   // compute on `backend` (null: the CPU backend of T). min_storage: parameters and gradients
   // are zero-padded to at least this many elements (ParamSet).
   Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute,
-              int64_t min_storage = 0, std::shared_ptr<const ModelBackend> backend = nullptr);
+              int64_t min_storage = 0, std::shared_ptr<const ModelBackend> backend = nullptr,
+              TensorParallel tp = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
   int64_t local_tokens() const { return n_local_; }
   bool recompute() const { return recompute_; }
   void set_recompute(bool on) { recompute_ = on; }
@@ -108,6 +131,11 @@ class Transformer {
   struct BlockActs;
   void block_forward(Block& blk, const Tensor& x, Tensor& out, BlockActs& acts);
   void block_backward(Block& blk, const Tensor& dout, BlockActs& acts, Tensor& dx);
+  // The MLP on the group's rows: rows = this rank's rows; returns the group's rows of `own`
+  // (all-gathered, each rank's block padded to the largest), or `own` itself when tp = 1.
+  Tensor gather_rows(const Tensor& own, int64_t B, DType dt, const char* site) const;
+  // The inverse: sums the group's partial rows and keeps this rank's [B * n, D] (acc).
+  Tensor scatter_rows(const Tensor& group, int64_t B, const char* site) const;
   Tensor embed(const TokenBatch& batch);
   // Forward without activations through the final RMSNorm: [B * n, D] (logits, evaluate).
   Tensor final_hidden(const TokenBatch& batch);
@@ -124,6 +152,8 @@ class Transformer {
 
   ModelConfig cfg_;
   std::shared_ptr<const ModelBackend> be_;
+  TensorParallel tp_;
+  int64_t tp_tokens_max_ = 0;  // the most tokens a rank of the tp group holds
   bool recompute_;
   int64_t n_local_ = 0;
   std::shared_ptr<ParamLayout> layout_;

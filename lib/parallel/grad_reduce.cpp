@@ -5,19 +5,36 @@
 namespace iha {
 
 GradientBuckets::GradientBuckets(std::shared_ptr<Communicator> comm, std::vector<int64_t> tensor_sizes,
-                                 DType dt, int64_t bucket_bytes, std::string site)
+                                 DType dt, int64_t bucket_bytes, std::string site, std::vector<char> reduced)
     : GradientBuckets(std::move(comm),
                       ShardLayout::bucketed(std::move(tensor_sizes), static_cast<int64_t>(dtype_size(dt)),
-                                            bucket_bytes, 1),
-                      false, dt, std::move(site)) {}
+                                            bucket_bytes, 1, reduced),
+                      false, dt, std::move(site), reduced) {}
 
 GradientBuckets::GradientBuckets(std::shared_ptr<Communicator> comm, ShardLayout units, bool scatter, DType dt,
-                                 std::string site)
+                                 std::string site, std::vector<char> reduced)
     : comm_(std::move(comm)), units_(std::move(units)), scatter_(scatter), dt_(dt), site_(std::move(site)) {
   IHA_CHECK(comm_ != nullptr, "GradientBuckets needs a communicator");
   IHA_CHECK(!scatter_ || units_.ranks() == comm_->size(), "gradient shards over ", units_.ranks(),
             " ranks on a communicator of ", comm_->size());
+  IHA_CHECK(reduced.empty() || static_cast<int64_t>(reduced.size()) == units_.num_tensors(), "GradientBuckets: ",
+            reduced.size(), " reduce flags for ", units_.num_tensors(), " tensors");
   buckets_.resize(units_.units().size());
+  if (reduced.empty()) return;
+  for (size_t u = 0; u < buckets_.size(); ++u) {
+    const ShardUnit& s = units_.units()[u];
+    if (s.end_tensor == s.first_tensor) continue;
+    buckets_[u].reduced = reduced[s.first_tensor] != 0;
+    for (int64_t t = s.first_tensor; t < s.end_tensor; ++t)
+      IHA_CHECK((reduced[t] != 0) == buckets_[u].reduced, "GradientBuckets: unit ", u,
+                " mixes tensors reduced here and tensors reduced elsewhere");
+  }
+}
+
+int64_t GradientBuckets::num_buckets() const {
+  int64_t n = 0;
+  for (const Bucket& b : buckets_) n += b.reduced ? 1 : 0;
+  return n;
 }
 
 void GradientBuckets::begin(void* buffer, void* shard) {
@@ -49,6 +66,7 @@ void GradientBuckets::mark_ready(int64_t tensor) {
   IHA_CHECK(!ready_[tensor], "gradient tensor ", tensor, " marked ready twice in one step");
   ready_[tensor] = 1;
   const int64_t u = units_.unit_of(tensor);
+  if (!buckets_[u].reduced) return;  // another group sums it
   if (--buckets_[u].pending_tensors == 0) start(u);
 }
 
@@ -60,12 +78,13 @@ void GradientBuckets::progress() {
 void GradientBuckets::finish() {
   // Start in bucket order so every rank posts the same collectives in the same order.
   for (size_t u = 0; u < buckets_.size(); ++u) {
-    if (!buckets_[u].reduction) {
+    if (buckets_[u].reduced && !buckets_[u].reduction) {
       buckets_[u].pending_tensors = 0;
       start(static_cast<int64_t>(u));
     }
   }
   for (Bucket& b : buckets_) {
+    if (!b.reduction) continue;  // not reduced here
     b.reduction->wait();
     b.reduction.reset();
   }
@@ -74,6 +93,7 @@ void GradientBuckets::finish() {
   const int64_t r = comm_->rank();
   const size_t es = dtype_size(dt_);
   for (size_t u = 0; u < buckets_.size(); ++u) {
+    if (!buckets_[u].reduced) continue;
     const ShardUnit& s = units_.units()[u];
     const int64_t real = units_.piece(static_cast<int64_t>(u), r).size();
     if (real < s.chunk)

@@ -25,29 +25,35 @@ class GradientBuckets {
  public:
   // tensor_sizes: element counts of the tensors laid out back to back in the flat buffer, in
   // buffer order. Buckets are formed from the end of the buffer backwards (backward produces
-  // the last layers' gradients first).
+  // the last layers' gradients first). reduced: which tensors this object sums (empty: all);
+  // the others are left alone (another group sums them, e.g. tensor-parallel shards).
   GradientBuckets(std::shared_ptr<Communicator> comm, std::vector<int64_t> tensor_sizes, DType dt,
-                  int64_t bucket_bytes, std::string site = "grad.dp");
+                  int64_t bucket_bytes, std::string site = "grad.dp", std::vector<char> reduced = {});
   // Buckets are the units of `units`. With scatter each is reduce-scattered into the shard
   // given to begin() (units.ranks() must be the comm size); else all-reduced in place.
-  GradientBuckets(std::shared_ptr<Communicator> comm, ShardLayout units, bool scatter, DType dt, std::string site);
+  // reduced (empty: all) as above; a unit's tensors must be all reduced here or all not.
+  GradientBuckets(std::shared_ptr<Communicator> comm, ShardLayout units, bool scatter, DType dt, std::string site,
+                  std::vector<char> reduced = {});
 
   // Starts a new step: buffer is the flat gradient buffer, shard (reduce-scatter only) this
   // rank's shard of units().shard_size() elements; both must stay valid until finish(). For a
   // reduce-scatter, buffer must hold units().window_end() elements (it is only read).
   void begin(void* buffer, void* shard = nullptr);
-  // Tensor i's gradient is final for this step; may start its bucket's reduction.
+  // Tensor i's gradient is final for this step; may start its bucket's reduction (none for a
+  // tensor not reduced here).
   void mark_ready(int64_t tensor);
   // Advances started reductions (call between pieces of backward work).
   void progress();
   // Starts whatever is not started, waits for all reductions.
   void finish();
 
-  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  // Buckets this object reduces (the units holding tensors reduced here).
+  int64_t num_buckets() const;
   const ShardLayout& units() const { return units_; }
 
  private:
   struct Bucket {
+    bool reduced = true;  // false: another group sums this unit's tensors
     int64_t pending_tensors = 0;
     std::unique_ptr<PendingExchange> reduction;
   };

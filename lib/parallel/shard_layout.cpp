@@ -41,14 +41,17 @@ ShardLayout ShardLayout::whole(std::vector<int64_t> tensor_sizes, int64_t ranks)
 }
 
 ShardLayout ShardLayout::bucketed(std::vector<int64_t> tensor_sizes, int64_t elem_bytes, int64_t bucket_bytes,
-                                  int64_t ranks) {
+                                  int64_t ranks, const std::vector<char>& kind) {
   IHA_CHECK(bucket_bytes > 0, "bucket size must be > 0 bytes");
-  // Walk backwards, closing a unit once it holds bucket_bytes.
+  IHA_CHECK(kind.empty() || kind.size() == tensor_sizes.size(), "shard layout: ", kind.size(), " tensor kinds for ",
+            tensor_sizes.size(), " tensors");
+  const auto same_kind = [&](int64_t a, int64_t b) { return kind.empty() || kind[a] == kind[b]; };
+  // Walk backwards, closing a unit once it holds bucket_bytes or meets a tensor of another kind.
   std::vector<int64_t> starts;
   int64_t last = static_cast<int64_t>(tensor_sizes.size()) - 1;
   while (last >= 0) {
     int64_t first = last, bytes = tensor_sizes[last] * elem_bytes;
-    while (first > 0 && bytes < bucket_bytes) bytes += tensor_sizes[--first] * elem_bytes;
+    while (first > 0 && same_kind(first - 1, last) && bytes < bucket_bytes) bytes += tensor_sizes[--first] * elem_bytes;
     starts.push_back(first);
     last = first - 1;
   }

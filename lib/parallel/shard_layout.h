@@ -50,8 +50,10 @@ class ShardLayout {
   // One unit: the whole buffer.
   static ShardLayout whole(std::vector<int64_t> tensor_sizes, int64_t ranks);
   // Units of about bucket_bytes (elements of elem_bytes each), formed backwards from the end.
+  // kind (empty, or one value per tensor): a unit holds tensors of one kind only (e.g. the
+  // tensors one communicator reduces and those another one does).
   static ShardLayout bucketed(std::vector<int64_t> tensor_sizes, int64_t elem_bytes, int64_t bucket_bytes,
-                              int64_t ranks);
+                              int64_t ranks, const std::vector<char>& kind = {});
 
   int64_t ranks() const { return ranks_; }
   int64_t total() const { return offsets_.back(); }

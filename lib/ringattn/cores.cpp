@@ -24,9 +24,9 @@ ReplicaGroups ReplicaGroups::from(const ProcessMesh& mesh) {
   g.head = mesh.head_ptr();
   g.replica = mesh.replica_ptr();
   g.sp_index = mesh.sp_index();
-  g.hp_index = mesh.hp_index();
+  g.hp_index = mesh.head_index();  // the head group spans tp x hp (mesh.h)
   g.S = mesh.shape().sp;
-  g.T = mesh.shape().hp;
+  g.T = mesh.shape().head_group();
   return g;
 }
 

@@ -78,7 +78,8 @@ enum class ParallelScheme : uint8_t { sequence, head };
 const char* scheme_name(ParallelScheme s);
 ParallelScheme parse_scheme(const std::string& s, const std::string& key = "scheme");
 
-// The communicators and indices of a rank in a head x sequence replica.
+// The communicators and indices of a rank in a head x sequence replica (from a mesh: the head
+// group is its tp x hp ranks, hp_index its head_index).
 struct ReplicaGroups {
   std::shared_ptr<Communicator> seq, head, replica;
   int64_t sp_index = 0, hp_index = 0, S = 1, T = 1;

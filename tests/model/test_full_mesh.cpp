@@ -19,6 +19,7 @@ namespace iha {
 namespace {
 
 using test::close_normwise;
+using test::expect_config_error_everywhere;
 using test::self_comm;
 using test::train;
 using test::TrainRun;
@@ -385,20 +386,6 @@ TEST(FullMeshResume, ZeroMomentsLoadIntoAReplicatedRunBitExactly) {
     EXPECT_EQ(gathered(c, c.optimizer().m()), m);
     EXPECT_EQ(gathered(c, c.optimizer().v()), v);
   }
-}
-
-// Runs `make` expecting a ConfigError containing every needle, on every rank.
-void expect_config_error_everywhere(const std::function<void()>& make, const std::vector<std::string>& needles) {
-  int caught = 0;
-  try {
-    make();
-    ADD_FAILURE() << "no error";
-  } catch (const ConfigError& e) {
-    caught = 1;
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
-  }
-  world().all_reduce(&caught, 1, DType::i32, ReduceOp::min, "test");
-  EXPECT_EQ(caught, 1) << "some rank did not throw";
 }
 
 TEST(FullMeshErrors, MeshProductMustEqualTheWorldSize) {

@@ -40,6 +40,33 @@ TEST(GradientBuckets, SumsExactlyWhateverTheReadyOrder) {
   }
 }
 
+// Tensors another group reduces (reduced[t] = 0) are left as they are, whatever the bucket
+// size; a bucket never holds both kinds.
+TEST(GradientBuckets, LeavesTensorsReducedElsewhereAlone) {
+  const int R = world().size(), r = world().rank();
+  const std::vector<int64_t> sizes = {5, 1, 300, 7, 64, 2, 1000, 3};
+  const std::vector<char> reduced = {1, 0, 0, 1, 1, 0, 1, 1};
+  std::vector<int64_t> offset(sizes.size() + 1, 0);
+  for (size_t t = 0; t < sizes.size(); ++t) offset[t + 1] = offset[t] + sizes[t];
+  for (int64_t bucket_bytes : {int64_t(8), int64_t(1024), int64_t(1) << 20}) {
+    GradientBuckets gb(test::world_ptr(), sizes, DType::f64, bucket_bytes, "test.grad", reduced);
+    for (const ShardUnit& u : gb.units().units())
+      for (int64_t t = u.first_tensor; t < u.end_tensor; ++t) EXPECT_EQ(reduced[t], reduced[u.first_tensor]);
+    if (bucket_bytes == (int64_t(1) << 20)) {
+      EXPECT_EQ(gb.num_buckets(), 3);  // {0}, {3, 4}, {6, 7}
+    }
+    std::vector<double> buf(offset.back());
+    for (int64_t i = 0; i < offset.back(); ++i) buf[i] = (r + 1) * 0.5 + i;
+    gb.begin(buf.data());
+    for (int64_t t = static_cast<int64_t>(sizes.size()) - 1; t >= 0; --t) gb.mark_ready(t);
+    gb.finish();
+    for (size_t t = 0; t < sizes.size(); ++t)
+      for (int64_t i = offset[t]; i < offset[t + 1]; ++i)
+        ASSERT_EQ(buf[i], reduced[t] ? 0.5 * R * (R + 1) / 2.0 + R * double(i) : (r + 1) * 0.5 + i)
+            << "tensor " << t << " element " << i;
+  }
+}
+
 TEST(GradientBuckets, MisuseIsAnError) {
   GradientBuckets gb(test::world_ptr(), {4, 4}, DType::f32, 1 << 20);
   std::vector<float> buf(8, 1.0f);

@@ -1,0 +1,60 @@
+#!/bin/bash
+# Tensor parallelism beside sequence and head parallelism on the same work, in one run: a
+# one-block model (one global IHA layer and its MLP: "a layer") and the two-block demo model
+# ("a training step"), each on 1 rank and on 2 ranks as sp = 2, hp = 2 and tp = 2. Efficiency
+# = T(1 rank) / (2 T(2 ranks)), every time a median over the steps after the first, the
+# meshes interleaved ROUNDS times so slow moments of a shared machine spread over all.
+# Also the parameters a rank holds by kind and its peak resident memory.
+#   bash bench/mesh/run_tp.sh [ROUNDS=2] [STEPS=4]   (from the repository root, after building
+#                                                     bench_mesh_step)
+# Output: ${OUT:-/tmp/iha_tp}.jsonl (one JSON line a run) and ${OUT}.md (the tables).
+# EXTRA adds --set options to every run.
+set -euo pipefail
+ROUNDS=${1:-2}
+STEPS=${2:-4}
+BIN=${BIN:-build/bench/mesh/bench_mesh_step}
+OUT=${OUT:-/tmp/iha_tp}
+MPIEXEC=${MPIEXEC:-scripts/mpiexec.sh}
+# The demo model made wide enough that its MLP and attention dominate the step.
+WORK="--set model.D=128 --set model.H=8 --set model.d=16 --set model.ffn=1024 --set sequence.length=512
+      --set train.batch_size=4 --set train.micro_batch=2"
+models=("--set model.layers=1 --set model.pattern=G" "--set model.layers=2 --set model.pattern=LG")
+meshes=("1|--set mesh.sp=1" "2|--set mesh.sp=2" "2|--set mesh.sp=1 --set mesh.hp=2" "2|--set mesh.sp=1 --set mesh.tp=2")
+rm -f "$OUT.jsonl"
+for round in $(seq "$ROUNDS"); do
+  for model in "${models[@]}"; do
+    for m in "${meshes[@]}"; do
+      n=${m%%|*}
+      sets=${m#*|}
+      # shellcheck disable=SC2086
+      "$MPIEXEC" -n "$n" "$BIN" --steps "$STEPS" --json "$OUT.one.json" $WORK $model $sets ${EXTRA:-} | sed -n 1p
+      cat "$OUT.one.json" >> "$OUT.jsonl"
+    done
+  done
+done
+rm -f "$OUT.one.json"
+python3 - "$OUT.jsonl" > "$OUT.md" <<'PY'
+import json, statistics, sys
+from collections import defaultdict
+runs = defaultdict(list)
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    runs[(r["layers"], r["ranks"], r["mesh"])].append(r)
+med = lambda rs, k: statistics.median(x[k] for x in rs)
+print("| work | mesh | ranks | step s (median of rounds) | efficiency vs 1 rank | MLP params/rank | embed+head params/rank | other params/rank | peak RSS MiB/rank | mlp MiB/step | a2a+ring+halo MiB/step |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for layers in sorted({k[0] for k in runs}):
+    work = "one block (G)" if layers == 1 else f"{layers} blocks (LG)"
+    one = [v for k, v in runs.items() if k[0] == layers and k[1] == 1]
+    t1 = med(one[0], "step_s") if one else None
+    for (l, R, mesh), rs in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        if l != layers:
+            continue
+        t = med(rs, "step_s")
+        eff = f"{100 * t1 / (R * t):.0f}%" if t1 else "-"
+        comm = sum(med(rs, f"bytes_{f}") for f in ("a2a", "ring", "halo", "pring", "phalo"))
+        print(f"| {work} | {mesh} | {R} | {t:.4f} | {eff} | {med(rs, 'params_mlp'):.0f} | "
+              f"{med(rs, 'params_embed') + med(rs, 'params_lm_head'):.0f} | {med(rs, 'params_other'):.0f} | "
+              f"{med(rs, 'peak_rss_mib'):.1f} | {med(rs, 'bytes_mlp') / 2**20:.2f} | {comm / 2**20:.2f} |")
+PY
+cat "$OUT.md"
