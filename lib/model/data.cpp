@@ -660,6 +660,11 @@ DataLoader::DataLoader(std::shared_ptr<TokenSource> source, int64_t N, const std
   n_local_ = static_cast<int64_t>(tokens.size());
 }
 
+int64_t DataLoader::sequence(int64_t i) const {
+  const int64_t total = source_->num_sequences();
+  return total > 0 ? i % total : i;
+}
+
 TokenBatch DataLoader::batch(int64_t first, int64_t count) const {
   TokenBatch b;
   b.B = count;
@@ -668,10 +673,8 @@ TokenBatch DataLoader::batch(int64_t first, int64_t count) const {
   b.tokens.resize(rows);
   b.targets.resize(rows);
   b.answer.resize(rows);
-  const int64_t total = source_->num_sequences();
   for (int64_t i = 0; i < count; ++i) {
-    int64_t s = first + i;
-    if (total > 0) s %= total;
+    const int64_t s = sequence(first + i);
     const size_t off = static_cast<size_t>(i * n_local_);
     source_->fill(s, chunks_, b.tokens.data() + off, b.targets.data() + off, b.answer.data() + off);
     b.seg_starts.push_back(source_->segment_starts(s));

@@ -163,6 +163,8 @@ class DataLoader {
   TokenBatch batch(int64_t first, int64_t count) const;
   const TokenSource& source() const { return *source_; }
   const std::shared_ptr<TokenSource>& shared_source() const { return source_; }
+  // The source's sequence that batch position i reads (a finite source wraps around).
+  int64_t sequence(int64_t i) const;
   int64_t local_tokens() const { return n_local_; }
 
  private:

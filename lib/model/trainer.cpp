@@ -237,14 +237,13 @@ TokenBatch Trainer<T>::load(const DataLoader& loader, int64_t first, int64_t cou
                             std::vector<std::vector<int64_t>>* map) const {
   if (!per_batch_map()) return loader.batch(first, count);
   const std::shared_ptr<TokenSource>& source = loader.shared_source();
-  const int64_t N = cfg_.seq_len, total = source->num_sequences();
+  const int64_t N = cfg_.seq_len;
   SegmentStarts starts;
-  for (int64_t i = 0; i < count; ++i) starts.push_back(source->segment_starts(total > 0 ? (first + i) % total : first + i));
+  for (int64_t i = 0; i < count; ++i) starts.push_back(source->segment_starts(loader.sequence(first + i)));
   *map = balanced_tokens(N, cfg_.mesh.hp * cfg_.mesh.sp, pair_costs_, starts);
   // Part sp*hp_degree + hp, as ReplicaLayout numbers them.
   const int64_t part = mesh_->sp_index() * cfg_.mesh.hp + mesh_->hp_index();
-  TokenBatch b = DataLoader(source, N, (*map)[part]).batch(first, count);
-  return b;
+  return DataLoader(source, N, (*map)[part]).batch(first, count);
 }
 
 template <class T>
