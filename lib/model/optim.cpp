@@ -27,7 +27,7 @@ void OptimConfig::validate() const {
 }
 
 namespace {
-// optim.zero: a level 0-2, or a YAML boolean (true = 1, false = 0: the ZeRO-1 switch of earlier
+// optim.zero: a level 0-3, or a YAML boolean (true = 1, false = 0: the ZeRO-1 switch of earlier
 // configs).
 int64_t parse_zero_level(const ConfigNode& n) {
   if (!n.has("zero")) return 0;
@@ -44,8 +44,8 @@ int64_t parse_zero_level(const ConfigNode& n) {
       level = -1;
     }
   }
-  IHA_CONFIG_CHECK(level >= 0 && level <= 2, "config key 'optim.zero': must be 0, 1 or 2 (true = 1, false = 0; "
-                   "level 3, sharded parameters, is not built yet), got '", text, "'");
+  IHA_CONFIG_CHECK(level >= 0 && level <= 3, "config key 'optim.zero': must be 0, 1, 2 or 3 (true = 1, false = 0), "
+                   "got '", text, "'");
   return level;
 }
 }  // namespace
@@ -61,6 +61,7 @@ OptimConfig parse_optim_config(const ConfigNode& n) {
   c.weight_decay = n.get<double>("weight_decay", c.weight_decay);
   c.clip = n.get<double>("clip", c.clip);
   c.zero = parse_zero_level(n);
+  c.prefetch = n.get<bool>("prefetch", c.prefetch);
   c.validate();
   return c;
 }

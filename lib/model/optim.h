@@ -29,8 +29,12 @@ struct OptimConfig {
   double weight_decay = 0.0;  // decoupled, on parameters flagged `decay`
   double clip = 1.0;          // max global gradient norm; 0 disables clipping
   // Sharded state over the ranks that hold the same weights (DESIGN.md section 12): 0 none,
-  // 1 AdamW moments, 2 also gradients (parallel/shard_layout.h). YAML true/false are 1/0.
+  // 1 AdamW moments, 2 also gradients, 3 also parameters (parallel/shard_layout.h,
+  // model/sharded_params.h). YAML true/false are 1/0.
   int64_t zero = 0;
+  // Level 3: post the next parameter group's gather before the current group computes
+  // (false: every gather is waited for where it is needed; for measuring the overlap).
+  bool prefetch = true;
   void validate() const;      // ConfigError naming optim.<key>
 };
 OptimConfig parse_optim_config(const ConfigNode& node);

@@ -57,6 +57,8 @@ void check_mesh_fits_model(const RunConfig& cfg) {
     // tensors would first need their sum over tp, which only level 1 does.
     IHA_CONFIG_CHECK(cfg.optim.zero < 2, "config key 'optim.zero': level ", cfg.optim.zero,
                      " is not supported with mesh.tp = ", tp, " (use optim.zero 0 or 1, or mesh.tp 1)");
+    // Level 3 would shard the tp shards' groups over same_shard() and the replicated ones over
+    // the world with their tp sum first: not built (the message above covers it).
   }
   const int64_t heads = tp * hp;  // attention splits heads over tp and hp together
   if (heads == 1 || (H % heads == 0 && Hkv % heads == 0)) return;
@@ -171,16 +173,25 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
   // it like the gradient buckets, so each unit's reduce-scatter starts during backward. At
   // level 0 with tp a bucket holds replicated tensors or shards, never both (they are summed
   // over different groups).
+  // Level 3's units are the model's parameter groups, each gathered whole where it is used.
   if (level == 0) shard_ = ShardLayout::bucketed(sizes, es, bucket, 1, tp > 1 ? split : std::vector<char>{});
   else if (level == 1) shard_ = ShardLayout::whole(sizes, R);
-  else shard_ = ShardLayout::bucketed(sizes, es, bucket, R);
+  else if (level == 2) shard_ = ShardLayout::bucketed(sizes, es, bucket, R);
+  else shard_ = ShardLayout(sizes, param_group_starts(*layout, cfg_.model.layers), R);
+  if (level > 0) {
+    grad_shard_ = backend_->alloc_acc({shard_.shard_size()});
+    param_shard_ = backend_->alloc_acc({shard_.shard_size()});
+    grad_shard_.zero();
+    param_shard_.zero();  // the padding stays zero
+  }
+  if (level == 3)
+    sharded_ = std::make_shared<ShardedParams>(holders_, shard_, backend_, param_shard_, grad_shard_, cfg_.optim.prefetch);
   model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute,
-                                            level > 0 ? shard_.window_end() : 0, backend_, std::move(tensor));
+                                            level == 1 || level == 2 ? shard_.window_end() : 0, backend_,
+                                            std::move(tensor), sharded_);
   const int64_t L = model_->layout()->total();
   if (level > 0) {
     opt_ = AdamW<T>(model_->layout(), shard_.ranges(rank), shard_.shard_size(), backend_);
-    grad_shard_ = backend_->alloc_acc({shard_.shard_size()});
-    param_shard_ = backend_->alloc_acc({shard_.shard_size()});
   } else {
     opt_ = AdamW<T>(model_->layout(), 0, L, backend_);
   }
@@ -210,12 +221,29 @@ Trainer<T>::~Trainer() = default;
 
 template <class T>
 int64_t Trainer<T>::num_params() const {
-  return model_->params().flat().numel();
+  return model_->layout()->total();
 }
 
 template <class T>
 void Trainer<T>::init() {
-  model_->init(cfg_.seed);
+  if (sharded_) {
+    // One group at a time on the host: this rank's piece of each into its shard.
+    const ParamLayout& layout = *model_->layout();
+    const Device dev = backend_->device();
+    for (size_t u = 0; u < shard_.units().size(); ++u) {
+      const ShardUnit& unit = shard_.units()[u];
+      Tensor group({unit.count}, dtype_of<T>());
+      init_model_params<T>(cfg_.model, layout, group.template data<T>(), cfg_.seed,
+                           static_cast<size_t>(unit.first_tensor), static_cast<size_t>(unit.end_tensor));
+      const ShardRange p = shard_.piece(static_cast<int64_t>(u), holders_->rank());
+      if (p.size() == 0) continue;
+      Tensor piece = Tensor::view(group.template data<T>() + (p.begin - unit.offset), {p.size()}, dtype_of<T>());
+      Tensor::view(Buf(param_shard_).at(p.local).p, {p.size()}, dtype_of<T>(), dev)
+          .copy_from(dev == Device::cpu ? piece : piece.to(dev));
+    }
+  } else {
+    model_->init(cfg_.seed);
+  }
   opt_.m().zero();
   opt_.v().zero();
   scalars_ = TrainerScalars{};
@@ -276,7 +304,8 @@ StepStats Trainer<T>::train_step() {
   const double scale = 1.0 / static_cast<double>(count);
   ParamSet<T>& grads = model_->grads();
   ParamSet<T>& params = model_->params();
-  grads.zero();
+  if (sharded_) grad_shard_.zero();
+  else grads.zero();
   // Without ZeRO, the last micro-batch's backward starts each bucket's all-reduce as soon as
   // its parameters are final, so the reduction of late blocks runs under the backward of
   // earlier ones (MPI progresses it inside the attention cores' waits and progress() calls).
@@ -298,6 +327,7 @@ StepStats Trainer<T>::train_step() {
     if (last && shard_buckets_) shard_buckets_->begin(grads.padded().raw());
     if (per_batch_map()) model_->set_token_map(maps[u]);
     local.add(model_->forward_backward(batches[u], scale, last ? ready : nullptr));
+    if (sharded_) sharded_->finish();  // this micro-batch's chunks added into the shard
   }
 
   // The gradient sum over every rank (data x head x sequence), and its squared norm.
@@ -354,7 +384,10 @@ StepStats Trainer<T>::train_step() {
   StepStats s = step_stats(local, count, sq);
   if (cfg_.optim.clip > 0 && s.grad_norm > cfg_.optim.clip) be.scale(g, g.numel(), cfg_.optim.clip / s.grad_norm);
   s.lr = learning_rate(cfg_.optim, scalars_.step, cfg_.steps);
-  if (level > 0) {
+  if (level == 3) {
+    // The shard is the masters: the next forward gathers it.
+    opt_.update(cfg_.optim, scalars_.step + 1, s.lr, Buf(param_shard_), CBuf(g));
+  } else if (level > 0) {
     // Update this rank's shard of the masters (fp32 in a bf16 run; the model refreshes its
     // compute copy from them at the next forward), then gather every holder's shard.
     for (const ShardRange& r : opt_.ranges()) be.cast(CBuf(params.flat()).at(r.begin), Buf(param_shard_).at(r.local), r.size());
@@ -382,12 +415,32 @@ void Trainer<T>::gather_params() {
 }
 
 template <class T>
+Tensor Trainer<T>::whole_params() {
+  const int64_t L = model_->layout()->total();
+  if (!sharded_) {
+    const Tensor& flat = model_->params().flat();
+    return flat.device() == Device::cpu ? flat.clone() : flat.to(Device::cpu);
+  }
+  const int64_t n = shard_.shard_size(), R = shard_.ranks();
+  Tensor all = backend_->alloc_acc({R * n});
+  holders_->all_gather(param_shard_.raw(), all.raw(), n, dtype_of<T>(), "train.whole_params");
+  if (all.device() != Device::cpu) all = all.to(Device::cpu);
+  Tensor out({L}, dtype_of<T>());
+  const T* src = all.template data<T>();
+  T* dst = out.template data<T>();
+  for (int64_t r = 0; r < R; ++r)
+    for (const ShardRange& p : shard_.ranges(r)) std::copy(src + r * n + p.local, src + r * n + p.local + p.size(), dst + p.begin);
+  return out;
+}
+
+template <class T>
 StateBytes Trainer<T>::state_bytes() const {
   const auto bytes = [](const Tensor& t) { return static_cast<int64_t>(t.nbytes()); };
   StateBytes b;
   b.params = bytes(model_->params().padded()) + bytes(param_shard_) + model_->compute_weight_bytes();
   b.grads = bytes(model_->grads().padded()) + bytes(grad_shard_);
   b.optimizer = bytes(opt_.m()) + bytes(opt_.v());
+  b.gathered = sharded_ ? sharded_->peak_transient_bytes() : 0;
   return b;
 }
 
@@ -476,10 +529,14 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
     nt.slab = s.global_offset;
     return nt;
   };
-  for (size_t i = 0; i < specs.size(); ++i) out.push_back(named("param/" + specs[i].name, specs[i], model_->params().view(i)));
+  // Level 3: the parameters are a shard, stored like the moments.
+  if (!sharded_)
+    for (size_t i = 0; i < specs.size(); ++i)
+      out.push_back(named("param/" + specs[i].name, specs[i], model_->params().view(i)));
   const int64_t rank = holders_->rank();
-  const std::pair<const char*, Tensor*> moments[2] = {{"adam_m/", &opt_.m()}, {"adam_v/", &opt_.v()}};
-  for (const auto& [prefix, state] : moments) {
+  std::vector<std::pair<const char*, Tensor*>> sharded_state = {{"adam_m/", &opt_.m()}, {"adam_v/", &opt_.v()}};
+  if (sharded_) sharded_state.insert(sharded_state.begin(), {"param/", &param_shard_});
+  for (const auto& [prefix, state] : sharded_state) {
     T* base = state->template data<T>();
     for (size_t t = 0; t < specs.size(); ++t) {
       const ParamSpec& s = specs[t];

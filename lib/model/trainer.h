@@ -23,10 +23,17 @@
 //     shard layout (ShardLayout::bucketed) and each is reduce-scattered into this rank's
 //     gradient shard as soon as the last micro-batch's backward has finished it (accumulate
 //     whole, scatter once);
-//   then (levels 1, 2) the global norm from the ranks' local sums of squares (all-gathered over
+//   - 3 (not with mesh.tp > 1): also the parameters are sharded (model/sharded_params.h): the
+//     model holds no whole parameter or gradient buffer; each parameter group (embedding, each
+//     block, final norm + LM head: the units of the shard layout) is all-gathered for its
+//     forward and again for its backward, the next one prefetched (optim.prefetch), and its
+//     gradient reduce-scattered into this rank's shard when its backward ends, every
+//     micro-batch (the chunks accumulate in the shard);
+//   then (levels 1-3) the global norm from the ranks' local sums of squares (all-gathered over
 //   the world, added in rank order; with tp the replicated tensors counted on tp rank 0 only),
-//   AdamW on this rank's shard only (moments hold 1/R of the buffer), and all-gathers of the
-//   parameter shards over the holders, unit by unit.
+//   AdamW on this rank's shard only (moments hold 1/R of the buffer), and (levels 1, 2)
+//   all-gathers of the parameter shards over the holders, unit by unit (level 3 keeps only the
+//   shard: the next forward gathers it).
 // Results are bitwise deterministic for a fixed mesh and configuration, and every rank holds
 // the same parameter bits after every step.
 //
@@ -73,6 +80,7 @@
 #include "core/rng.h"
 #include "model/optim.h"
 #include "model/run_config.h"
+#include "model/sharded_params.h"
 #include "model/transformer.h"
 #include "parallel/grad_reduce.h"
 #include "parallel/mesh.h"
@@ -111,9 +119,11 @@ struct TrainerScalars {
 
 // Resident bytes of one rank's training state (progress output, memory benchmark): parameters
 // (the flat buffer with its padding, the parameter shard, the compute-dtype copy), gradients
-// (the flat buffer, the gradient shard) and AdamW moments.
+// (the flat buffer, the gradient shard) and AdamW moments; at level 3 besides these the most
+// bytes of gathered parameter and gradient windows alive at once so far (transient, not in total).
 struct StateBytes {
   int64_t params = 0, grads = 0, optimizer = 0;
+  int64_t gathered = 0;
   int64_t total() const { return params + grads + optimizer; }
 };
 
@@ -132,7 +142,7 @@ struct NamedTensor {
 
 // Throws ConfigError naming the config key at fault when the mesh does not fit the model: mesh.hp
 // (or mesh.tp), model.H and the mesh.schemes key when a layer kind uses the head scheme and the
-// head group does not divide H; mesh.tp when it does not divide model.ffn, or with optim.zero 2.
+// head group does not divide H; mesh.tp when it does not divide model.ffn; optim.zero 2 or 3 with tp > 1.
 // Local; the Trainer runs it on every rank.
 void check_mesh_fits_model(const RunConfig& cfg);
 
@@ -174,8 +184,11 @@ class Trainer {
   // or with tp the ranks of this tp index; level 0: the gradient buckets over one rank).
   const ShardLayout& shard_layout() const { return shard_; }
   StateBytes state_bytes() const;
-  // The model (on the backend's device).
+  // The model (on the backend's device). At level 3 it holds no whole parameters: use
+  // whole_params().
   Transformer<T>& model() { return *model_; }
+  // Every parameter in layout order, on the host (collective at level 3: the shards gathered).
+  Tensor whole_params();
   int64_t num_params() const;
   AdamW<T>& optimizer() { return opt_; }
   TrainerScalars& scalars() { return scalars_; }
@@ -221,7 +234,8 @@ class Trainer {
   std::unique_ptr<GradientBuckets> shard_buckets_;  // level 0 with tp: the shards, over same_shard()
   std::unique_ptr<GradientBuckets> tp_sum_;         // level 1 with tp: replicated tensors over tp
   std::shared_ptr<Communicator> holders_;           // ranks holding the same weights (sharded state's span)
-  Tensor grad_shard_, param_shard_;                 // levels 1, 2: this rank's shard
+  Tensor grad_shard_, param_shard_;                 // levels 1-3: this rank's shard (level 3: the masters)
+  std::shared_ptr<ShardedParams> sharded_;          // level 3: the model's parameter groups
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
   std::vector<PairCost> pair_costs_;  // balanced layout: each layer's cost of a token
   TrainerScalars scalars_;

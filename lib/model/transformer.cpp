@@ -98,8 +98,12 @@ struct Transformer<T>::BlockActs {
 template <class T>
 Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute,
                             int64_t min_storage, std::shared_ptr<const ModelBackend> backend,
-                            TensorParallel tp)
-    : cfg_(cfg), be_(backend ? std::move(backend) : cpu_model_backend<T>()), tp_(std::move(tp)), recompute_(recompute) {
+                            TensorParallel tp, std::shared_ptr<ParamGroups> groups)
+    : cfg_(cfg),
+      be_(backend ? std::move(backend) : cpu_model_backend<T>()),
+      tp_(std::move(tp)),
+      recompute_(recompute),
+      groups_(std::move(groups)) {
   cfg_.validate();
   IHA_CHECK(be_->acc_dtype() == dtype_of<T>(), "Transformer<", dtype_name(dtype_of<T>()), "> on backend ",
             be_->name(), " whose accumulation dtype is ", dtype_name(be_->acc_dtype()));
@@ -110,9 +114,20 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core
     tp_tokens_max_ = *std::max_element(tp_.tokens.begin(), tp_.tokens.end());
   }
   layout_ = make_param_layout(cfg_, tp_.size(), tp_.rank());
-  params_ = ParamSet<T>(layout_, min_storage, be_->device());
-  grads_ = ParamSet<T>(layout_, min_storage, be_->device());
-  if (be_->compute_dtype() != dtype_of<T>()) compute_ = be_->alloc_compute({layout_->total()});
+  if (groups_) {
+    // Sharded parameters: nothing whole; each group's buffers exist while it is acquired.
+    group_start_ = param_group_starts(*layout_, cfg_.layers);
+    group_start_.push_back(static_cast<int64_t>(layout_->specs().size()));
+    for (size_t g = 0; g + 1 < group_start_.size(); ++g)
+      for (int64_t t = group_start_[g]; t < group_start_[g + 1]; ++t) group_of_.push_back(static_cast<int64_t>(g));
+    held_.resize(group_start_.size() - 1);
+    held_compute_.resize(held_.size());
+    held_grad_.resize(held_.size());
+  } else {
+    params_ = ParamSet<T>(layout_, min_storage, be_->device());
+    grads_ = ParamSet<T>(layout_, min_storage, be_->device());
+    if (be_->compute_dtype() != dtype_of<T>()) compute_ = be_->alloc_compute({layout_->total()});
+  }
   embed_ = layout_->index("embed");
   norm_f_ = layout_->index("norm_f");
   lm_head_ = layout_->index("lm_head");
@@ -136,41 +151,88 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core
     const std::string p = block_prefix(i);
     blk->first_param = layout_->index(p + "norm1");
     blk->end_param = layout_->index(p + "mlp.w_down") + 1;
-    const bool mixing = blk->layer.mixing;
-    auto bind = [&](IhaWeights<T>& w, const ParamSet<T>& set, bool compute) {
-      auto proj = [&](const char* name) { return compute ? weight(p + name) : set.view(p + name); };
-      w.wq = proj("attn.wq");
-      w.wk = proj("attn.wk");
-      w.wv = proj("attn.wv");
-      w.wo = proj("attn.wo");
-      if (mixing) {
-        w.aq = set.view(p + "attn.aq");
-        w.ak = set.view(p + "attn.ak");
-        w.av = set.view(p + "attn.av");
-        w.collapse = set.view(p + "attn.collapse");
-      }
-    };
-    bind(blk->w, params_, true);
-    bind(blk->gw, grads_, false);
-    blk->norm1 = params_.view(p + "norm1");
-    blk->norm2 = params_.view(p + "norm2");
-    blk->w_gate = weight(p + "mlp.w_gate");
-    blk->w_up = weight(p + "mlp.w_up");
-    blk->w_down = weight(p + "mlp.w_down");
-    blk->g_norm1 = grads_.view(p + "norm1");
-    blk->g_norm2 = grads_.view(p + "norm2");
-    blk->g_gate = grads_.view(p + "mlp.w_gate");
-    blk->g_up = grads_.view(p + "mlp.w_up");
-    blk->g_down = grads_.view(p + "mlp.w_down");
+    bind(*blk, !groups_, !groups_);
     blocks_.push_back(std::move(blk));
   }
 }
 
 template <class T>
+void Transformer<T>::bind(Block& blk, bool params, bool grads) {
+  const std::string p = block_prefix(blk.index);
+  const auto at = [&](const char* name) { return layout_->index(p + name); };
+  const bool mixing = blk.layer.mixing;
+  const auto views = [&](IhaWeights<T>& w, bool on, bool gradient) {
+    w = IhaWeights<T>();
+    if (!on) return;
+    const auto master = [&](const char* name) { return gradient ? grad(at(name)) : param(at(name)); };
+    const auto proj = [&](const char* name) { return gradient ? grad(at(name)) : weight(at(name)); };
+    w.wq = proj("attn.wq");
+    w.wk = proj("attn.wk");
+    w.wv = proj("attn.wv");
+    w.wo = proj("attn.wo");
+    if (mixing) {
+      w.aq = master("attn.aq");
+      w.ak = master("attn.ak");
+      w.av = master("attn.av");
+      w.collapse = master("attn.collapse");
+    }
+  };
+  views(blk.w, params, false);
+  views(blk.gw, grads, true);
+  blk.norm1 = params ? param(at("norm1")) : Tensor();
+  blk.norm2 = params ? param(at("norm2")) : Tensor();
+  blk.w_gate = params ? weight(at("mlp.w_gate")) : Tensor();
+  blk.w_up = params ? weight(at("mlp.w_up")) : Tensor();
+  blk.w_down = params ? weight(at("mlp.w_down")) : Tensor();
+  blk.g_norm1 = grads ? grad(at("norm1")) : Tensor();
+  blk.g_norm2 = grads ? grad(at("norm2")) : Tensor();
+  blk.g_gate = grads ? grad(at("mlp.w_gate")) : Tensor();
+  blk.g_up = grads ? grad(at("mlp.w_up")) : Tensor();
+  blk.g_down = grads ? grad(at("mlp.w_down")) : Tensor();
+}
+
+std::vector<int64_t> param_group_starts(const ParamLayout& layout, int64_t layers) {
+  std::vector<int64_t> starts{0};
+  for (int64_t i = 0; i < layers; ++i) starts.push_back(static_cast<int64_t>(layout.index(block_prefix(i) + "norm1")));
+  starts.push_back(static_cast<int64_t>(layout.index("norm_f")));
+  return starts;
+}
+
+template <class T>
 Transformer<T>::~Transformer() = default;
+
+namespace {
+// Parameter s of a group buffer whose first element is the group's first tensor's (at `base`).
+Tensor group_view(const Tensor& buf, const ParamSpec& s, int64_t base) {
+  return Tensor::view(Buf(buf).at(s.offset - base).p, s.shape, buf.dtype(), buf.device());
+}
+}  // namespace
+
+template <class T>
+Tensor Transformer<T>::param(size_t i) const {
+  if (!groups_) return params_.view(i);
+  const int64_t g = group_of_.at(i);
+  const ParamSpec& s = layout_->specs()[i];
+  IHA_CHECK(held_[g].numel() > 0, "parameter ", s.name, " used while its group ", g, " is not gathered");
+  return group_view(held_[g], s, layout_->specs()[group_start_[g]].offset);
+}
+
+template <class T>
+Tensor Transformer<T>::grad(size_t i) const {
+  if (!groups_) return grads_.view(i);
+  const int64_t g = group_of_.at(i);
+  const ParamSpec& s = layout_->specs()[i];
+  IHA_CHECK(held_grad_[g].numel() > 0, "gradient of ", s.name, " used while its group ", g, " has no buffer");
+  return group_view(held_grad_[g], s, layout_->specs()[group_start_[g]].offset);
+}
 
 template <class T>
 Tensor Transformer<T>::weight(size_t i) const {
+  if (groups_) {
+    const int64_t g = group_of_.at(i);
+    if (held_compute_[g].numel() == 0) return param(i);
+    return group_view(held_compute_[g], layout_->specs()[i], layout_->specs()[group_start_[g]].offset);
+  }
   if (compute_.numel() == 0) return params_.view(i);
   const ParamSpec& s = layout_->specs().at(i);
   return Tensor::view(Buf(compute_).at(s.offset).p, s.shape, compute_.dtype(), compute_.device());
@@ -182,11 +244,63 @@ void Transformer<T>::refresh_compute_weights() {
 }
 
 template <class T>
+void Transformer<T>::use_group(int64_t g) {
+  if (!groups_) return;
+  held_[g] = groups_->acquire(g);
+  IHA_CHECK(held_[g].dtype() == dtype_of<T>() && held_[g].device() == be_->device(),
+            "parameter group ", g, " arrived in another dtype or on another device");
+  // The compute copy of a group, made from the gathered masters.
+  if (be_->compute_dtype() != dtype_of<T>()) {
+    held_compute_[g] = be_->alloc_compute({held_[g].numel()});
+    be_->cast(held_[g], held_compute_[g], held_[g].numel());
+  }
+  if (g >= 1 && g <= cfg_.layers) bind(*blocks_[g - 1], true, held_grad_[g].numel() > 0);
+}
+
+template <class T>
+void Transformer<T>::drop_group(int64_t g) {
+  if (!groups_) return;
+  if (g >= 1 && g <= cfg_.layers) bind(*blocks_[g - 1], false, false);
+  held_[g] = held_compute_[g] = Tensor();
+  groups_->release(g);
+}
+
+template <class T>
+void Transformer<T>::prefetch_group(int64_t g) {
+  if (groups_ && g >= 0 && g < static_cast<int64_t>(held_.size())) groups_->prefetch(g);
+}
+
+template <class T>
+void Transformer<T>::grad_group(int64_t g) {
+  if (!groups_) return;
+  held_grad_[g] = groups_->gradient(g);
+  if (g >= 1 && g <= cfg_.layers) bind(*blocks_[g - 1], held_[g].numel() > 0, true);
+}
+
+template <class T>
+void Transformer<T>::grad_group_done(int64_t g) {
+  if (!groups_) return;
+  if (g >= 1 && g <= cfg_.layers) bind(*blocks_[g - 1], held_[g].numel() > 0, false);
+  held_grad_[g] = Tensor();
+  groups_->gradient_done(g);
+}
+
+template <class T>
 void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* flat, uint64_t seed) {
+  init_model_params(cfg, layout, flat, seed, 0, layout.specs().size());
+}
+
+template <class T>
+void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* out, uint64_t seed, size_t first,
+                       size_t end) {
   const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(cfg.layers));
   const int64_t H = cfg.H, P = cfg.P;
-  for (const ParamSpec& s : layout.specs()) {
-    T* p = flat + s.offset;
+  IHA_CHECK(first <= end && end <= layout.specs().size(), "init_model_params: tensors [", first, ", ", end,
+            ") of ", layout.specs().size());
+  const int64_t base = first < end ? layout.specs()[first].offset : 0;
+  for (size_t t = first; t < end; ++t) {
+    const ParamSpec& s = layout.specs()[t];
+    T* p = out + (s.offset - base);
     const int64_t n = s.numel();
     if (ends_with(s.name, "norm1") || ends_with(s.name, "norm2") || s.name == "norm_f") {
       for (int64_t i = 0; i < n; ++i) p[i] = T(1);
@@ -215,6 +329,7 @@ void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* fla
 
 template <class T>
 void Transformer<T>::init(uint64_t seed) {
+  IHA_CHECK(!groups_, "a model with sharded parameters is initialised by the owner of its shards");
   if (be_->device() == Device::cpu) {
     init_model_params<T>(cfg_, *layout_, params_.data(), seed);
     return;
@@ -255,7 +370,7 @@ template <class T>
 Tensor Transformer<T>::embed(const TokenBatch& b) {
   Tensor x = be_->alloc_acc({b.B, b.n, cfg_.D});
   const Tensor tokens = be_->upload(host_tensor(b.tokens));
-  be_->embedding_forward(tokens, b.B * b.n, params_.view(embed_), cfg_.vocab, cfg_.D, x);
+  be_->embedding_forward(tokens, b.B * b.n, param(embed_), cfg_.vocab, cfg_.D, x);
   return x;
 }
 
@@ -358,7 +473,7 @@ CrossEntropyStats Transformer<T>::head(const Tensor& f, const TokenBatch& batch,
   const ModelBackend& be = *be_;
   const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
   const Tensor targets = be.upload(host_tensor(batch.targets)), answer = be.upload(host_tensor(batch.answer));
-  const Tensor w_head = weight(lm_head_), g_head = grads_.view(lm_head_);
+  const Tensor w_head = weight(lm_head_), g_head = df ? grad(lm_head_) : Tensor();
   const int64_t slab = std::max<int64_t>(1, std::min(rows, be.logit_rows(V)));
   CrossEntropyStats stats;
   Tensor logits = be.alloc_acc({slab, V});
@@ -381,25 +496,44 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
   check_batch(batch);
   refresh_compute_weights();
   const ModelBackend& be = *be_;
-  const int64_t rows = batch.B * batch.n, D = cfg_.D;
+  const int64_t rows = batch.B * batch.n, D = cfg_.D, layers = cfg_.layers, hg = head_group();
   std::vector<BlockActs> acts(blocks_.size());
   use_segments(batch);
+  // Sharded parameters are used in the order embed, blocks 0..L-1, head (forward and its
+  // backward), blocks L-1..0 (backward, the recompute on the same copy); each acquire is
+  // followed by the next group's prefetch, before the current group computes.
+  use_group(0);
+  prefetch_group(1);
   Tensor x = embed(batch);
+  drop_group(0);
   for (size_t i = 0; i < blocks_.size(); ++i) {
+    const int64_t g = static_cast<int64_t>(i) + 1;
+    use_group(g);
+    prefetch_group(g + 1);
     Tensor out;
     block_forward(*blocks_[i], x, out, acts[i]);
     if (recompute_) acts[i].keep_input_only();
+    drop_group(g);
     x = out;
   }
   // Final norm, LM head and cross-entropy, a slab of rows at a time.
+  use_group(hg);
+  if (layers > 0) prefetch_group(layers);
+  grad_group(hg);
   Tensor f = be.alloc_compute({rows, D}), inv_f = be.alloc_acc({rows}), df = be.alloc_acc({rows, D});
-  be.rmsnorm_forward(x, rows, D, params_.view(norm_f_), cfg_.norm_eps, f, inv_f);
+  be.rmsnorm_forward(x, rows, D, param(norm_f_), cfg_.norm_eps, f, inv_f);
   const CrossEntropyStats stats = head(f, batch, grad_scale, &df);
   Tensor dx = be.alloc_acc({batch.B, batch.n, D});
-  be.rmsnorm_backward(x, df, rows, D, params_.view(norm_f_), inv_f, dx, grads_.view(norm_f_));
+  be.rmsnorm_backward(x, df, rows, D, param(norm_f_), inv_f, dx, grad(norm_f_));
   f = df = Tensor();
+  grad_group_done(hg);
+  drop_group(hg);
   if (ready) ready(norm_f_, lm_head_ + 1);
   for (size_t i = blocks_.size(); i-- > 0;) {
+    const int64_t g = static_cast<int64_t>(i) + 1;
+    use_group(g);
+    if (i > 0) prefetch_group(g - 1);
+    grad_group(g);
     if (recompute_) {
       const Tensor xin = acts[i].x;
       Tensor unused;
@@ -407,11 +541,15 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
     }
     Tensor dxi;
     block_backward(*blocks_[i], dx, acts[i], dxi);
+    grad_group_done(g);
+    drop_group(g);
     if (ready) ready(blocks_[i]->first_param, blocks_[i]->end_param);
     acts[i] = BlockActs();
     dx = dxi;
   }
-  be.embedding_backward(batch.tokens.data(), rows, dx, D, grads_.view(embed_));
+  grad_group(0);
+  be.embedding_backward(batch.tokens.data(), rows, dx, D, grad(embed_));
+  grad_group_done(0);
   if (ready) ready(embed_, embed_ + 1);
   return stats;
 }
@@ -422,15 +560,23 @@ Tensor Transformer<T>::final_hidden(const TokenBatch& batch) {
   refresh_compute_weights();
   const int64_t rows = batch.B * batch.n, D = cfg_.D;
   use_segments(batch);
+  use_group(0);
+  prefetch_group(1);
   Tensor x = embed(batch);
-  for (auto& blk : blocks_) {
+  drop_group(0);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const int64_t g = static_cast<int64_t>(i) + 1;
+    use_group(g);
+    prefetch_group(g + 1);
     BlockActs acts;
     Tensor out;
-    block_forward(*blk, x, out, acts);
+    block_forward(*blocks_[i], x, out, acts);
+    drop_group(g);
     x = out;
   }
+  use_group(head_group());  // the caller drops it after the LM head
   Tensor f = be_->alloc_compute({rows, D}), inv_f = be_->alloc_acc({rows});
-  be_->rmsnorm_forward(x, rows, D, params_.view(norm_f_), cfg_.norm_eps, f, inv_f);
+  be_->rmsnorm_forward(x, rows, D, param(norm_f_), cfg_.norm_eps, f, inv_f);
   return f;
 }
 
@@ -440,16 +586,22 @@ Tensor Transformer<T>::logits(const TokenBatch& batch) {
   const Tensor f = final_hidden(batch);
   Tensor out = be_->alloc_acc({rows, V});
   be_->gemm(false, false, rows, V, D, f, D, weight(lm_head_), V, 0, out, V);
+  drop_group(head_group());
   return out;
 }
 
 template <class T>
 CrossEntropyStats Transformer<T>::evaluate(const TokenBatch& batch) {
-  return head(final_hidden(batch), batch, 0.0, nullptr);
+  const Tensor f = final_hidden(batch);
+  const CrossEntropyStats stats = head(f, batch, 0.0, nullptr);
+  drop_group(head_group());
+  return stats;
 }
 
 template void init_model_params<float>(const ModelConfig&, const ParamLayout&, float*, uint64_t);
 template void init_model_params<double>(const ModelConfig&, const ParamLayout&, double*, uint64_t);
+template void init_model_params<float>(const ModelConfig&, const ParamLayout&, float*, uint64_t, size_t, size_t);
+template void init_model_params<double>(const ModelConfig&, const ParamLayout&, double*, uint64_t, size_t, size_t);
 template class Transformer<float>;
 template class Transformer<double>;
 

@@ -33,8 +33,18 @@
 // this rank's share, to be summed over the world like the data-parallel ones; the MLP shards'
 // over the ranks holding the same shard.
 //
+// Sharded parameters (optim.zero 3, docs/parallel.md "Sharded state"): given ParamGroups, the
+// model holds no whole parameter or gradient buffer. The layout is cut into groups (group_starts:
+// the embedding, each block, the final norm with the LM head); a group's whole parameters are
+// acquired just before its forward and again before its backward (a recomputed block runs its
+// recompute and its backward on the one copy), released after use, and the next group in the
+// order of use is prefetched before the current one computes; each group's gradient is written
+// into a fresh buffer that is handed back when its backward ends (the embedding's gradient needs
+// no parameters). Using a parameter of a group that is not acquired is an error.
+//
 // Threads: one thread drives a model; BLAS and attention kernels may use set_num_threads().
-// defines: iha::make_param_layout, iha::init_model_params, iha::TensorParallel, iha::Transformer
+// defines: iha::make_param_layout, iha::init_model_params, iha::TensorParallel, iha::ParamGroups,
+//          iha::param_group_starts, iha::Transformer
 #pragma once
 
 #include <functional>
@@ -68,6 +78,32 @@ struct TensorParallel {
 // `layout`: every backend's model starts from the same values.
 template <class T>
 void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* flat, uint64_t seed);
+// The same for tensors [first, end) only, written to `out` from the first one's offset on (out
+// holds their elements back to back): sharded parameters start one group at a time.
+template <class T>
+void init_model_params(const ModelConfig& cfg, const ParamLayout& layout, T* out, uint64_t seed, size_t first,
+                       size_t end);
+
+// The first tensor of each parameter group of a layout in schema order (embed, blocks.i.*,
+// norm_f + lm_head): group 0 the embedding, 1 + i block i, layers + 1 the head.
+std::vector<int64_t> param_group_starts(const ParamLayout& layout, int64_t layers);
+
+// Where the parameters of a model with sharded parameters live (see above). A group's buffers
+// hold its tensors back to back from the group's first tensor on, in the accumulation dtype;
+// they stay valid until the matching release / gradient_done.
+class ParamGroups {
+ public:
+  virtual ~ParamGroups() = default;
+  // Group g will be acquired next after the current one: start fetching it (or do nothing).
+  virtual void prefetch(int64_t g) = 0;
+  // Group g's whole parameters (fetched now unless prefetched).
+  virtual Tensor acquire(int64_t g) = 0;
+  virtual void release(int64_t g) = 0;
+  // A zeroed buffer for group g's gradient of this micro-batch.
+  virtual Tensor gradient(int64_t g) = 0;
+  // Group g's gradient of this micro-batch is final (the buffer passes back to its owner).
+  virtual void gradient_done(int64_t g) = 0;
+};
 
 template <class T>
 class Transformer {
@@ -86,7 +122,7 @@ class Transformer {
   // are zero-padded to at least this many elements (ParamSet).
   Transformer(const ModelConfig& cfg, const CoreFactory& make_core, bool recompute,
               int64_t min_storage = 0, std::shared_ptr<const ModelBackend> backend = nullptr,
-              TensorParallel tp = {});
+              TensorParallel tp = {}, std::shared_ptr<ParamGroups> groups = nullptr);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -96,9 +132,11 @@ class Transformer {
   int64_t local_tokens() const { return n_local_; }
   bool recompute() const { return recompute_; }
   void set_recompute(bool on) { recompute_ = on; }
+  // The whole parameters and gradients (empty with sharded parameters: sharded()).
   ParamSet<T>& params() { return params_; }
   const ParamSet<T>& params() const { return params_; }
   ParamSet<T>& grads() { return grads_; }
+  bool sharded() const { return groups_ != nullptr; }
   std::shared_ptr<const ParamLayout> layout() const { return layout_; }
   // Bytes of the compute-dtype copy of the weights (0 when it is the masters themselves).
   int64_t compute_weight_bytes() const { return static_cast<int64_t>(compute_.nbytes()); }
@@ -145,7 +183,20 @@ class Transformer {
   // The compute-dtype copy of parameter i (the master itself when the dtypes agree).
   Tensor weight(size_t i) const;
   Tensor weight(const std::string& name) const { return weight(layout_->index(name)); }
+  // Parameter i (master) and its gradient: views of the whole buffers, or with sharded
+  // parameters of the acquired group's buffers (an error when the group is not acquired).
+  Tensor param(size_t i) const;
+  Tensor grad(size_t i) const;
   void refresh_compute_weights();
+  // A block's views of its parameters and gradients (unbound: empty, until the group is acquired).
+  void bind(Block& blk, bool params, bool grads);
+  // Sharded parameters (no-ops without): acquire / release group g, prefetch it, its gradient.
+  void use_group(int64_t g);
+  void drop_group(int64_t g);
+  void prefetch_group(int64_t g);
+  void grad_group(int64_t g);
+  void grad_group_done(int64_t g);
+  int64_t head_group() const { return cfg_.layers + 1; }
   // The LM head on f rows [rows, D]: logits a slab at a time, cross-entropy, and with
   // `backward` the head's gradient and df (written).
   CrossEntropyStats head(const Tensor& f, const TokenBatch& batch, double grad_scale, Tensor* df);
@@ -159,6 +210,9 @@ class Transformer {
   std::shared_ptr<ParamLayout> layout_;
   ParamSet<T> params_, grads_;
   Tensor compute_;  // the weights in the compute dtype (only when it is not T)
+  std::shared_ptr<ParamGroups> groups_;
+  std::vector<int64_t> group_start_, group_of_;  // sharded: each group's first tensor, each tensor's group
+  std::vector<Tensor> held_, held_compute_, held_grad_;  // sharded: per group, while acquired
   std::vector<std::unique_ptr<Block>> blocks_;
   size_t embed_, norm_f_, lm_head_;  // parameter indices
 };

@@ -92,7 +92,7 @@ TrainRun train(const RunConfig& cfg, std::shared_ptr<Communicator> comm, int ste
   t.init();
   TrainRun r;
   for (int i = 0; i < steps; ++i) r.losses.push_back(t.train_step().loss);
-  r.params = as_f64(t.model().params().flat());
+  r.params = as_f64(t.whole_params());
   return r;
 }
 

@@ -1,6 +1,6 @@
 // Training on every dp x hp x sp mesh of the world (1-4 ranks) against training on one process:
 // 5 optimizer steps of a tiny model, both parallel schemes where hp > 1 (and the head scheme
-// with hp = 1), with and without ZeRO-1, a global-collapse and a per-head-collapse model (plus
+// with hp = 1), at every ZeRO level 0-3, a global-collapse and a per-head-collapse model (plus
 // an mha global layer). float64: losses and parameters within 1e-10 normwise; float32: losses
 // within 1e-4. Every rank ends each run with the same parameter bits; a run repeated gives the
 // same bits. Checkpoints saved on one mesh and ZeRO level resume on another mesh and level;
@@ -135,7 +135,7 @@ TEST_P(FullMesh, Float64LossesAndParametersMatchOneProcess) {
   int runs = 0;
   for (const MeshShape& m : meshes_of(world().size()))
     for (const auto& [g, w] : schemes_for(m))
-      for (int64_t zero : {0, 1, 2}) {
+      for (int64_t zero : {0, 1, 2, 3}) {
         RunSetup s = ref_setup;
         s.mesh = m;
         s.global = g;
@@ -162,7 +162,7 @@ TEST(FullMeshFloat32, LossesMatchOneProcess) {
   ref_setup.dtype = "float32";
   const TrainRun ref = train<float>(run_config(ref_setup), self_comm());
   for (const MeshShape& m : meshes_of(world().size()))
-    for (int64_t zero : {0, 1, 2}) {
+    for (int64_t zero : {0, 1, 2, 3}) {
       RunSetup s = ref_setup;
       s.mesh = m;
       s.zero = zero;
@@ -176,7 +176,7 @@ TEST(FullMeshFloat32, LossesMatchOneProcess) {
 
 TEST(FullMeshDeterminism, TheSameRunTwiceGivesTheSameBits) {
   for (const MeshShape& m : meshes_of(world().size()))
-    for (int64_t zero : {0, 2}) {
+    for (int64_t zero : {0, 2, 3}) {
       RunSetup s;
       s.mesh = m;
       s.zero = zero;
@@ -192,7 +192,7 @@ TEST(FullMeshDeterminism, TheSameRunTwiceGivesTheSameBits) {
 
 TEST(FullMeshZero, MomentsAreShardedOverTheWorld) {
   const int64_t R = world().size();
-  for (int64_t level : {1, 2}) {
+  for (int64_t level : {1, 2, 3}) {
     SCOPED_TRACE("optim.zero " + std::to_string(level));
     RunSetup s;
     s.mesh = {1, 1, R};
@@ -200,10 +200,13 @@ TEST(FullMeshZero, MomentsAreShardedOverTheWorld) {
     Trainer<double> t(run_config(s), test::world_ptr());
     t.init();
     t.train_step();
-    const int64_t L = t.model().params().flat().numel();
+    const int64_t L = t.num_params();
     const ShardLayout& sl = t.shard_layout();
     EXPECT_EQ(sl.ranks(), R);
-    EXPECT_EQ(sl.units().size() > 1, level == 2);  // level 2: the 1 KiB buckets
+    EXPECT_EQ(sl.units().size() > 1, level >= 2);  // level 2: the 1 KiB buckets; 3: the groups
+    if (level == 3) {
+      EXPECT_EQ(sl.units().size(), static_cast<size_t>(2 + 2));  // embed, 2 blocks, head
+    }
     EXPECT_EQ(t.optimizer().m().numel(), sl.shard_size());
     EXPECT_EQ(t.optimizer().v().numel(), sl.shard_size());
     EXPECT_LE(sl.shard_size(), L / R + static_cast<int64_t>(sl.units().size()));
@@ -213,10 +216,25 @@ TEST(FullMeshZero, MomentsAreShardedOverTheWorld) {
     // Resident bytes: the moments are 1/R of the replicated ones (up to the padding).
     const StateBytes b = t.state_bytes();
     EXPECT_EQ(b.optimizer, 2 * sl.shard_size() * 8);
-    EXPECT_EQ(b.grads, (t.model().grads().padded().numel() + sl.shard_size()) * 8);
-    // The checkpoint view: each moment tensor's pieces over the ranks add up to the tensor.
+    if (level == 3) {
+      // Nothing whole: a parameter and a gradient shard; the gathered windows are transient,
+      // at most two parameter windows, three gradient windows and two received chunks at once.
+      EXPECT_EQ(t.model().params().flat().numel(), 0);
+      EXPECT_EQ(t.model().grads().padded().numel(), 0);
+      EXPECT_EQ(b.params, sl.shard_size() * 8);
+      EXPECT_EQ(b.grads, sl.shard_size() * 8);
+      int64_t largest = 0;
+      for (const ShardUnit& u : sl.units()) largest = std::max(largest, R * u.chunk);
+      EXPECT_GT(b.gathered, 0);
+      EXPECT_LE(b.gathered, (5 * largest + 2 * ((largest + R - 1) / R)) * 8);
+    } else {
+      EXPECT_EQ(b.grads, (t.model().grads().padded().numel() + sl.shard_size()) * 8);
+      EXPECT_EQ(b.gathered, 0);
+    }
+    // The checkpoint view: each moment tensor's pieces over the ranks add up to the tensor
+    // (and at level 3 each parameter's).
     for (const NamedTensor& nt : t.state_tensors()) {
-      if (nt.name.rfind("param/", 0) == 0) {
+      if (level < 3 && nt.name.rfind("param/", 0) == 0) {
         EXPECT_FALSE(nt.sharded()) << nt.name;
         continue;
       }
@@ -235,7 +253,7 @@ TEST(FullMeshZero, MomentsAreShardedOverTheWorld) {
 // of the window each; the norm is an all-gather of one double per rank.
 TEST(FullMeshZero, StepTrafficFollowsTheFormula) {
   const int64_t R = world().size();
-  for (int64_t level : {0, 1, 2}) {
+  for (int64_t level : {0, 1, 2, 3}) {
     SCOPED_TRACE("optim.zero " + std::to_string(level));
     RunSetup s;
     s.mesh = {R, 1, 1};
@@ -244,14 +262,26 @@ TEST(FullMeshZero, StepTrafficFollowsTheFormula) {
     t.init();
     world().counters().reset();
     t.train_step();
-    const int64_t L = t.model().params().flat().numel(), es = 8;
+    const int64_t L = t.num_params(), es = 8;
     uint64_t window = 0, all_reduce = 0;  // all-reduce: counted per bucket, rounded down
     for (const ShardUnit& u : t.shard_layout().units()) {
       window += static_cast<uint64_t>(R * u.chunk * es);
       all_reduce += static_cast<uint64_t>(2 * (R - 1) * u.count * es / R);
     }
     const CommCounters& c = world().counters();
-    if (level == 0) {
+    if (level == 3) {
+      // Per micro-batch: every group gathered for its forward, each block again for its
+      // backward (the head's backward uses its forward's copy; the embedding's needs none);
+      // every group's gradient reduce-scattered once.
+      const int64_t accum = t.config().accumulation();
+      uint64_t blocks = 0;
+      const auto& units = t.shard_layout().units();
+      for (size_t u = 1; u + 1 < units.size(); ++u) blocks += static_cast<uint64_t>(R * units[u].chunk * es);
+      EXPECT_GE(accum, 2);  // the scatters add up over micro-batches
+      EXPECT_EQ(c.bytes("train.grad"), static_cast<uint64_t>(accum * (R - 1)) * window / R);
+      EXPECT_EQ(c.bytes("train.params"), static_cast<uint64_t>(accum * (R - 1)) * (window + blocks) / R);
+      EXPECT_EQ(c.bytes("train.norm"), static_cast<uint64_t>((R - 1) * es));
+    } else if (level == 0) {
       EXPECT_EQ(c.bytes("train.grad"), all_reduce);
       EXPECT_LE(all_reduce, static_cast<uint64_t>(2 * (R - 1) * L * es / R));
       EXPECT_EQ(c.bytes("train.params"), 0u);
@@ -265,8 +295,9 @@ TEST(FullMeshZero, StepTrafficFollowsTheFormula) {
   }
 }
 
-// Gradient accumulation at level 2 (accumulate whole, scatter once): one to six micro-batches
-// per step give the single-process trajectory; the scatter's bytes do not grow with them.
+// Gradient accumulation at levels 1 and 2 (accumulate whole, scatter once) and 3 (scatter each
+// micro-batch into the shard): one to six micro-batches per step give the single-process
+// trajectory.
 TEST(FullMeshZero, AccumulationOverMicroBatchesMatchesOneProcess) {
   const int64_t R = world().size();
   for (int64_t mb : {1, 2, 6}) {
@@ -275,7 +306,7 @@ TEST(FullMeshZero, AccumulationOverMicroBatchesMatchesOneProcess) {
     RunSetup one;
     one.mesh = {1, 1, 1};
     const TrainRun ref = train<double>(run_config(one, {micro}), self_comm(), 3);
-    for (int64_t level : {1, 2}) {
+    for (int64_t level : {1, 2, 3}) {
       RunSetup s;
       s.mesh = {R, 1, 1};
       s.zero = level;
@@ -285,6 +316,36 @@ TEST(FullMeshZero, AccumulationOverMicroBatchesMatchesOneProcess) {
       EXPECT_TRUE(close_normwise(got.params, ref.params, 1e-10, "parameters"));
     }
   }
+}
+
+// Level 3 with recomputation on and off, prefetch on and off, on a data-parallel and a
+// sequence x head mesh: the single-process trajectory every time, and prefetch changes no bit.
+TEST(FullMeshZero3, RecomputeAndPrefetchMatchOneProcess) {
+  const int64_t R = world().size();
+  RunSetup one;
+  one.mesh = {1, 1, 1};
+  const TrainRun ref = train<double>(run_config(one), self_comm(), 3);
+  std::vector<MeshShape> meshes{{R, 1, 1}};
+  if (R >= 2) meshes.push_back(R == 4 ? MeshShape{1, 2, 2} : MeshShape{1, R, 1});
+  for (const MeshShape& m : meshes)
+    for (const char* recompute : {"true", "false"}) {
+      std::vector<double> with_prefetch;
+      for (const char* prefetch : {"true", "false"}) {
+        RunSetup s;
+        s.mesh = m;
+        s.zero = 3;
+        s.global = m.hp > 1 ? "head" : "sequence";
+        const std::vector<std::string> keys{std::string("train.recompute=") + recompute,
+                                            std::string("optim.prefetch=") + prefetch};
+        SCOPED_TRACE(s.str() + " recompute=" + recompute + " prefetch=" + prefetch);
+        const TrainRun got = train<double>(run_config(s, keys), test::world_ptr(), 3);
+        EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-10, "losses"));
+        EXPECT_TRUE(close_normwise(got.params, ref.params, 1e-10, "parameters"));
+        EXPECT_TRUE(same_on_all_ranks(got.params)) << "ranks hold different parameter bits";
+        if (with_prefetch.empty()) with_prefetch = got.params;
+        else EXPECT_EQ(got.params, with_prefetch) << "prefetch changed the result";
+      }
+    }
 }
 
 // The two meshes a resume moves between: a head-parallel one and a data x sequence one.
@@ -307,7 +368,8 @@ TEST(FullMeshResume, SaveOnOneMeshResumeOnAnother) {
     int64_t to_zero;
   };
   for (const Move& mv : {Move{a_mesh, 1, b_mesh, 0}, Move{b_mesh, 0, a_mesh, 2}, Move{a_mesh, 2, b_mesh, 1},
-                         Move{a_mesh, 1, a_mesh, 1}, Move{b_mesh, 2, b_mesh, 2}}) {
+                         Move{a_mesh, 3, b_mesh, 0}, Move{b_mesh, 1, a_mesh, 3}, Move{a_mesh, 1, a_mesh, 1},
+                         Move{b_mesh, 2, b_mesh, 2}, Move{a_mesh, 3, a_mesh, 3}}) {
     RunSetup from = ref_setup, to = ref_setup;
     from.mesh = mv.from;
     from.zero = mv.from_zero;
@@ -325,7 +387,7 @@ TEST(FullMeshResume, SaveOnOneMeshResumeOnAnother) {
       TrainCheckpoints<double> ck(a, 2);
       ck.save(dir.str());
       for (int i = 2; i < 5; ++i) whole.losses.push_back(a.train_step().loss);
-      whole.params = test::as_f64(a.model().params().flat());
+      whole.params = test::as_f64(a.whole_params());
     }
     Trainer<double> b(run_config(to), test::world_ptr());
     b.init();
@@ -335,20 +397,20 @@ TEST(FullMeshResume, SaveOnOneMeshResumeOnAnother) {
     std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + 2);
     for (int i = 2; i < 5; ++i) losses.push_back(b.train_step().loss);
     EXPECT_TRUE(close_normwise(losses, ref.losses, 1e-10, "losses"));
-    EXPECT_TRUE(close_normwise(test::as_f64(b.model().params().flat()), ref.params, 1e-10, "parameters"));
+    EXPECT_TRUE(close_normwise(test::as_f64(b.whole_params()), ref.params, 1e-10, "parameters"));
     if (mv.from.dp == mv.to.dp && mv.from.hp == mv.to.hp && mv.from.sp == mv.to.sp &&
         mv.from_zero == mv.to_zero) {
       // Same mesh, same sharding: the resumed run is the uninterrupted one, bit for bit.
       EXPECT_EQ(std::vector<double>(losses.begin() + 2, losses.end()),
                 std::vector<double>(whole.losses.begin() + 2, whole.losses.end()));
-      EXPECT_EQ(test::as_f64(b.model().params().flat()), whole.params);
+      EXPECT_EQ(test::as_f64(b.whole_params()), whole.params);
     }
   }
 }
 
 TEST(FullMeshResume, ZeroMomentsLoadIntoAReplicatedRunBitExactly) {
   const int64_t R = world().size();
-  for (int64_t level : {1, 2}) {
+  for (int64_t level : {1, 2, 3}) {
     SCOPED_TRACE("saved at optim.zero " + std::to_string(level));
     test::SharedDir dir("moments");
     RunSetup s;
@@ -361,7 +423,7 @@ TEST(FullMeshResume, ZeroMomentsLoadIntoAReplicatedRunBitExactly) {
     TrainCheckpoints<double> cka(a, 2);
     cka.save(dir.str());
     const std::vector<double> m = gathered(a, a.optimizer().m()), v = gathered(a, a.optimizer().v());
-    EXPECT_EQ(static_cast<int64_t>(m.size()), a.model().params().flat().numel());
+    EXPECT_EQ(static_cast<int64_t>(m.size()), a.num_params());
 
     // Into one process without ZeRO: the whole moments, the same bits.
     RunSetup one;
@@ -372,11 +434,11 @@ TEST(FullMeshResume, ZeroMomentsLoadIntoAReplicatedRunBitExactly) {
     ckb.load(dir.str(), StateParts::everything);
     EXPECT_EQ(test::as_f64(b.optimizer().m()), m);
     EXPECT_EQ(test::as_f64(b.optimizer().v()), v);
-    EXPECT_EQ(test::as_f64(b.model().params().flat()), test::as_f64(a.model().params().flat()));
+    EXPECT_EQ(test::as_f64(b.whole_params()), test::as_f64(a.whole_params()));
 
     // And back into sharded state on another mesh and level: each rank's shard holds the same bits.
     RunSetup other = s;
-    other.zero = 3 - level;
+    other.zero = level == 3 ? 1 : 3 - level;
     other.mesh = resume_meshes(R).second;
     other.global = "sequence";
     Trainer<double> c(run_config(other), test::world_ptr());
@@ -425,12 +487,15 @@ TEST(FullMeshErrors, HeadsMustDivideWhereTheHeadSchemeIsUsed) {
 TEST(FullMeshErrors, ZeroLevelNamesTheKey) {
   RunSetup s;
   s.mesh = {1, 1, world().size()};
-  for (const char* bad : {"3", "-1", "7", "maybe", "1.5"})
+  for (const char* bad : {"4", "-1", "7", "maybe", "1.5"})
     expect_config_error_everywhere([&] { run_config(s, {std::string("optim.zero=") + bad}); }, {"optim.zero", bad});
   // The boolean aliases of earlier configs.
   EXPECT_EQ(run_config(s, {"optim.zero=true"}).optim.zero, 1);
   EXPECT_EQ(run_config(s, {"optim.zero=false"}).optim.zero, 0);
   EXPECT_EQ(run_config(s, {"optim.zero=2"}).optim.zero, 2);
+  EXPECT_EQ(run_config(s, {"optim.zero=3"}).optim.zero, 3);
+  EXPECT_FALSE(run_config(s, {"optim.prefetch=false"}).optim.prefetch);
+  expect_config_error_everywhere([&] { run_config(s, {"optim.prefetch=sometimes"}); }, {"prefetch"});
 }
 
 TEST(FullMeshErrors, UnknownSchemeNamesTheKey) {

@@ -332,14 +332,16 @@ TEST(TensorParallelErrors, BadMeshesNameTheKeysOnEveryRank) {
 }
 
 // What tensor parallelism does not combine with: ZeRO-2 and the per-micro-batch balanced layout.
-TEST(TensorParallelErrors, ZeroTwoAndTheBalancedLayoutAreRefusedOnEveryRank) {
+TEST(TensorParallelErrors, ZeroTwoThreeAndTheBalancedLayoutAreRefusedOnEveryRank) {
   const int64_t R = world().size();
   if (R < 2) GTEST_SKIP() << "needs tp > 1";
   TpSetup s;
   s.mesh = {1, 1, 1, R};
   RunConfig c = config(s);
-  c.optim.zero = 2;
-  expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"optim.zero", "mesh.tp"});
+  for (int64_t level : {2, 3}) {
+    c.optim.zero = level;
+    expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"optim.zero", "mesh.tp"});
+  }
   c = config(s);
   c.layout = LayoutKind::balanced;
   expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"sequence.layout", "mesh.tp"});
