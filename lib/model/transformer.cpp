@@ -247,6 +247,12 @@ template <class T>
 void Transformer<T>::use_group(int64_t g) {
   if (!groups_) return;
   held_[g] = groups_->acquire(g);
+  const int64_t first = layout_->specs()[group_start_[g]].offset;
+  const int64_t end = group_start_[g + 1] < static_cast<int64_t>(layout_->specs().size())
+                          ? layout_->specs()[group_start_[g + 1]].offset
+                          : layout_->total();
+  IHA_CHECK(held_[g].numel() >= end - first, "parameter group ", g, " not gathered: ", held_[g].numel(),
+            " elements of its ", end - first);
   IHA_CHECK(held_[g].dtype() == dtype_of<T>() && held_[g].device() == be_->device(),
             "parameter group ", g, " arrived in another dtype or on another device");
   // The compute copy of a group, made from the gathered masters.
