@@ -11,7 +11,9 @@
 // the first), per family (train.grad: gradient reduction, train.params: ZeRO all-gather, a2a,
 // ring, halo, pring, phalo, mlp: the tensor-parallel MLP) the bytes sent per step by the
 // busiest rank and its seconds blocked per step, the resident state of one rank
-// (Trainer::state_bytes: parameters, gradients, optimizer; param_mib, grad_mib, optimizer_mib),
+// (Trainer::state_bytes: parameters, gradients, optimizer; param_mib, grad_mib, optimizer_mib;
+// at optim.zero 3 also gathered_mib, the most bytes of gathered parameter and gradient windows
+// alive at once, and prefetch),
 // the parameters a rank holds by kind (mlp, embed, lm_head, other; elements) and the peak RSS
 // of the busiest rank. grad_bucket_kib large enough for one bucket starts the all-reduce (or
 // the level-2 reduce-scatter) only after the whole backward: the exposed train.grad time then
@@ -82,9 +84,10 @@ int main(int argc, char** argv) {
       }
     }
     const StateBytes sb = t.state_bytes();
-    double mib[4] = {static_cast<double>(sb.params) / (1 << 20), static_cast<double>(sb.grads) / (1 << 20),
-                     static_cast<double>(sb.optimizer) / (1 << 20), app::memory_use().peak_rss_mib};
-    world->all_reduce(mib, 4, DType::f64, ReduceOp::max, "bench");
+    double mib[5] = {static_cast<double>(sb.params) / (1 << 20), static_cast<double>(sb.grads) / (1 << 20),
+                     static_cast<double>(sb.optimizer) / (1 << 20), app::memory_use().peak_rss_mib,
+                     static_cast<double>(sb.gathered) / (1 << 20)};
+    world->all_reduce(mib, 5, DType::f64, ReduceOp::max, "bench");
     const double opt_mib = mib[2];
     // Parameters held by this rank, by kind (tensor parallelism splits the MLP's).
     std::map<std::string, double> held = {{"mlp", 0}, {"embed", 0}, {"lm_head", 0}, {"other", 0}};
@@ -99,9 +102,10 @@ int main(int argc, char** argv) {
     const double step_s = bench::median(times);
     if (root) {
       std::printf("%s schemes global=%s window=%s zero=%lld bucket_kib=%lld | step %.4f s | per rank: parameters "
-                  "%.3f MiB, gradients %.3f MiB, optimizer %.3f MiB, peak RSS %.1f MiB\n",
+                  "%.3f MiB, gradients %.3f MiB, optimizer %.3f MiB, gathered %.3f MiB, peak RSS %.1f MiB\n",
                   cfg.mesh.str().c_str(), scheme_name(cfg.schemes.global), scheme_name(cfg.schemes.window),
-                  (long long)cfg.optim.zero, (long long)cfg.grad_bucket_kib, step_s, mib[0], mib[1], opt_mib, mib[3]);
+                  (long long)cfg.optim.zero, (long long)cfg.grad_bucket_kib, step_s, mib[0], mib[1], opt_mib, mib[4],
+                  mib[3]);
       for (const char* f : families)
         if (bytes[f] > 0)
           std::printf("  %-13s %10.3f MiB/step  exposed %8.4f s/step (%.1f%% of the step)\n", f,
@@ -114,6 +118,7 @@ int main(int argc, char** argv) {
             << ", \"grad_bucket_kib\": " << cfg.grad_bucket_kib << ", \"seq_len\": " << cfg.seq_len
             << ", \"step_s\": " << step_s << ", \"param_mib\": " << mib[0] << ", \"grad_mib\": " << mib[1]
             << ", \"optimizer_mib\": " << opt_mib << ", \"peak_rss_mib\": " << mib[3]
+            << ", \"gathered_mib\": " << mib[4] << ", \"prefetch\": " << (cfg.optim.prefetch ? "true" : "false")
             << ", \"layers\": " << cfg.model.layers << ", \"tp\": " << cfg.mesh.tp;
         for (const auto& kv : held) out << ", \"params_" << kv.first << "\": " << kv.second;
         for (const char* f : families) {

@@ -1,67 +1,118 @@
 #!/bin/bash
-# Sharded state (optim.zero 0-2) on data-parallel meshes, with bench_mesh_step:
-#   1. memory: a model whose state dominates (D 768, 8 blocks, N 64, one sequence per replica),
-#      levels 0-2 at R = 2 and 4 (and R = 1): per-rank parameter, gradient and optimizer bytes
-#      (Trainer::state_bytes), their sum x R / the level-0 sum, and the peak RSS per rank;
-#   2. overlap: small blocks and few tokens (D 256, 4 blocks, N 128) on 2 ranks, level 1 (one
-#      blocking reduce-scatter after backward) against level 2 with 64 KiB buckets (reduce-
-#      scatters started during backward) and level 2 with one bucket (started when backward
-#      ends): step time and the seconds blocked in train.grad, ROUNDS interleaved rounds, medians.
+# Sharded state (optim.zero 0-3) on data-parallel meshes, with bench_mesh_step:
+#   1. memory: a model whose state dominates (D 1024, 8 blocks, N 64, one sequence per replica),
+#      levels 0-3 at R = 2 and 4 (and level 0 at R = 1): per-rank parameter, gradient and
+#      optimizer bytes (Trainer::state_bytes), their sum x R / the level-0 sum, the transient
+#      gathered windows of level 3 (reported apart), and the peak RSS per rank; a plot of peak
+#      RSS per rank against R (${OUT}.rss.png, with matplotlib);
+#   2. prefetch: small blocks and few tokens (D 256, 4 blocks, N 64) on 2 ranks at level 3,
+#      optim.prefetch true against false: step time and the seconds blocked in train.params;
+#      ROUNDS interleaved rounds, medians;
+#   3. overlap (levels 0-2 as before): level 1 (one blocking reduce-scatter after backward)
+#      against level 2 with 64 KiB buckets and with one bucket, same small config;
+#   4. exposed gather/scatter at D 512, N 2048 on 2 ranks, level 3 with prefetch (skip: EXPOSED=0).
 #   bash bench/mesh/run_zero.sh [ROUNDS=3] [STEPS=4]       (from the repository root, after building)
-# JSON lines go to ${OUT:-/tmp/iha_zero}.{memory,overlap}.jsonl.
+# JSON lines go to ${OUT:-/tmp/iha_zero}.{memory,prefetch,overlap,exposed}.jsonl.
 set -euo pipefail
 ROUNDS=${1:-3}
 STEPS=${2:-4}
 BIN=${BIN:-build/bench/mesh/bench_mesh_step}
 OUT=${OUT:-/tmp/iha_zero}
+EXPOSED=${EXPOSED:-1}
 base="--set mesh.sp=1 --set mesh.hp=1 --set data.loss_on=all"
+run() {  # ranks, json file, bench arguments...
+  local n=$1 file=$2
+  shift 2
+  scripts/mpiexec.sh -n "$n" "$BIN" --json "$OUT.one.json" "$@" | sed -n 1p
+  cat "$OUT.one.json" >> "$file"
+}
 
-big="--set model.D=768 --set model.H=6 --set model.d=128 --set model.layers=8 --set model.ffn=2048
+big="--set model.D=1024 --set model.H=8 --set model.d=128 --set model.layers=8 --set model.ffn=2048
      --set model.pattern=LG --set sequence.length=64 --set model.window=8"
 rm -f "$OUT.memory.jsonl"
 for r in 1 2 4; do
-  for level in 0 1 2; do
+  for level in 0 1 2 3; do
     [ "$r" = 1 ] && [ "$level" != 0 ] && continue
     # shellcheck disable=SC2086
-    scripts/mpiexec.sh -n "$r" "$BIN" --steps 2 --json "$OUT.one.json" $base $big --set mesh.dp="$r" \
-      --set train.batch_size="$r" --set train.micro_batch=1 --set optim.zero="$level" | sed -n 1p
-    cat "$OUT.one.json" >> "$OUT.memory.jsonl"
+    run "$r" "$OUT.memory.jsonl" --steps 2 $base $big --set mesh.dp="$r" --set train.batch_size="$r" \
+      --set train.micro_batch=1 --set optim.zero="$level"
   done
 done
 
 small="--set model.D=256 --set model.H=4 --set model.d=64 --set model.layers=4 --set model.ffn=512
-       --set sequence.length=128 --set train.batch_size=2 --set train.micro_batch=1 --set mesh.dp=2"
-configs=(
-  "--set optim.zero=1"
-  "--set optim.zero=2 --set mesh.grad_bucket_kib=64"
-  "--set optim.zero=2 --set mesh.grad_bucket_kib=1048576"
-)
-rm -f "$OUT.overlap.jsonl"
+       --set train.batch_size=2 --set train.micro_batch=1 --set mesh.dp=2"
+rm -f "$OUT.prefetch.jsonl" "$OUT.overlap.jsonl"
 for round in $(seq "$ROUNDS"); do
-  for c in "${configs[@]}"; do
+  for p in true false; do
     # shellcheck disable=SC2086
-    scripts/mpiexec.sh -n 2 "$BIN" --steps "$STEPS" --json "$OUT.one.json" $base $small $c | sed -n 1p
-    cat "$OUT.one.json" >> "$OUT.overlap.jsonl"
+    run 2 "$OUT.prefetch.jsonl" --steps "$STEPS" $base $small --set sequence.length=64 --set optim.zero=3 \
+      --set optim.prefetch="$p"
+  done
+  for c in "--set optim.zero=1" "--set optim.zero=2 --set mesh.grad_bucket_kib=64" \
+           "--set optim.zero=2 --set mesh.grad_bucket_kib=1048576"; do
+    # shellcheck disable=SC2086
+    run 2 "$OUT.overlap.jsonl" --steps "$STEPS" $base $small --set sequence.length=128 $c
   done
 done
 
-/usr/bin/python3 - "$OUT.memory.jsonl" "$OUT.overlap.jsonl" <<'PY'
-import json, statistics, sys
-mem = [json.loads(l) for l in open(sys.argv[1])]
+rm -f "$OUT.exposed.jsonl"
+if [ "$EXPOSED" = 1 ]; then
+  # shellcheck disable=SC2086
+  run 2 "$OUT.exposed.jsonl" --steps 3 $base --set model.D=512 --set model.H=4 --set model.d=128 \
+    --set model.layers=4 --set model.ffn=1024 --set model.pattern=LG --set model.window=64 \
+    --set sequence.length=2048 --set train.batch_size=2 --set train.micro_batch=1 --set mesh.dp=2 \
+    --set optim.zero=3
+fi
+
+/usr/bin/python3 - "$OUT" <<'PY'
+import json, os, statistics, sys
+out = sys.argv[1]
+rows = lambda name: [json.loads(l) for l in open(f"{out}.{name}.jsonl")] if os.path.exists(f"{out}.{name}.jsonl") else []
+mem = rows("memory")
 state = lambda r: r["param_mib"] + r["grad_mib"] + r["optimizer_mib"]
-base = {r["ranks"]: state(r) for r in mem if r["zero"] == 0}
-print(f"{'R':>2} {'zero':>4} {'param MiB':>10} {'grad MiB':>9} {'optim MiB':>10} {'state x R / level 0':>20} {'peak RSS MiB':>13}")
+base = state([r for r in mem if r["zero"] == 0 and r["ranks"] == 1][0])
+print(f"{'R':>2} {'zero':>4} {'param MiB':>10} {'grad MiB':>9} {'optim MiB':>10} {'state x R / level 0':>20} "
+      f"{'gathered MiB':>13} {'peak RSS MiB':>13}")
 for r in mem:
     print(f"{r['ranks']:>2} {r['zero']:>4} {r['param_mib']:>10.1f} {r['grad_mib']:>9.1f} {r['optimizer_mib']:>10.1f} "
-          f"{state(r) * r['ranks'] / base[r['ranks']]:>20.3f} {r['peak_rss_mib']:>13.1f}")
-ov = [json.loads(l) for l in open(sys.argv[2])]
-groups = {}
-for r in ov:
-    groups.setdefault((r["zero"], r["grad_bucket_kib"]), []).append(r)
-print(f"\n{'zero':>4} {'bucket KiB':>10} {'step s':>8} {'train.grad exposed s':>21} {'exposed %':>9} {'train.params exposed s':>23}")
-for (z, b), rs in groups.items():
-    step = statistics.median(x["step_s"] for x in rs)
-    g = statistics.median(x["exposed_train_grad_s"] for x in rs)
-    p = statistics.median(x["exposed_train_params_s"] for x in rs)
-    print(f"{z:>4} {b:>10} {step:>8.4f} {g:>21.4f} {100 * g / step:>8.1f}% {p:>23.4f}")
+          f"{state(r) * r['ranks'] / base:>20.3f} {r.get('gathered_mib', 0):>13.1f} {r['peak_rss_mib']:>13.1f}")
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for z in sorted({r["zero"] for r in mem}):
+        pts = sorted((r["ranks"], r["peak_rss_mib"]) for r in mem if r["zero"] == z or (r["ranks"] == 1 and r["zero"] == 0))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"optim.zero {z}")
+    ax.set_xlabel("ranks R")
+    ax.set_ylabel("peak RSS per rank (MiB)")
+    ax.set_xticks([1, 2, 4])
+    ax.set_title("D 1024, 8 blocks, N 64")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(f"{out}.rss.png", dpi=120)
+    print(f"plot: {out}.rss.png")
+except ImportError:
+    print("(matplotlib not available: no plot)")
+def table(rs, key, title):
+    groups = {}
+    for r in rs:
+        groups.setdefault(key(r), []).append(r)
+    print(f"\n{title:>24} {'step s':>8} {'train.params exposed s':>23} {'train.grad exposed s':>21} {'exposed %':>9}")
+    for k, g in groups.items():
+        step = statistics.median(x["step_s"] for x in g)
+        p = statistics.median(x["exposed_train_params_s"] for x in g)
+        q = statistics.median(x["exposed_train_grad_s"] for x in g)
+        print(f"{k:>24} {step:>8.4f} {p:>23.4f} {q:>21.4f} {100 * (p + q) / step:>8.1f}%")
+    return groups
+pre = table(rows("prefetch"), lambda r: f"zero 3 prefetch {r['prefetch']}", "")
+if ("zero 3 prefetch true" in pre) and ("zero 3 prefetch false" in pre):
+    on = statistics.median(x["step_s"] for x in pre["zero 3 prefetch true"])
+    off = statistics.median(x["step_s"] for x in pre["zero 3 prefetch false"])
+    g_off = statistics.median(x["exposed_train_params_s"] for x in pre["zero 3 prefetch false"])
+    g_on = statistics.median(x["exposed_train_params_s"] for x in pre["zero 3 prefetch true"])
+    print(f"prefetch: step on / off {on / off:.3f}; exposed gather on / off {g_on / g_off if g_off else float('nan'):.3f}"
+          f" (hidden share of the gather wait {1 - g_on / g_off if g_off else float('nan'):.3f})")
+table(rows("overlap"), lambda r: f"zero {r['zero']} bucket {r['grad_bucket_kib']}", "")
+table(rows("exposed"), lambda r: f"D 512 N {r['seq_len']} zero 3", "")
 PY
