@@ -44,8 +44,7 @@ ShardedParams::~ShardedParams() {
 
 Tensor ShardedParams::window(int64_t g) {
   const ShardUnit& u = layout_.units().at(static_cast<size_t>(g));
-  Tensor t = be_->alloc_acc({layout_.ranks() * u.chunk});
-  t.zero();
+  Tensor t = be_->alloc_acc({layout_.ranks() * u.chunk});  // zero-filled (the padding must be)
   transient_ += static_cast<int64_t>(t.nbytes());
   peak_ = std::max(peak_, transient_);
   return t;

@@ -54,7 +54,7 @@ class ShardedParams : public ParamGroups {
     int64_t local_offset = 0;
     std::unique_ptr<PendingExchange> exchange;
   };
-  Tensor window(int64_t g);  // a zeroed window of group g, counted
+  Tensor window(int64_t g);  // a zero-filled window of group g, counted
   void uncount(const Tensor& t);
   void land_oldest();
 
