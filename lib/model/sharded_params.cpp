@@ -1,7 +1,6 @@
 #include "model/sharded_params.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "core/error.h"
 
@@ -10,25 +9,25 @@ namespace iha {
 namespace {
 constexpr size_t kScattersInFlight = 2;  // bounds the gradient windows alive at once
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 }  // namespace
 
 ShardedParams::ShardedParams(std::shared_ptr<Communicator> comm, ShardLayout layout,
                              std::shared_ptr<const ModelBackend> backend, Tensor shard, Tensor grad_shard,
-                             bool prefetch)
+                             bool prefetch, Tensor whole)
     : comm_(std::move(comm)),
       layout_(std::move(layout)),
       be_(std::move(backend)),
       shard_(std::move(shard)),
       grad_shard_(std::move(grad_shard)),
+      whole_(std::move(whole)),
       prefetch_(prefetch) {
   IHA_CHECK(comm_ && be_, "sharded parameters need a communicator and a backend");
   IHA_CHECK(layout_.ranks() == comm_->size(), "parameter shards over ", layout_.ranks(), " ranks on a communicator of ",
             comm_->size());
   IHA_CHECK(shard_.numel() == layout_.shard_size() && grad_shard_.numel() == layout_.shard_size(),
             "parameter and gradient shards must hold ", layout_.shard_size(), " elements");
+  IHA_CHECK(whole_.numel() == 0 || whole_.numel() >= layout_.total(), "whole parameters of ", whole_.numel(),
+            " elements for a layout of ", layout_.total());
   const size_t n = layout_.units().size();
   params_.resize(n);
   grads_.resize(n);
@@ -53,7 +52,7 @@ Tensor ShardedParams::window(int64_t g) {
 void ShardedParams::uncount(const Tensor& t) { transient_ -= static_cast<int64_t>(t.nbytes()); }
 
 void ShardedParams::prefetch(int64_t g) {
-  if (!prefetch_ || gathering_.at(g) || params_[g].numel() > 0) return;
+  if (whole_.numel() > 0 || !prefetch_ || gathering_.at(g) || params_[g].numel() > 0) return;
   const ShardUnit& u = layout_.units()[g];
   params_[g] = window(g);
   gathering_[g] = comm_->start_all_gather(CBuf(shard_).at(u.local_offset).p, params_[g].raw(), u.chunk,
@@ -61,6 +60,10 @@ void ShardedParams::prefetch(int64_t g) {
 }
 
 Tensor ShardedParams::acquire(int64_t g) {
+  if (whole_.numel() > 0) {
+    const ShardUnit& u = layout_.units().at(static_cast<size_t>(g));
+    return Tensor::view(Buf(whole_).at(u.offset).p, {u.count}, whole_.dtype(), whole_.device());
+  }
   const bool posted = gathering_.at(g) != nullptr;
   if (!posted && params_[g].numel() == 0) {
     const ShardUnit& u = layout_.units()[g];
@@ -69,11 +72,10 @@ Tensor ShardedParams::acquire(int64_t g) {
                                             shard_.dtype(), "train.params");
   }
   if (gathering_[g]) {
-    // The exposed part of the gather: all of it without prefetch.
-    const auto t0 = std::chrono::steady_clock::now();
+    // The exposed part of the gather (all of it without prefetch); the communicator counts the
+    // wait under train.params.
     gathering_[g]->wait();
     gathering_[g].reset();
-    comm_->counters().add_wait("train.params", seconds_since(t0));
   }
   // Progress the gradient scatters too while here.
   for (Scatter& s : scatters_) s.exchange->test();
@@ -81,6 +83,7 @@ Tensor ShardedParams::acquire(int64_t g) {
 }
 
 void ShardedParams::release(int64_t g) {
+  if (whole_.numel() > 0) return;
   IHA_CHECK(!gathering_.at(g), "parameter group ", g, " released before its gather was waited for");
   uncount(params_[g]);
   params_[g] = Tensor();
@@ -109,9 +112,7 @@ void ShardedParams::gradient_done(int64_t g) {
 
 void ShardedParams::land_oldest() {
   Scatter& s = scatters_.front();
-  const auto t0 = std::chrono::steady_clock::now();
-  s.exchange->wait();
-  comm_->counters().add_wait("train.grad", seconds_since(t0));
+  s.exchange->wait();  // counted under train.grad by the communicator
   be_->add(Buf(grad_shard_).at(s.local_offset), CBuf(s.received), s.received.numel());
   uncount(s.window);
   uncount(s.received);

@@ -1,7 +1,9 @@
-// Sharded parameters (optim.zero 3): the ParamGroups of a model whose parameter groups are the
-// units of a ShardLayout over the R ranks holding the same weights (docs/parallel.md "Sharded
-// state"). Rank r keeps chunk r of every group's parameters (the fp32 masters, updated in place
-// by AdamW) and of its gradient; nothing whole.
+// Sharded gradients and parameters (optim.zero 2 and 3): the ParamGroups of a model whose
+// parameter groups are the units of a ShardLayout over the R ranks holding the same weights
+// (docs/parallel.md "Sharded state"). Rank r keeps chunk r of every group's gradient and, at
+// level 3, of its parameters (the fp32 masters, updated in place by AdamW); nothing whole. At
+// level 2 the parameters stay whole in a buffer given at construction (acquire returns a view,
+// nothing is gathered) and only the gradients go through the windows below.
 //   - acquire(g) all-gathers group g's window (R chunks) into a fresh buffer, or waits for the
 //     gather prefetch(g) posted earlier (non-blocking, so it runs while the previous group
 //     computes); release(g) frees it. With prefetch off, prefetch() does nothing and every gather
@@ -30,9 +32,10 @@ class ShardedParams : public ParamGroups {
  public:
   // layout's units are the model's parameter groups (param_group_starts), over comm's ranks.
   // shard and grad_shard: this rank's parameter and gradient shards (layout.shard_size()
-  // elements of the backend's accumulation dtype), kept alive by the caller.
+  // elements of the backend's accumulation dtype), kept alive by the caller. whole (level 2):
+  // the whole parameters (at least layout.total() elements); then `shard` is not read here.
   ShardedParams(std::shared_ptr<Communicator> comm, ShardLayout layout, std::shared_ptr<const ModelBackend> backend,
-                Tensor shard, Tensor grad_shard, bool prefetch);
+                Tensor shard, Tensor grad_shard, bool prefetch, Tensor whole = Tensor());
   ~ShardedParams() override;
 
   void prefetch(int64_t g) override;
@@ -61,7 +64,7 @@ class ShardedParams : public ParamGroups {
   std::shared_ptr<Communicator> comm_;
   ShardLayout layout_;
   std::shared_ptr<const ModelBackend> be_;
-  Tensor shard_, grad_shard_;
+  Tensor shard_, grad_shard_, whole_;
   bool prefetch_;
   std::vector<Tensor> params_, grads_;                       // per group: gathered / being written
   std::vector<std::unique_ptr<PendingExchange>> gathering_;  // per group: a gather in flight

@@ -173,10 +173,10 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
   // it like the gradient buckets, so each unit's reduce-scatter starts during backward. At
   // level 0 with tp a bucket holds replicated tensors or shards, never both (they are summed
   // over different groups).
-  // Level 3's units are the model's parameter groups, each gathered whole where it is used.
+  // Levels 2 and 3: the units are the model's parameter groups, each group's gradient
+  // reduce-scattered when its backward ends (level 3: and its parameters gathered where used).
   if (level == 0) shard_ = ShardLayout::bucketed(sizes, es, bucket, 1, tp > 1 ? split : std::vector<char>{});
   else if (level == 1) shard_ = ShardLayout::whole(sizes, R);
-  else if (level == 2) shard_ = ShardLayout::bucketed(sizes, es, bucket, R);
   else shard_ = ShardLayout(sizes, param_group_starts(*layout, cfg_.model.layers), R);
   if (level > 0) {
     grad_shard_ = backend_->alloc_acc({shard_.shard_size()});
@@ -184,11 +184,13 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
     grad_shard_.zero();
     param_shard_.zero();  // the padding stays zero
   }
-  if (level == 3)
-    sharded_ = std::make_shared<ShardedParams>(holders_, shard_, backend_, param_shard_, grad_shard_, cfg_.optim.prefetch);
+  if (level == 2) param_whole_ = backend_->alloc_acc({shard_.window_end()});  // the gathers write windows
+  if (level >= 2)
+    sharded_ = std::make_shared<ShardedParams>(holders_, shard_, backend_, param_shard_, grad_shard_,
+                                               cfg_.optim.prefetch, param_whole_);
   model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute,
-                                            level == 1 || level == 2 ? shard_.window_end() : 0, backend_,
-                                            std::move(tensor), sharded_);
+                                            level == 1 ? shard_.window_end() : 0, backend_, std::move(tensor),
+                                            sharded_);
   const int64_t L = model_->layout()->total();
   if (level > 0) {
     opt_ = AdamW<T>(model_->layout(), shard_.ranges(rank), shard_.shard_size(), backend_);
@@ -197,8 +199,8 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
   }
   ProcessMesh& cmesh = device_mesh_ ? *device_mesh_ : *mesh_;
   if (tp == 1) {
-    if ((level == 0 && R > 1) || level == 2)
-      buckets_ = std::make_unique<GradientBuckets>(compute_world_, shard_, level == 2, dtype_of<T>(), "train.grad");
+    if (level == 0 && R > 1)
+      buckets_ = std::make_unique<GradientBuckets>(compute_world_, shard_, false, dtype_of<T>(), "train.grad");
   } else if (level == 0) {
     // Tensor-parallel shards are summed over the ranks holding the same shard, everything
     // else over the world.
@@ -226,7 +228,12 @@ int64_t Trainer<T>::num_params() const {
 
 template <class T>
 void Trainer<T>::init() {
-  if (sharded_) {
+  if (param_whole_.numel() > 0) {
+    Tensor host({model_->layout()->total()}, dtype_of<T>());
+    init_model_params<T>(cfg_.model, *model_->layout(), host.template data<T>(), cfg_.seed);
+    const Device dev = backend_->device();
+    param_whole_.slice(0, host.numel()).copy_from(dev == Device::cpu ? host : host.to(dev));
+  } else if (sharded_) {
     // One group at a time on the host: this rank's piece of each into its shard.
     const ParamLayout& layout = *model_->layout();
     const Device dev = backend_->device();
@@ -323,7 +330,7 @@ StepStats Trainer<T>::train_step() {
   const int64_t level = cfg_.optim.zero;
   for (size_t u = 0; u < batches.size(); ++u) {
     const bool last = u + 1 == batches.size();
-    if (last && buckets_) buckets_->begin(grads.padded().raw(), level == 2 ? grad_shard_.raw() : nullptr);
+    if (last && buckets_) buckets_->begin(grads.padded().raw());
     if (last && shard_buckets_) shard_buckets_->begin(grads.padded().raw());
     if (per_batch_map()) model_->set_token_map(maps[u]);
     local.add(model_->forward_backward(batches[u], scale, last ? ready : nullptr));
@@ -390,7 +397,8 @@ StepStats Trainer<T>::train_step() {
   } else if (level > 0) {
     // Update this rank's shard of the masters (fp32 in a bf16 run; the model refreshes its
     // compute copy from them at the next forward), then gather every holder's shard.
-    for (const ShardRange& r : opt_.ranges()) be.cast(CBuf(params.flat()).at(r.begin), Buf(param_shard_).at(r.local), r.size());
+    const Tensor& whole = level == 2 ? param_whole_ : params.flat();
+    for (const ShardRange& r : opt_.ranges()) be.cast(CBuf(whole).at(r.begin), Buf(param_shard_).at(r.local), r.size());
     opt_.update(cfg_.optim, scalars_.step + 1, s.lr, Buf(param_shard_), CBuf(g));
     gather_params();
   } else {
@@ -406,7 +414,7 @@ template <class T>
 void Trainer<T>::gather_params() {
   // Unit by unit in buffer order, each blocking: a unit's window may run into the next unit
   // (the short last piece's padding, zeros), which that unit's gather then overwrites.
-  Tensor& full = model_->params().padded();
+  Tensor& full = param_whole_.numel() > 0 ? param_whole_ : model_->params().padded();
   const auto t0 = std::chrono::steady_clock::now();
   for (const ShardUnit& u : shard_.units())
     holders_->all_gather(CBuf(param_shard_).at(u.local_offset).p, Buf(full).at(u.offset).p, u.chunk,
@@ -417,8 +425,8 @@ void Trainer<T>::gather_params() {
 template <class T>
 Tensor Trainer<T>::whole_params() {
   const int64_t L = model_->layout()->total();
-  if (!sharded_) {
-    const Tensor& flat = model_->params().flat();
+  if (cfg_.optim.zero < 3) {
+    const Tensor flat = param_whole_.numel() > 0 ? param_whole_.slice(0, L) : model_->params().flat();
     return flat.device() == Device::cpu ? flat.clone() : flat.to(Device::cpu);
   }
   const int64_t n = shard_.shard_size(), R = shard_.ranks();
@@ -437,7 +445,8 @@ template <class T>
 StateBytes Trainer<T>::state_bytes() const {
   const auto bytes = [](const Tensor& t) { return static_cast<int64_t>(t.nbytes()); };
   StateBytes b;
-  b.params = bytes(model_->params().padded()) + bytes(param_shard_) + model_->compute_weight_bytes();
+  b.params = bytes(model_->params().padded()) + bytes(param_whole_) + bytes(param_shard_) +
+             model_->compute_weight_bytes();
   b.grads = bytes(model_->grads().padded()) + bytes(grad_shard_);
   b.optimizer = bytes(opt_.m()) + bytes(opt_.v());
   b.gathered = sharded_ ? sharded_->peak_transient_bytes() : 0;
@@ -530,12 +539,15 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
     return nt;
   };
   // Level 3: the parameters are a shard, stored like the moments.
-  if (!sharded_)
-    for (size_t i = 0; i < specs.size(); ++i)
-      out.push_back(named("param/" + specs[i].name, specs[i], model_->params().view(i)));
+  for (size_t i = 0; i < specs.size() && cfg_.optim.zero < 3; ++i) {
+    const Tensor whole = param_whole_.numel() > 0
+                             ? Tensor::view(Buf(param_whole_).at(specs[i].offset).p, specs[i].shape, dtype_of<T>(), dev)
+                             : model_->params().view(i);
+    out.push_back(named("param/" + specs[i].name, specs[i], whole));
+  }
   const int64_t rank = holders_->rank();
   std::vector<std::pair<const char*, Tensor*>> sharded_state = {{"adam_m/", &opt_.m()}, {"adam_v/", &opt_.v()}};
-  if (sharded_) sharded_state.insert(sharded_state.begin(), {"param/", &param_shard_});
+  if (cfg_.optim.zero == 3) sharded_state.insert(sharded_state.begin(), {"param/", &param_shard_});
   for (const auto& [prefix, state] : sharded_state) {
     T* base = state->template data<T>();
     for (size_t t = 0; t < specs.size(); ++t) {

@@ -235,7 +235,8 @@ class Trainer {
   std::unique_ptr<GradientBuckets> tp_sum_;         // level 1 with tp: replicated tensors over tp
   std::shared_ptr<Communicator> holders_;           // ranks holding the same weights (sharded state's span)
   Tensor grad_shard_, param_shard_;                 // levels 1-3: this rank's shard (level 3: the masters)
-  std::shared_ptr<ShardedParams> sharded_;          // level 3: the model's parameter groups
+  Tensor param_whole_;                              // level 2: the whole parameters (window_end() elements)
+  std::shared_ptr<ShardedParams> sharded_;          // levels 2, 3: the model's parameter groups
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
   std::vector<PairCost> pair_costs_;  // balanced layout: each layer's cost of a token
   TrainerScalars scalars_;

@@ -203,8 +203,8 @@ TEST(FullMeshZero, MomentsAreShardedOverTheWorld) {
     const int64_t L = t.num_params();
     const ShardLayout& sl = t.shard_layout();
     EXPECT_EQ(sl.ranks(), R);
-    EXPECT_EQ(sl.units().size() > 1, level >= 2);  // level 2: the 1 KiB buckets; 3: the groups
-    if (level == 3) {
+    EXPECT_EQ(sl.units().size() > 1, level >= 2);  // levels 2, 3: the parameter groups
+    if (level >= 2) {
       EXPECT_EQ(sl.units().size(), static_cast<size_t>(2 + 2));  // embed, 2 blocks, head
     }
     EXPECT_EQ(t.optimizer().m().numel(), sl.shard_size());
@@ -216,17 +216,19 @@ TEST(FullMeshZero, MomentsAreShardedOverTheWorld) {
     // Resident bytes: the moments are 1/R of the replicated ones (up to the padding).
     const StateBytes b = t.state_bytes();
     EXPECT_EQ(b.optimizer, 2 * sl.shard_size() * 8);
-    if (level == 3) {
-      // Nothing whole: a parameter and a gradient shard; the gathered windows are transient,
-      // at most two parameter windows, three gradient windows and two received chunks at once.
+    if (level >= 2) {
+      // No whole gradient (level 3: nor parameters): a gradient shard, and at level 3 a
+      // parameter shard; the windows are transient, at most two parameter windows (level 3),
+      // three gradient windows and two received chunks at once.
       EXPECT_EQ(t.model().params().flat().numel(), 0);
       EXPECT_EQ(t.model().grads().padded().numel(), 0);
-      EXPECT_EQ(b.params, sl.shard_size() * 8);
+      // Level 2 holds the whole parameters (padded for the gathers) besides its shard.
+      EXPECT_EQ(b.params, (level == 3 ? sl.shard_size() : sl.window_end() + sl.shard_size()) * 8);
       EXPECT_EQ(b.grads, sl.shard_size() * 8);
       int64_t largest = 0;
       for (const ShardUnit& u : sl.units()) largest = std::max(largest, R * u.chunk);
       EXPECT_GT(b.gathered, 0);
-      EXPECT_LE(b.gathered, (5 * largest + 2 * ((largest + R - 1) / R)) * 8);
+      EXPECT_LE(b.gathered, ((level == 3 ? 5 : 3) * largest + 2 * ((largest + R - 1) / R)) * 8);
     } else {
       EXPECT_EQ(b.grads, (t.model().grads().padded().numel() + sl.shard_size()) * 8);
       EXPECT_EQ(b.gathered, 0);
@@ -269,17 +271,22 @@ TEST(FullMeshZero, StepTrafficFollowsTheFormula) {
       all_reduce += static_cast<uint64_t>(2 * (R - 1) * u.count * es / R);
     }
     const CommCounters& c = world().counters();
+    const int64_t accum = t.config().accumulation();
+    EXPECT_GE(accum, 2);  // levels 2 and 3: the scatters add up over micro-batches
     if (level == 3) {
       // Per micro-batch: every group gathered for its forward, each block again for its
       // backward (the head's backward uses its forward's copy; the embedding's needs none);
       // every group's gradient reduce-scattered once.
-      const int64_t accum = t.config().accumulation();
       uint64_t blocks = 0;
       const auto& units = t.shard_layout().units();
       for (size_t u = 1; u + 1 < units.size(); ++u) blocks += static_cast<uint64_t>(R * units[u].chunk * es);
-      EXPECT_GE(accum, 2);  // the scatters add up over micro-batches
       EXPECT_EQ(c.bytes("train.grad"), static_cast<uint64_t>(accum * (R - 1)) * window / R);
       EXPECT_EQ(c.bytes("train.params"), static_cast<uint64_t>(accum * (R - 1)) * (window + blocks) / R);
+      EXPECT_EQ(c.bytes("train.norm"), static_cast<uint64_t>((R - 1) * es));
+    } else if (level == 2) {
+      // Every micro-batch's group gradients scattered; the parameters gathered once after the update.
+      EXPECT_EQ(c.bytes("train.grad"), static_cast<uint64_t>(accum * (R - 1)) * window / R);
+      EXPECT_EQ(c.bytes("train.params"), static_cast<uint64_t>(R - 1) * window / R);
       EXPECT_EQ(c.bytes("train.norm"), static_cast<uint64_t>((R - 1) * es));
     } else if (level == 0) {
       EXPECT_EQ(c.bytes("train.grad"), all_reduce);
@@ -295,8 +302,8 @@ TEST(FullMeshZero, StepTrafficFollowsTheFormula) {
   }
 }
 
-// Gradient accumulation at levels 1 and 2 (accumulate whole, scatter once) and 3 (scatter each
-// micro-batch into the shard): one to six micro-batches per step give the single-process
+// Gradient accumulation at level 1 (accumulate whole, scatter once) and levels 2 and 3 (scatter
+// each micro-batch into the shard): one to six micro-batches per step give the single-process
 // trajectory.
 TEST(FullMeshZero, AccumulationOverMicroBatchesMatchesOneProcess) {
   const int64_t R = world().size();
