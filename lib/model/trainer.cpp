@@ -169,10 +169,9 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
     split.push_back(s.split());
   }
   const int64_t es = static_cast<int64_t>(dtype_size(dtype_of<T>())), bucket = cfg_.grad_bucket_kib * 1024;
-  // Level 1 shards the whole buffer at once (one reduce-scatter after backward); level 2 cuts
-  // it like the gradient buckets, so each unit's reduce-scatter starts during backward. At
-  // level 0 with tp a bucket holds replicated tensors or shards, never both (they are summed
-  // over different groups).
+  // Level 1 shards the whole buffer at once (one reduce-scatter after backward). At level 0
+  // with tp a bucket holds replicated tensors or shards, never both (they are summed over
+  // different groups).
   // Levels 2 and 3: the units are the model's parameter groups, each group's gradient
   // reduce-scattered when its backward ends (level 3: and its parameters gathered where used).
   if (level == 0) shard_ = ShardLayout::bucketed(sizes, es, bucket, 1, tp > 1 ? split : std::vector<char>{});

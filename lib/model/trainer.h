@@ -19,16 +19,14 @@
 //   - 1: with tp, the replicated tensors' gradients are first all-reduced over the tp group;
 //     then after backward one blocking reduce-scatter of the whole buffer over the holders
 //     (ShardLayout::whole: rank r gets the sum of one contiguous range);
-//   - 2 (not with mesh.tp > 1: a config error): the buckets of level 0 become the units of the
-//     shard layout (ShardLayout::bucketed) and each is reduce-scattered into this rank's
-//     gradient shard as soon as the last micro-batch's backward has finished it (accumulate
-//     whole, scatter once);
-//   - 3 (not with mesh.tp > 1): also the parameters are sharded (model/sharded_params.h): the
-//     model holds no whole parameter or gradient buffer; each parameter group (embedding, each
-//     block, final norm + LM head: the units of the shard layout) is all-gathered for its
-//     forward and again for its backward, the next one prefetched (optim.prefetch), and its
-//     gradient reduce-scattered into this rank's shard when its backward ends, every
-//     micro-batch (the chunks accumulate in the shard);
+//   - 2 (not with mesh.tp > 1: a config error): the units of the shard layout are the model's
+//     parameter groups (embedding, each block, final norm + LM head); the model holds no whole
+//     gradient buffer (model/sharded_params.h): each group's gradient is written into a
+//     transient window and reduce-scattered into this rank's gradient shard when its backward
+//     ends, every micro-batch (the chunks accumulate in the shard); the parameters stay whole;
+//   - 3 (not with mesh.tp > 1): also the parameters are sharded: the model holds no whole
+//     parameter buffer either; each group is all-gathered for its forward and again for its
+//     backward, the next one prefetched (optim.prefetch);
 //   then (levels 1-3) the global norm from the ranks' local sums of squares (all-gathered over
 //   the world, added in rank order; with tp the replicated tensors counted on tp rank 0 only),
 //   AdamW on this rank's shard only (moments hold 1/R of the buffer), and (levels 1, 2)
@@ -230,7 +228,7 @@ class Trainer {
   std::unique_ptr<Transformer<T>> model_;
   AdamW<T> opt_;
   ShardLayout shard_;
-  std::unique_ptr<GradientBuckets> buckets_;        // level 0 with world size > 1 (with tp: unsplit tensors), level 2
+  std::unique_ptr<GradientBuckets> buckets_;        // level 0 with world size > 1 (with tp: unsplit tensors)
   std::unique_ptr<GradientBuckets> shard_buckets_;  // level 0 with tp: the shards, over same_shard()
   std::unique_ptr<GradientBuckets> tp_sum_;         // level 1 with tp: replicated tensors over tp
   std::shared_ptr<Communicator> holders_;           // ranks holding the same weights (sharded state's span)

@@ -5,7 +5,7 @@
 //     starts (non-blocking), so reduction overlaps the rest of backward; finish() waits for all.
 //     The reduction is an all-reduce in place (every rank gets the sums), or with a layout
 //     over the comm's R ranks a reduce-scatter of each unit's window into this rank's shard
-//     (ZeRO-2: rank r gets the sums of its chunks; padding comes out zero).
+//     (rank r gets the sums of its chunks; padding comes out zero).
 //     Collectives must be posted in the same order on every rank: every rank marks tensors in
 //     the same order (true when all ranks run the same model).
 // defines: iha::GradientBuckets

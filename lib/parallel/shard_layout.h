@@ -13,9 +13,9 @@
 //     window may run past the unit (into the next unit, or the buffer's padding): a buffer that
 //     a unit's collective uses must hold window_end() elements.
 //   - Level 1 uses one unit (the whole buffer: rank r owns one contiguous range, the ZeRO-1
-//     split); level 2 cuts units like gradient buckets (about bucket_bytes each, formed from
-//     the end of the buffer backwards, the order backward finishes gradients), so each unit's
-//     reduce-scatter starts as soon as its gradients are final.
+//     split); levels 2 and 3 the model's parameter groups (each reduce-scattered as soon as its
+//     gradients are final); bucketed() cuts units like gradient buckets (about bucket_bytes
+//     each, formed from the end of the buffer backwards, the order backward finishes them).
 //   - A tensor lies in one unit, so its part of a rank's shard is one flat range: what a
 //     checkpoint stores of sharded state.
 // With R = 1 every unit is owned whole by rank 0: the units are then just the gradient buckets of

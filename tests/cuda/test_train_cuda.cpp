@@ -64,7 +64,8 @@ TEST(TrainCuda, FiveStepsMatchCpuFloat64FromOneCheckpoint) {
 }
 
 // The mesh features of the one Trainer on the device: head parallelism (Ulysses, 2 ranks as
-// hp = 2), ZeRO-1 and ZeRO-2 (bucketed reduce-scatter over the device world), each against the
+// hp = 2), ZeRO-1, ZeRO-2 and ZeRO-3 (per-group gathers and reduce-scatters over the device
+// world), each against the
 // CPU float64 run of the same config (fp32 compute).
 TEST(TrainCuda, HeadParallelAndZeroMatchCpuFloat64) {
   IHA_SKIP_WITHOUT_GPU();
@@ -72,7 +73,8 @@ TEST(TrainCuda, HeadParallelAndZeroMatchCpuFloat64) {
   const std::vector<std::vector<std::string>> variants = {
       {"mesh.hp=" + std::to_string(W), "mesh.sp=1", "mesh.schemes.global=head", "mesh.schemes.window=head"},
       {"optim.zero=true"},
-      {"optim.zero=2", "mesh.grad_bucket_kib=1"}};
+      {"optim.zero=2"},
+      {"optim.zero=3"}};
   for (const auto& v : variants) {
     SCOPED_TRACE(v.front());
     Trainer<double> ref(tiny("float64", v), test::world_ptr());

@@ -331,7 +331,7 @@ TEST(TensorParallelErrors, BadMeshesNameTheKeysOnEveryRank) {
                                  {"mesh.tp", "model.H", "mesh.schemes.global"});
 }
 
-// What tensor parallelism does not combine with: ZeRO-2 and the per-micro-batch balanced layout.
+// What tensor parallelism does not combine with: ZeRO-2, ZeRO-3 and the per-micro-batch balanced layout.
 TEST(TensorParallelErrors, ZeroTwoThreeAndTheBalancedLayoutAreRefusedOnEveryRank) {
   const int64_t R = world().size();
   if (R < 2) GTEST_SKIP() << "needs tp > 1";
@@ -345,7 +345,7 @@ TEST(TensorParallelErrors, ZeroTwoThreeAndTheBalancedLayoutAreRefusedOnEveryRank
   c = config(s);
   c.layout = LayoutKind::balanced;
   expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"sequence.layout", "mesh.tp"});
-  // Level 1 with the same mesh is accepted (the refusal is level 2's alone).
+  // Level 1 with the same mesh is accepted (the refusal is levels 2 and 3's alone).
   c = config(s);
   c.optim.zero = 1;
   EXPECT_NO_THROW(Trainer<double> t(c, test::world_ptr()));
