@@ -256,8 +256,9 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
   // R the holders of the same weights: the world over tp), which then adds a parameter and a
   // gradient shard.
   const S R(world_size > 0 ? world_size : (dp * tp * hp * sp).value());
-  // Level 3 shards the parameters and gradients too: the moments' term below then counts all four.
-  const S weights = c.optim.zero == 3 ? S(0) : S(2) * held * es;
+  // Level 2 keeps no whole gradient, level 3 no whole parameters either: the moments' term
+  // below counts their shards.
+  const S weights = c.optim.zero == 3 ? S(0) : c.optim.zero == 2 ? held * es : S(2) * held * es;
   const S moments = c.optim.zero > 0 ? S(2) * ceil_div(S(2) * held * es, ceil_div(R, tp)) : S(2) * held * es;
   const S local_tokens = ceil_div(N, tp * hp * sp);
   const S activations = mb * local_tokens * (L * D + V) * es;

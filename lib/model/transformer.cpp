@@ -201,37 +201,29 @@ std::vector<int64_t> param_group_starts(const ParamLayout& layout, int64_t layer
 template <class T>
 Transformer<T>::~Transformer() = default;
 
-namespace {
-// Parameter s of a group buffer whose first element is the group's first tensor's (at `base`).
-Tensor group_view(const Tensor& buf, const ParamSpec& s, int64_t base) {
-  return Tensor::view(Buf(buf).at(s.offset - base).p, s.shape, buf.dtype(), buf.device());
+template <class T>
+Tensor Transformer<T>::held_view(const std::vector<Tensor>& held, size_t i, const char* missing) const {
+  const int64_t g = group_of_.at(i);
+  const ParamSpec& s = layout_->specs()[i];
+  IHA_CHECK(held[g].numel() > 0, s.name, " used while its group ", g, " is ", missing);
+  const int64_t base = layout_->specs()[group_start_[g]].offset;
+  return Tensor::view(Buf(held[g]).at(s.offset - base).p, s.shape, held[g].dtype(), held[g].device());
 }
-}  // namespace
 
 template <class T>
 Tensor Transformer<T>::param(size_t i) const {
-  if (!groups_) return params_.view(i);
-  const int64_t g = group_of_.at(i);
-  const ParamSpec& s = layout_->specs()[i];
-  IHA_CHECK(held_[g].numel() > 0, "parameter ", s.name, " used while its group ", g, " is not gathered");
-  return group_view(held_[g], s, layout_->specs()[group_start_[g]].offset);
+  return groups_ ? held_view(held_, i, "not gathered") : params_.view(i);
 }
 
 template <class T>
 Tensor Transformer<T>::grad(size_t i) const {
-  if (!groups_) return grads_.view(i);
-  const int64_t g = group_of_.at(i);
-  const ParamSpec& s = layout_->specs()[i];
-  IHA_CHECK(held_grad_[g].numel() > 0, "gradient of ", s.name, " used while its group ", g, " has no buffer");
-  return group_view(held_grad_[g], s, layout_->specs()[group_start_[g]].offset);
+  return groups_ ? held_view(held_grad_, i, "without a gradient buffer") : grads_.view(i);
 }
 
 template <class T>
 Tensor Transformer<T>::weight(size_t i) const {
   if (groups_) {
-    const int64_t g = group_of_.at(i);
-    if (held_compute_[g].numel() == 0) return param(i);
-    return group_view(held_compute_[g], layout_->specs()[i], layout_->specs()[group_start_[g]].offset);
+    return held_compute_[group_of_.at(i)].numel() == 0 ? param(i) : held_view(held_compute_, i, "not gathered");
   }
   if (compute_.numel() == 0) return params_.view(i);
   const ParamSpec& s = layout_->specs().at(i);

@@ -187,6 +187,8 @@ class Transformer {
   // parameters of the acquired group's buffers (an error when the group is not acquired).
   Tensor param(size_t i) const;
   Tensor grad(size_t i) const;
+  // Parameter i's view in its group's buffer of `held`; an error naming it when the group has none.
+  Tensor held_view(const std::vector<Tensor>& held, size_t i, const char* missing) const;
   void refresh_compute_weights();
   // A block's views of its parameters and gradients (unbound: empty, until the group is acquired).
   void bind(Block& blk, bool params, bool grads);
