@@ -77,8 +77,7 @@ Tensor ShardedParams::acquire(int64_t g) {
     gathering_[g]->wait();
     gathering_[g].reset();
   }
-  // Progress the gradient scatters too while here.
-  for (Scatter& s : scatters_) s.exchange->test();
+  progress();  // the gradient scatters, the next gather
   return params_[g];
 }
 
@@ -117,6 +116,12 @@ void ShardedParams::land_oldest() {
   uncount(s.window);
   uncount(s.received);
   scatters_.pop_front();
+}
+
+void ShardedParams::progress() {
+  for (auto& g : gathering_)
+    if (g) g->test();
+  for (Scatter& s : scatters_) s.exchange->test();
 }
 
 void ShardedParams::finish() {

@@ -43,6 +43,7 @@ class ShardedParams : public ParamGroups {
   void release(int64_t g) override;
   Tensor gradient(int64_t g) override;
   void gradient_done(int64_t g) override;
+  void progress() override;
   // Lands every gradient reduce-scatter in flight (call after each micro-batch's backward).
   void finish();
 

@@ -382,6 +382,7 @@ void Transformer<T>::block_forward(Block& blk, const Tensor& x, Tensor& out, Blo
   be.rmsnorm_forward(x, rows, D, blk.norm1, cfg_.norm_eps, acts.a, acts.inv1);
   Tensor z;
   blk.attn->forward(blk.w, acts.a, z, acts.attn);
+  progress_groups();
   acts.y = z;  // y = x + attention, in z's memory
   be.add(acts.y, x, rows * D);
   acts.b = be.alloc_compute({B, n, D});
@@ -399,6 +400,7 @@ void Transformer<T>::block_forward(Block& blk, const Tensor& x, Tensor& out, Blo
   be.swiglu_act_forward(acts.gate, acts.up, G * Fl, h);
   Tensor partial = be.alloc_acc({G, D});
   be.gemm(false, false, G, D, Fl, h, Fl, blk.w_down, D, 0, partial, D);
+  progress_groups();
   out = scatter_rows(partial, B, "mlp.scatter");
   be.add(out, acts.y, rows * D);
 }
@@ -426,12 +428,14 @@ void Transformer<T>::block_backward(Block& blk, const Tensor& dout, BlockActs& a
   Tensor db_part = be.alloc_acc({G, D});
   be.gemm(false, true, G, D, Fl, da, Fl, blk.w_gate, Fl, 0, db_part, D);
   be.gemm(false, true, G, D, Fl, du, Fl, blk.w_up, Fl, 1, db_part, D);
+  progress_groups();
   Tensor db = scatter_rows(db_part, B, "mlp.scatter_grad");
   Tensor dy = be.alloc_acc({B, n, D});
   be.rmsnorm_backward(acts.y, db, rows, D, blk.norm2, acts.inv2, dy, blk.g_norm2);
   be.add(dy, dout, rows * D);
   Tensor da_attn;
   blk.attn->backward(blk.w, dy, acts.attn, da_attn, blk.gw);
+  progress_groups();
   dx = be.alloc_acc({B, n, D});
   be.rmsnorm_backward(acts.x, da_attn, rows, D, blk.norm1, acts.inv1, dx, blk.g_norm1);
   be.add(dx, dy, rows * D);

@@ -103,6 +103,9 @@ class ParamGroups {
   virtual Tensor gradient(int64_t g) = 0;
   // Group g's gradient of this micro-batch is final (the buffer passes back to its owner).
   virtual void gradient_done(int64_t g) = 0;
+  // Called between the pieces of a block's work: advance transfers in flight (MPI progresses
+  // non-blocking collectives only inside its calls).
+  virtual void progress() {}
 };
 
 template <class T>
@@ -198,6 +201,9 @@ class Transformer {
   void prefetch_group(int64_t g);
   void grad_group(int64_t g);
   void grad_group_done(int64_t g);
+  void progress_groups() const {
+    if (groups_) groups_->progress();
+  }
   int64_t head_group() const { return cfg_.layers + 1; }
   // The LM head on f rows [rows, D]: logits a slab at a time, cross-entropy, and with
   // `backward` the head's gradient and df (written).
