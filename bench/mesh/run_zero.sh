@@ -2,14 +2,15 @@
 # Sharded state (optim.zero 0-3) on data-parallel meshes, with bench_mesh_step:
 #   1. memory: a model whose state dominates (D 1024, 8 blocks, N 64, one sequence per replica),
 #      levels 0-3 at R = 2 and 4 (and level 0 at R = 1): per-rank parameter, gradient and
-#      optimizer bytes (Trainer::state_bytes), their sum x R / the level-0 sum, the transient
+#      optimizer bytes (Trainer::state_bytes), their sum x R / the one-rank level-0 sum, the transient
 #      gathered windows of level 3 (reported apart), and the peak RSS per rank; a plot of peak
 #      RSS per rank against R (${OUT}.rss.png, with matplotlib);
 #   2. prefetch: small blocks and few tokens (D 256, 4 blocks, N 64) on 2 ranks at level 3,
 #      optim.prefetch true against false: step time and the seconds blocked in train.params;
 #      ROUNDS interleaved rounds, medians;
 #   3. overlap (levels 0-2 as before): level 1 (one blocking reduce-scatter after backward)
-#      against level 2 with 64 KiB buckets and with one bucket, same small config;
+#      against level 2 (parameter groups; the two bucket settings show that the key no longer
+#      applies to level 2), same small config;
 #   4. exposed gather/scatter at D 512, N 2048 on 2 ranks, level 3 with prefetch (skip: EXPOSED=0).
 #   bash bench/mesh/run_zero.sh [ROUNDS=3] [STEPS=4]       (from the repository root, after building)
 # JSON lines go to ${OUT:-/tmp/iha_zero}.{memory,prefetch,overlap,exposed}.jsonl.
