@@ -129,6 +129,16 @@ void swiglu_backward(const T* x, const T* dy, int64_t rows, int64_t D, int64_t F
   gemm<T>(false, true, rows, D, F, T(1), hp, F, w_up, F, T(1), dx, D);
 }
 
+void CrossEntropyStats::add_row(double loss, bool hit, bool answer_row) {
+  loss_sum += loss;
+  count += 1;
+  correct += hit;
+  if (!answer_row) return;
+  answer_loss_sum += loss;
+  answer_count += 1;
+  answer_correct += hit;
+}
+
 void CrossEntropyStats::add(const CrossEntropyStats& o) {
   loss_sum += o.loss_sum;
   count += o.count;
@@ -159,15 +169,7 @@ CrossEntropyStats cross_entropy_forward_backward(T* logits, int64_t rows, int64_
     for (int64_t c = 0; c < V; ++c) sum += std::exp(static_cast<double>(l[c]) - mx);
     const double lse = mx + std::log(sum);
     const double loss = lse - static_cast<double>(l[t]);
-    const bool hit = arg == t;
-    s.loss_sum += loss;
-    s.count += 1;
-    s.correct += hit;
-    if (answer && answer[r]) {
-      s.answer_loss_sum += loss;
-      s.answer_count += 1;
-      s.answer_correct += hit;
-    }
+    s.add_row(loss, arg == t, answer && answer[r]);
     if (grad_scale != 0) {
       for (int64_t c = 0; c < V; ++c)
         l[c] = static_cast<T>(grad_scale * std::exp(static_cast<double>(l[c]) - lse));

@@ -81,6 +81,8 @@ struct CrossEntropyStats {
   int64_t answer_count = 0;
   int64_t answer_correct = 0;
   void add(const CrossEntropyStats& o);
+  // One row with a target: its loss, whether its arg-max hit the target, whether it is an answer row.
+  void add_row(double loss, bool hit, bool answer_row);
 };
 // In place: when grad_scale != 0, logits are overwritten with
 // grad_scale * (softmax(logits) - onehot(target)) (zero rows where target < 0), the gradient

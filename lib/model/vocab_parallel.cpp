@@ -28,16 +28,7 @@ CrossEntropyStats vocab_parallel_cross_entropy(const ModelBackend& be, Communica
     const int32_t t = host_targets[r];
     lse[r] = mx[r] + std::log(sm[2 * r]);
     if (t < 0 || r < counted_begin || r >= counted_end) continue;
-    const double loss = lse[r] - sm[2 * r + 1];
-    const bool hit = arg[r] == static_cast<double>(t);
-    stats.loss_sum += loss;
-    stats.count += 1;
-    stats.correct += hit;
-    if (host_answer && host_answer[r]) {
-      stats.answer_loss_sum += loss;
-      stats.answer_count += 1;
-      stats.answer_correct += hit;
-    }
+    stats.add_row(lse[r] - sm[2 * r + 1], arg[r] == static_cast<double>(t), host_answer && host_answer[r]);
   }
   if (grad_scale != 0) be.vocab_slice_grad(logits, rows, s, targets, be.upload(lse_h), grad_scale);
   return stats;
