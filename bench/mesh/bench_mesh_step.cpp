@@ -9,13 +9,15 @@
 // The config's checkpoints, logging file and evaluation are switched off. Reported (rank 0, a
 // table line and with --json one JSON object): step_s (median wall time of the steps after
 // the first), per family (train.grad: gradient reduction, train.params: ZeRO all-gather, a2a,
-// ring, halo, pring, phalo, mlp: the tensor-parallel MLP) the bytes sent per step by the
+// ring, halo, pring, phalo, mlp: the tensor-parallel MLP, embed, head, vocab: the
+// vocabulary-parallel embedding, LM head and cross-entropy) the bytes sent per step by the
 // busiest rank and its seconds blocked per step, the resident state of one rank
 // (Trainer::state_bytes: parameters, gradients, optimizer; param_mib, grad_mib, optimizer_mib;
-// at optim.zero 3 also gathered_mib, the most bytes of gathered parameter and gradient windows
-// alive at once, and prefetch),
-// the parameters a rank holds by kind (mlp, embed, lm_head, other; elements) and the peak RSS
-// of the busiest rank. grad_bucket_kib large enough for one bucket starts the all-reduce (or
+// at optim.zero 2 and 3 also gathered_mib, the most bytes of transient parameter and gradient
+// windows alive at once, and prefetch), the parameters a rank holds by kind (mlp, embed,
+// lm_head, other; elements), the peak RSS of the busiest rank and how far the steps raised it
+// above the RSS right after init (step_rss_growth_mib: activations and workspaces, the state
+// excluded). grad_bucket_kib large enough for one bucket starts the all-reduce (or
 // the level-2 reduce-scatter) only after the whole backward: the exposed train.grad time then
 // shows what the overlap hides.
 #include <cstdio>
@@ -57,7 +59,9 @@ int main(int argc, char** argv) {
     IHA_CONFIG_CHECK(cfg.dtype == DType::f32, "bench_mesh_step runs float32 configs");
     Trainer<float> t(cfg, world);
     t.init();
-    const char* families[] = {"train.grad", "train.params", "a2a.", "ring.", "halo.", "pring.", "phalo.", "mlp."};
+    const double rss_init = app::memory_use().rss_mib;
+    const char* families[] = {"train.grad", "train.params", "a2a.", "ring.", "halo.", "pring.", "phalo.",
+                              "mlp.",       "embed.",       "head.", "vocab."};
     std::vector<double> times;
     std::map<std::string, double> bytes, wait;
     for (int64_t s = 0; s < steps; ++s) {
@@ -84,10 +88,11 @@ int main(int argc, char** argv) {
       }
     }
     const StateBytes sb = t.state_bytes();
-    double mib[5] = {static_cast<double>(sb.params) / (1 << 20), static_cast<double>(sb.grads) / (1 << 20),
-                     static_cast<double>(sb.optimizer) / (1 << 20), app::memory_use().peak_rss_mib,
+    const app::MemoryUse mem = app::memory_use();
+    double mib[6] = {static_cast<double>(sb.params) / (1 << 20), static_cast<double>(sb.grads) / (1 << 20),
+                     static_cast<double>(sb.optimizer) / (1 << 20), mem.peak_rss_mib, mem.peak_rss_mib - rss_init,
                      static_cast<double>(sb.gathered) / (1 << 20)};
-    world->all_reduce(mib, 5, DType::f64, ReduceOp::max, "bench");
+    world->all_reduce(mib, 6, DType::f64, ReduceOp::max, "bench");
     const double opt_mib = mib[2];
     // Parameters held by this rank, by kind (tensor parallelism splits the MLP's).
     std::map<std::string, double> held = {{"mlp", 0}, {"embed", 0}, {"lm_head", 0}, {"other", 0}};
@@ -104,7 +109,7 @@ int main(int argc, char** argv) {
       std::printf("%s schemes global=%s window=%s zero=%lld bucket_kib=%lld | step %.4f s | per rank: parameters "
                   "%.3f MiB, gradients %.3f MiB, optimizer %.3f MiB, gathered %.3f MiB, peak RSS %.1f MiB\n",
                   cfg.mesh.str().c_str(), scheme_name(cfg.schemes.global), scheme_name(cfg.schemes.window),
-                  (long long)cfg.optim.zero, (long long)cfg.grad_bucket_kib, step_s, mib[0], mib[1], opt_mib, mib[4],
+                  (long long)cfg.optim.zero, (long long)cfg.grad_bucket_kib, step_s, mib[0], mib[1], opt_mib, mib[5],
                   mib[3]);
       for (const char* f : families)
         if (bytes[f] > 0)
@@ -118,7 +123,8 @@ int main(int argc, char** argv) {
             << ", \"grad_bucket_kib\": " << cfg.grad_bucket_kib << ", \"seq_len\": " << cfg.seq_len
             << ", \"step_s\": " << step_s << ", \"param_mib\": " << mib[0] << ", \"grad_mib\": " << mib[1]
             << ", \"optimizer_mib\": " << opt_mib << ", \"peak_rss_mib\": " << mib[3]
-            << ", \"gathered_mib\": " << mib[4] << ", \"prefetch\": " << (cfg.optim.prefetch ? "true" : "false")
+            << ", \"step_rss_growth_mib\": " << mib[4] << ", \"vocab\": " << cfg.model.vocab
+            << ", \"gathered_mib\": " << mib[5] << ", \"prefetch\": " << (cfg.optim.prefetch ? "true" : "false")
             << ", \"layers\": " << cfg.model.layers << ", \"tp\": " << cfg.mesh.tp;
         for (const auto& kv : held) out << ", \"params_" << kv.first << "\": " << kv.second;
         for (const char* f : families) {
