@@ -559,22 +559,8 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
   use_segments(batch);
   const VocabRows vr = vocab_rows(batch);
   // Sharded parameters are used in the order embed, blocks 0..L-1, head (forward and its
-  // backward), blocks L-1..0 (backward, the recompute on the same copy); each acquire is
-  // followed by the next group's prefetch, before the current group computes.
-  use_group(0);
-  prefetch_group(1);
-  Tensor x = embed(vr, batch.B);
-  drop_group(0);
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const int64_t g = static_cast<int64_t>(i) + 1;
-    use_group(g);
-    prefetch_group(g + 1);
-    Tensor out;
-    block_forward(*blocks_[i], x, out, acts[i]);
-    if (recompute_) acts[i].keep_input_only();
-    drop_group(g);
-    x = out;
-  }
+  // backward), blocks L-1..0 (backward, the recompute on the same copy).
+  Tensor x = embed_and_blocks(vr, batch.B, &acts);
   // Final norm, LM head and cross-entropy, a slab of rows at a time.
   use_group(hg);
   if (layers > 0) prefetch_group(layers);
@@ -615,23 +601,32 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
 }
 
 template <class T>
-Tensor Transformer<T>::final_hidden(const TokenBatch& batch, const VocabRows& vr) {
-  const int64_t rows = batch.B * batch.n, D = cfg_.D;
-  use_segments(batch);
+Tensor Transformer<T>::embed_and_blocks(const VocabRows& vr, int64_t B, std::vector<BlockActs>* acts) {
+  // Each group's acquire is followed by the next group's prefetch, before the group computes.
   use_group(0);
   prefetch_group(1);
-  Tensor x = embed(vr, batch.B);
+  Tensor x = embed(vr, B);
   drop_group(0);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const int64_t g = static_cast<int64_t>(i) + 1;
     use_group(g);
     prefetch_group(g + 1);
-    BlockActs acts;
+    BlockActs scratch;
+    BlockActs& a = acts ? (*acts)[i] : scratch;
     Tensor out;
-    block_forward(*blocks_[i], x, out, acts);
+    block_forward(*blocks_[i], x, out, a);
+    if (acts && recompute_) a.keep_input_only();
     drop_group(g);
     x = out;
   }
+  return x;
+}
+
+template <class T>
+Tensor Transformer<T>::final_hidden(const TokenBatch& batch, const VocabRows& vr) {
+  const int64_t rows = batch.B * batch.n, D = cfg_.D;
+  use_segments(batch);
+  Tensor x = embed_and_blocks(vr, batch.B, nullptr);
   use_group(head_group());  // the caller drops it after the LM head
   Tensor f = be_->alloc_compute({rows, D}), inv_f = be_->alloc_acc({rows});
   be_->rmsnorm_forward(x, rows, D, param(norm_f_), cfg_.norm_eps, f, inv_f);

@@ -196,6 +196,9 @@ class Transformer {
   };
   VocabRows vocab_rows(const TokenBatch& batch) const;
   Tensor embed(const VocabRows& rows, int64_t B);
+  // The embedding and every block's forward; with acts, each block's activations kept there
+  // (only its input with recomputation), else none.
+  Tensor embed_and_blocks(const VocabRows& vr, int64_t B, std::vector<BlockActs>* acts);
   // Forward without activations through the final RMSNorm: [B * n, D] (logits, evaluate).
   Tensor final_hidden(const TokenBatch& batch, const VocabRows& rows);
   void check_batch(const TokenBatch& batch) const;
