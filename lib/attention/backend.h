@@ -120,6 +120,12 @@ class Backend {
   // True when one flash call over many heads is cheaper than a call per head (the engines
   // then batch heads; otherwise they call per head and progress transfers in between).
   virtual bool batches_heads() const = 0;
+  // Query rows of one head per flash call while a transfer is in flight, when heads are called
+  // one by one; the engines test the transfer after each call (0: a head's rows in one call).
+  // Transports without a progress thread (MPI over shared memory without single-copy) move a
+  // large message only inside such tests. A multiple of the query tile, so split calls compute
+  // exactly what one call does.
+  virtual int64_t progress_rows() const { return 0; }
 
   // ---- memory (zero-filled tensors on device())
   Tensor alloc(Shape shape, DType dtype) const { return Tensor(std::move(shape), dtype, device()); }
@@ -250,12 +256,16 @@ class CpuBackend : public virtual Backend {
   DType acc_dtype() const override { return dtype_of<T>(); }
   std::string name() const override;
   bool batches_heads() const override { return false; }
+  int64_t progress_rows() const override { return kProgressTiles * tiles_.q; }
   std::shared_ptr<const RopeRows> rope_rows(const RopeSpec& spec, int64_t d,
                                             const std::vector<int64_t>& vpos) const override;
   IHA_BACKEND_OP_OVERRIDES
   const FlashTiles& tiles() const { return tiles_; }
 
  private:
+  // Query tiles per progress granule (bench_seq_parallel's window rows, exposed communication
+  // under btl_vader_single_copy_mechanism=none; docs/parallel.md).
+  static constexpr int64_t kProgressTiles = 1;
   FlashTiles tiles_;
 };
 
