@@ -131,6 +131,13 @@ class Backend {
   Tensor alloc(Shape shape, DType dtype) const { return Tensor(std::move(shape), dtype, device()); }
   Tensor alloc_compute(Shape shape) const { return alloc(std::move(shape), compute_dtype()); }
   Tensor alloc_acc(Shape shape) const { return alloc(std::move(shape), acc_dtype()); }
+  // Host memory left unfilled, for a buffer whose every element the next op writes (a GEMM
+  // with beta = 0, mix_rope_forward, flash_forward's o and lse, collapse_forward/backward's
+  // outputs, flash_drow): the fill would be a pass over memory overwritten anyway. Device
+  // memory stays zero-filled (one cheap kernel there).
+  Tensor alloc_overwritten(Shape shape, DType dtype) const {
+    return device() == Device::cpu ? Tensor::uninitialized(std::move(shape), dtype) : alloc(std::move(shape), dtype);
+  }
   // A host tensor on the backend's device (the tensor itself when it is already there).
   Tensor upload(const Tensor& host) const { return host.device() == device() ? host : host.to(device()); }
   // An i64 tensor of positions (or other indices) on the device.
