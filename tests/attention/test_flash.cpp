@@ -125,18 +125,26 @@ TEST_P(FlashVsNaive, ForwardAndBackwardMatchFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(AllMasksWindowsTiles, FlashVsNaive, ::testing::ValuesIn(flash_cases()), case_name);
 
+// Float32 q, k, v and an upstream gradient g of one head, n rows of d, from seed.
+struct HeadInputs {
+  std::vector<float> q, k, v, g;
+  HeadInputs(int64_t n, int64_t d, uint64_t seed) : q(n * d), k(n * d), v(n * d), g(n * d) {
+    for (int64_t i = 0; i < n * d; ++i) {
+      q[i] = static_cast<float>(normal01(seed, 1, i));
+      k[i] = static_cast<float>(normal01(seed, 2, i));
+      v[i] = static_cast<float>(normal01(seed, 3, i));
+      g[i] = static_cast<float>(normal01(seed, 4, i));
+    }
+  }
+};
+
 // Same inputs, same bits: run twice, the second time with NaN-filled outputs (o and lse must
 // be fully written) and with the AVX-512 tile kernels' shapes (d = 64, several tiles).
 TEST(Flash, Float32BitwiseReproducible) {
   const int64_t NP = 300, d = 64;
   const auto pos = iota_pos(NP);
-  std::vector<float> q(NP * d), k(NP * d), v(NP * d), g(NP * d);
-  for (int64_t i = 0; i < NP * d; ++i) {
-    q[i] = static_cast<float>(normal01(5, 1, i));
-    k[i] = static_cast<float>(normal01(5, 2, i));
-    v[i] = static_cast<float>(normal01(5, 3, i));
-    g[i] = static_cast<float>(normal01(5, 4, i));
-  }
+  const HeadInputs in(NP, d, 5);
+  const auto &q = in.q, &k = in.k, &v = in.v, &g = in.g;
   for (MaskKind mk : {MaskKind::flat_causal, MaskKind::token_causal}) {
     for (int64_t W : {0, 45}) {
       const MaskSpec mask{mk, 2, W};
@@ -164,13 +172,8 @@ TEST(Flash, Float32BitwiseReproducible) {
 TEST(Flash, CallsOfWholeTilesGiveTheBitsOfOneCall) {
   const int64_t NP = 300, d = 64, P = 2;
   const auto pos = iota_pos(NP);
-  std::vector<float> q(NP * d), k(NP * d), v(NP * d), g(NP * d);
-  for (int64_t i = 0; i < NP * d; ++i) {
-    q[i] = static_cast<float>(normal01(6, 1, i));
-    k[i] = static_cast<float>(normal01(6, 2, i));
-    v[i] = static_cast<float>(normal01(6, 3, i));
-    g[i] = static_cast<float>(normal01(6, 4, i));
-  }
+  const HeadInputs in(NP, d, 6);
+  const auto &q = in.q, &k = in.k, &v = in.v, &g = in.g;
   // Segment starts (virtual index of the row's document's first token): documents at tokens
   // 0, 37 and 101.
   std::vector<int64_t> seg(NP);
