@@ -121,7 +121,8 @@ class Backend {
   // then batch heads; otherwise they call per head and progress transfers in between).
   virtual bool batches_heads() const = 0;
   // Query rows of one head per flash call while a transfer is in flight, when heads are called
-  // one by one; the engines test the transfer after each call (0: a head's rows in one call).
+  // one by one; the engines test the transfer after each call and return to whole calls once it
+  // has arrived (0: a head's rows in one call).
   // Transports without a progress thread (MPI over shared memory without single-copy) move a
   // large message only inside such tests. A multiple of the query tile, so split calls compute
   // exactly what one call does.
