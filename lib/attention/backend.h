@@ -120,11 +120,25 @@ class Backend {
   // True when one flash call over many heads is cheaper than a call per head (the engines
   // then batch heads; otherwise they call per head and progress transfers in between).
   virtual bool batches_heads() const = 0;
+  // Query rows of one head per flash call while a transfer is in flight, when heads are called
+  // one by one; the engines test the transfer after each call and return to whole calls once it
+  // has arrived (0: a head's rows in one call).
+  // Transports without a progress thread (MPI over shared memory without single-copy) move a
+  // large message only inside such tests. A multiple of the query tile, so split calls compute
+  // exactly what one call does.
+  virtual int64_t progress_rows() const { return 0; }
 
   // ---- memory (zero-filled tensors on device())
   Tensor alloc(Shape shape, DType dtype) const { return Tensor(std::move(shape), dtype, device()); }
   Tensor alloc_compute(Shape shape) const { return alloc(std::move(shape), compute_dtype()); }
   Tensor alloc_acc(Shape shape) const { return alloc(std::move(shape), acc_dtype()); }
+  // Host memory left unfilled, for a buffer whose every element the next op writes (a GEMM
+  // with beta = 0, mix_rope_forward, flash_forward's o and lse, collapse_forward/backward's
+  // outputs, flash_drow): the fill would be a pass over memory overwritten anyway. Device
+  // memory stays zero-filled (one cheap kernel there).
+  Tensor alloc_overwritten(Shape shape, DType dtype) const {
+    return device() == Device::cpu ? Tensor::uninitialized(std::move(shape), dtype) : alloc(std::move(shape), dtype);
+  }
   // A host tensor on the backend's device (the tensor itself when it is already there).
   Tensor upload(const Tensor& host) const { return host.device() == device() ? host : host.to(device()); }
   // A tensor of this backend on the host (the tensor itself on the CPU).
@@ -252,12 +266,16 @@ class CpuBackend : public virtual Backend {
   DType acc_dtype() const override { return dtype_of<T>(); }
   std::string name() const override;
   bool batches_heads() const override { return false; }
+  int64_t progress_rows() const override { return kProgressTiles * tiles_.q; }
   std::shared_ptr<const RopeRows> rope_rows(const RopeSpec& spec, int64_t d,
                                             const std::vector<int64_t>& vpos) const override;
   IHA_BACKEND_OP_OVERRIDES
   const FlashTiles& tiles() const { return tiles_; }
 
  private:
+  // Query tiles per progress granule (bench_seq_parallel's window rows, exposed communication
+  // under btl_vader_single_copy_mechanism=none; docs/parallel.md).
+  static constexpr int64_t kProgressTiles = 1;
   FlashTiles tiles_;
 };
 

@@ -84,6 +84,14 @@ void for_each_key_tile(const MaskSpec& m, const int64_t* q_pos, int64_t i0, int6
   }
 }
 
+// The key rows any of the call's nq >= 1 query rows can see: every tile's range
+// (for_each_key_tile) lies inside it, since the mask's lower and upper bounds, window and
+// segment alike, do not decrease along the rows.
+std::pair<int64_t, int64_t> call_key_range(const MaskSpec& m, const int64_t* q_pos, int64_t nq, const int64_t* k_pos,
+                                           int64_t nk) {
+  return key_range(m, k_pos, nk, q_pos[0], q_pos[nq - 1], segment_start(m, 0));
+}
+
 // Tile products for one kernel call: BLAS, or the AVX-512 kernels (float only) with the
 // key-side operands packed once into panels.
 template <class T>
@@ -92,27 +100,36 @@ class TileProducts {
   TileProducts(int64_t d, bool use_kernels) : d_(d), kernels_(use_kernels) {}
   int64_t align() const { return kernels_ ? detail::kPanel : 1; }
 
-  // Panels of x (n rows), for scores(); empty when BLAS is used.
-  std::vector<T> panels(const T* x, int64_t n) const {
-    std::vector<T> out;
+  // The panels of x (n rows) that hold rows [b, e), for scores(); empty when BLAS is used. Only
+  // the keys a call can see are packed: a call over a few query rows of a long block (a
+  // transfer's progress granule) then costs its visible keys, not the whole block.
+  struct Panels {
+    std::vector<T> data;
+    int64_t first = 0;  // panel index of data's first panel
+  };
+  Panels panels(const T* x, int64_t n, int64_t b, int64_t e) const {
+    Panels out;
     if constexpr (std::is_same_v<T, float>) {
-      if (kernels_) {
-        out.resize(static_cast<size_t>(detail::panel_floats(n, d_)));
-        detail::pack_panels(x, n, d_, out.data());
+      if (kernels_ && b < e) {
+        out.first = b / detail::kPanel;
+        const int64_t r0 = out.first * detail::kPanel;
+        const int64_t r1 = std::min(n, (e + detail::kPanel - 1) / detail::kPanel * detail::kPanel);
+        out.data.resize(static_cast<size_t>(detail::panel_floats(r1 - r0, d_)));
+        detail::pack_panels(x + r0 * d_, r1 - r0, d_, out.data.data());
       }
     }
     return out;
   }
 
   // s[r][c] = alpha <a[r], x[c0 + c]> for r < nr, c < nc (a and x row-major, stride d;
-  // x_panels = panels(x) when kernels are used). Returns the block's column 0 inside buf,
-  // whose row stride ld must be >= nc + 2 * (align() - 1).
-  T* scores(const T* a, int64_t nr, const T* x, const std::vector<T>& x_panels, int64_t c0,
-            int64_t nc, T alpha, T* buf, int64_t ld) const {
+  // x_panels = panels(x, ...) covering those columns when kernels are used). Returns the
+  // block's column 0 inside buf, whose row stride ld must be >= nc + 2 * (align() - 1).
+  T* scores(const T* a, int64_t nr, const T* x, const Panels& x_panels, int64_t c0, int64_t nc, T alpha,
+            T* buf, int64_t ld) const {
     if constexpr (std::is_same_v<T, float>) {
       if (kernels_) {
         const int64_t p0 = c0 / detail::kPanel, p1 = (c0 + nc + detail::kPanel - 1) / detail::kPanel;
-        detail::scores_nt(a, d_, nr, x_panels.data(), d_, p0, p1 - p0, alpha, buf, ld);
+        detail::scores_nt(a, d_, nr, x_panels.data.data(), d_, p0 - x_panels.first, p1 - p0, alpha, buf, ld);
         return buf + (c0 - p0 * detail::kPanel);
       }
     }
@@ -196,7 +213,8 @@ FlashStats flash_forward(const MaskSpec& mask, int64_t d, const T* q, const int6
   const T scale = static_cast<T>(mask.logit_scale) / std::sqrt(T(d));
   const int64_t BQ = tiles.q, BK = tiles.k;
   const TileProducts<T> tp(d, use_tile_kernels<T>(d));
-  const std::vector<T> k_panels = tp.panels(k, nk);
+  const auto [kb, ke] = call_key_range(mask, q_pos, nq, k_pos, nk);
+  const auto k_panels = tp.panels(k, nk, kb, ke);
   const int64_t lds = BK + 2 * detail::kPanel;
   std::vector<T> s(static_cast<size_t>(BQ * lds));
   std::vector<T> row_max(BQ), row_sum(BQ);
@@ -271,7 +289,8 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
   const T scale = static_cast<T>(mask.logit_scale) / std::sqrt(T(d));
   const int64_t BQ = tiles.q, BK = tiles.k;
   const TileProducts<T> tp(d, use_tile_kernels<T>(d));
-  const std::vector<T> k_panels = tp.panels(k, nk), v_panels = tp.panels(v, nk);
+  const auto [kb, ke] = call_key_range(mask, q_pos, nq, k_pos, nk);
+  const auto k_panels = tp.panels(k, nk, kb, ke), v_panels = tp.panels(v, nk, kb, ke);
   const int64_t lds = BK + 2 * detail::kPanel;
   std::vector<T> a(static_cast<size_t>(BQ * lds)), da(static_cast<size_t>(BQ * lds));
 

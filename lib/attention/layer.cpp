@@ -141,20 +141,23 @@ void IhaLayer<T>::forward(const IhaWeights<T>& w, const Tensor& x, Tensor& z, Ca
   check_placed(x, be, be.compute_dtype(), "layer input x");
   cache.B = B;
   cache.x = x;
-  cache.q = be.alloc_compute({B, n, Hd});
+  // Every buffer below is written whole before it is read (GEMMs with beta = 0, the core's
+  // output), so none is zero-filled first.
+  const DType ct = be.compute_dtype(), at = be.acc_dtype();
+  cache.q = be.alloc_overwritten({B, n, Hd}, ct);
   // K and V in one allocation, V right after K: a sequence-parallel core sends them as its
   // exchange payload in place instead of packing a copy.
-  const Tensor kv = be.alloc_compute({2, B, n, Kd});
+  const Tensor kv = be.alloc_overwritten({2, B, n, Kd}, ct);
   cache.k = kv.slice(0, 1).reshape({B, n, Kd});
   cache.v = kv.slice(1, 2).reshape({B, n, Kd});
-  cache.o = be.alloc_compute({B, n, Hd});
+  cache.o = be.alloc_overwritten({B, n, Hd}, ct);
   be.gemm(false, false, rows, Hd, D, x, D, w.wq, Hd, 0, cache.q, Hd);
   be.gemm(false, false, rows, Kd, D, x, D, w.wk, Kd, 0, cache.k, Kd);
   be.gemm(false, false, rows, Kd, D, x, D, w.wv, Kd, 0, cache.v, Kd);
   cache.core = core_->make_cache();
   core_->forward(w, B, CBuf(cache.q), CBuf(cache.k), CBuf(cache.v), Buf(cache.o), *cache.core);
   if (z.numel() == 0 || z.shape() != x.shape() || z.dtype() != be.acc_dtype() || z.device() != be.device())
-    z = be.alloc_acc({B, n, D});
+    z = be.alloc_overwritten({B, n, D}, at);
   be.gemm(false, false, rows, D, Hd, cache.o, Hd, w.wo, D, 0, z, D);
 }
 
@@ -172,10 +175,11 @@ void IhaLayer<T>::backward(const IhaWeights<T>& w, const Tensor& dz, Cache& cach
   // Output projection: dW_O += O^T dZ; dO = dZ W_O^T.
   be.gemm(true, false, Hd, D, rows, cache.o, Hd, dz_c, D, 1, grads.wo, D);
   cache.o = Tensor();  // last use: released before the core's backward buffers
-  Tensor d_o = be.alloc_compute({B, n, Hd});
+  Tensor d_o = be.alloc_overwritten({B, n, Hd}, be.compute_dtype());
   be.gemm(false, true, rows, Hd, D, dz_c, D, w.wo, D, 0, d_o, Hd);
   // dK and dV adjacent, like K and V: a sequence-parallel core receives its gradient there.
-  Tensor dq = be.alloc_acc({B, n, Hd}), dkv = be.alloc_acc({2, B, n, Kd});
+  // The core writes all three (AttentionCore::backward).
+  Tensor dq = be.alloc_overwritten({B, n, Hd}, be.acc_dtype()), dkv = be.alloc_overwritten({2, B, n, Kd}, be.acc_dtype());
   const Tensor dk = dkv.slice(0, 1).reshape({B, n, Kd}), dv = dkv.slice(1, 2).reshape({B, n, Kd});
   core_->backward(w, B, CBuf(cache.q), CBuf(cache.k), CBuf(cache.v), CBuf(d_o), Buf(dq), Buf(dk), Buf(dv), grads,
                   *cache.core);
@@ -190,7 +194,7 @@ void IhaLayer<T>::backward(const IhaWeights<T>& w, const Tensor& dz, Cache& cach
   be.gemm(true, false, D, Kd, rows, x, D, dk_c, Kd, 1, grads.wk, Kd);
   be.gemm(true, false, D, Kd, rows, x, D, dv_c, Kd, 1, grads.wv, Kd);
   if (dx.numel() == 0 || dx.shape() != x.shape() || dx.dtype() != be.acc_dtype() || dx.device() != be.device())
-    dx = be.alloc_acc({B, n, D});
+    dx = be.alloc_overwritten({B, n, D}, be.acc_dtype());
   be.gemm(false, true, rows, D, Hd, dq_c, Hd, w.wq, Hd, 0, dx, D);
   be.gemm(false, true, rows, D, Kd, dk_c, Kd, w.wk, Kd, 1, dx, D);
   be.gemm(false, true, rows, D, Kd, dv_c, Kd, w.wv, Kd, 1, dx, D);

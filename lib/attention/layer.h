@@ -68,7 +68,7 @@ class AttentionCore {
   virtual int64_t local_tokens() const = 0;
   virtual std::unique_ptr<CoreCache> make_cache() const = 0;
   // q: pre-mix projections [B, n_loc, H*d]; k, v: [B, n_loc, Hkv*d]; out: collapsed heads
-  // [B, n_loc, H*d] (compute dtype).
+  // [B, n_loc, H*d] (compute dtype), every element written.
   virtual void forward(const IhaWeights<T>& w, int64_t B, CBuf q, CBuf k, CBuf v, Buf out,
                        CoreCache& cache) = 0;
   // dout [B, n_loc, H*d] (compute) -> dq, dk, dv (T, written); grads.aq/ak/av/collapse

@@ -35,11 +35,13 @@ class LocalCore final : public AttentionCore<T> {
     const LayerConfig& c = this->cfg_;
     const int64_t H = c.H, Hkv = c.kv_heads(), d = c.d, P = c.P, NP = N_ * P, Hd = H * d, Kd = Hkv * d,
                   hs = NP * d;
-    cache.qv = be.alloc_compute({B, H, NP, d});
-    cache.kv = be.alloc_compute({B, Hkv, NP, d});
-    cache.vv = be.alloc_compute({B, Hkv, NP, d});
-    cache.ov = be.alloc_acc({B, H, NP, d});
-    cache.lse = be.alloc_acc({B, H, NP});
+    // Written whole by mix_rope_forward and flash_forward: not zero-filled first.
+    const DType ct = be.compute_dtype(), at = be.acc_dtype();
+    cache.qv = be.alloc_overwritten({B, H, NP, d}, ct);
+    cache.kv = be.alloc_overwritten({B, Hkv, NP, d}, ct);
+    cache.vv = be.alloc_overwritten({B, Hkv, NP, d}, ct);
+    cache.ov = be.alloc_overwritten({B, H, NP, d}, at);
+    cache.lse = be.alloc_overwritten({B, H, NP}, at);
     const MixView mv = this->mix_view(w);
     for (int64_t b = 0; b < B; ++b) {
       const int64_t in = b * N_ * Hd, o = b * H * hs, kin = b * N_ * Kd, ko = b * Hkv * hs;
@@ -66,7 +68,9 @@ class LocalCore final : public AttentionCore<T> {
     const int64_t H = c.H, Hkv = c.kv_heads(), G = c.group(), d = c.d, P = c.P, NP = N_ * P, Hd = H * d,
                   Kd = Hkv * d, hs = NP * d;
     const MixView mv = this->mix_view(w);
-    Tensor dov = be.alloc_compute({B, H, NP, d}), drow = be.alloc_acc({B, H, NP});
+    // Written whole by collapse_backward and flash_drow; the flash backward's gradients add up.
+    Tensor dov = be.alloc_overwritten({B, H, NP, d}, be.compute_dtype()),
+           drow = be.alloc_overwritten({B, H, NP}, be.acc_dtype());
     for (int64_t b = 0; b < B; ++b)
       be.collapse_backward(dout.at(b * N_ * Hd), Hd, CBuf(cache.ov).at(b * H * hs), hs, N_, H, d, P, mv.form, mv.c,
                            Buf(dov).at(b * H * hs), this->mix_grad(grads.collapse));

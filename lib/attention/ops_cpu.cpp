@@ -6,6 +6,24 @@
 
 namespace iha {
 
+namespace {
+
+// sum_c a[c] * b[c] as kLanes interleaved partial sums added in a fixed order: independent
+// chains the compiler vectorises (one running sum is a serial chain it may not reorder), and a
+// result that depends on n alone.
+template <class T>
+T dot(const T* a, const T* b, int64_t n) {
+  constexpr int64_t kLanes = 8;
+  T acc[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) acc[l] += a[c + l] * b[c + l];
+  for (int64_t l = 0; c + l < n; ++l) acc[l] += a[c + l] * b[c + l];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+}  // namespace
+
 template <class T>
 void mix_rope_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
                       const T* alpha, int64_t h_begin, int64_t h_end, const RopeTable<T>* rope, T* virt,
@@ -44,13 +62,8 @@ void mix_rope_backward(T* dvirt, int64_t head_stride, const T* pre, int64_t ld_p
           const int64_t ai = (m * H + h) * P + j;
           const T a = alpha[ai];
           T* dst = drow + m * d;
-          const T* src = row + m * d;
-          T dot = 0;
-          for (int64_t c = 0; c < d; ++c) {
-            dst[c] += a * g[c];
-            dot += src[c] * g[c];
-          }
-          if (dalpha) dalpha[ai] += dot;
+          for (int64_t c = 0; c < d; ++c) dst[c] += a * g[c];
+          if (dalpha) dalpha[ai] += dot(row + m * d, g, d);
         }
       }
     }
@@ -139,19 +152,12 @@ void collapse_backward(const T* dout, int64_t ld_dout, const T* y, int64_t head_
           const int64_t ci = h * cols + (global ? hp * P + j : j);
           const T w = C[ci];
           const int64_t off = hp * head_stride + (i * P + j) * d;
-          T dot = 0;
           if (first) {
-            for (int64_t c = 0; c < d; ++c) {
-              dy[off + c] = w * g[c];
-              dot += g[c] * y[off + c];
-            }
+            for (int64_t c = 0; c < d; ++c) dy[off + c] = w * g[c];
           } else {
-            for (int64_t c = 0; c < d; ++c) {
-              dy[off + c] += w * g[c];
-              dot += g[c] * y[off + c];
-            }
+            for (int64_t c = 0; c < d; ++c) dy[off + c] += w * g[c];
           }
-          if (dC) dC[ci] += dot;
+          if (dC) dC[ci] += dot(g, y + off, d);
         }
       }
     }

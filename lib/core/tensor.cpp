@@ -1,5 +1,9 @@
 #include "core/tensor.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -7,6 +11,27 @@
 #include <type_traits>
 
 namespace iha {
+
+namespace {
+
+// A layer allocates and frees tens of MiB of activations per step. With glibc's defaults the
+// freed memory goes back to the kernel (munmap of blocks over the dynamic mmap threshold, trim
+// of the heap top) and every step faults the same pages in again: at N = 2048 that was the
+// largest cost of a layer outside attention and the GEMMs (page faults, zeroing and unmapping
+// in the kernel; bench/attention BM_layer_parts, docs/benchmarks.md). Blocks up to 32 MiB
+// (glibc's own ceiling for the dynamic threshold) therefore come from the heap, and up to 1 GiB
+// of free heap top is kept for the next step; what is in use is unchanged (mallinfo2, the
+// memory benchmarks). A process that sets glibc's malloc tunables itself keeps them.
+void keep_host_heap() {
+#if defined(__GLIBC__)
+  for (const char* v : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES"})
+    if (std::getenv(v)) return;
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+}
+
+}  // namespace
 
 size_t dtype_size(DType t) {
   switch (t) {
@@ -97,22 +122,30 @@ bool has_device(Device d) {
   return r.have_cuda;
 }
 
-Tensor::Tensor(Shape shape, DType dtype, Device device)
+Tensor::Tensor(Shape shape, DType dtype, Device device) : Tensor(std::move(shape), dtype, device, true) {}
+
+Tensor Tensor::uninitialized(Shape shape, DType dtype, Device device) {
+  return Tensor(std::move(shape), dtype, device, false);
+}
+
+Tensor::Tensor(Shape shape, DType dtype, Device device, bool zero)
     : shape_(std::move(shape)), dtype_(dtype), device_(device) {
   numel_ = shape_numel(shape_);
   const size_t bytes = nbytes();
   if (device_ == Device::cpu) {
+    static std::once_flag heap_configured;
+    std::call_once(heap_configured, keep_host_heap);
     // 64-byte alignment for vector loads; calloc-like zero fill.
     const size_t padded = ((bytes + 63) / 64) * 64;
     void* p = padded ? std::aligned_alloc(64, padded) : nullptr;
     IHA_CHECK(padded == 0 || p != nullptr, "out of host memory allocating ", bytes, " bytes for ",
               dtype_name(dtype_), shape_str(shape_));
-    if (p) std::memset(p, 0, padded);
+    if (p && zero) std::memset(p, 0, padded);
     storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   } else {
     const DeviceAllocator& a = cuda_allocator();
     void* p = bytes ? a.alloc(bytes) : nullptr;
-    if (p) a.zero(p, bytes);
+    if (p && zero) a.zero(p, bytes);
     auto free_fn = a.free;
     storage_ = std::shared_ptr<void>(p, [free_fn](void* q) { if (q) free_fn(q); });
   }

@@ -63,6 +63,9 @@ class Tensor {
   Tensor() = default;
   // Owning, zero-filled.
   Tensor(Shape shape, DType dtype, Device device = Device::cpu);
+  // Owning, contents undefined: for buffers whose every element is written before it is read
+  // (no fill pass over memory the first writer overwrites anyway).
+  static Tensor uninitialized(Shape shape, DType dtype, Device device = Device::cpu);
   // Non-owning view of memory the caller keeps alive.
   static Tensor view(void* data, Shape shape, DType dtype, Device device = Device::cpu);
 
@@ -105,6 +108,7 @@ class Tensor {
 
  private:
   void check_dtype(DType want) const;
+  Tensor(Shape shape, DType dtype, Device device, bool zero);
   std::shared_ptr<void> storage_;
   void* data_ = nullptr;
   Shape shape_;

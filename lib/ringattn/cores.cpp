@@ -149,7 +149,7 @@ class PremixCore final : public AttentionCore<T> {
     const LayerConfig& c = this->cfg_;
     const MixView mv = this->mix_view(w);
     const int64_t n = local_tokens(), nP = n * c.P, hs = nP * c.d, Hd = c.H * c.d;
-    cache.qv = be.alloc_compute({B, c.H, nP, c.d});
+    cache.qv = be.alloc_overwritten({B, c.H, nP, c.d}, be.compute_dtype());  // written whole below
     for (int64_t b = 0; b < B; ++b)
       be.mix_rope_forward(q.at(b * n * Hd), Hd, n, c.H, c.d, c.P, mv.aq, 0, c.H, *rope_, true,
                           Buf(cache.qv).at(b * c.H * hs), hs);
@@ -165,7 +165,9 @@ class PremixCore final : public AttentionCore<T> {
     const LayerConfig& c = this->cfg_;
     const MixView mv = this->mix_view(w);
     const int64_t n = local_tokens(), nP = n * c.P, hs = nP * c.d, Hd = c.H * c.d;
-    Tensor dov = be.alloc_compute({B, c.H, nP, c.d}), drow = be.alloc_acc({B, c.H, nP}), dqv;
+    // Written whole by collapse_backward and flash_drow.
+    Tensor dov = be.alloc_overwritten({B, c.H, nP, c.d}, be.compute_dtype()),
+           drow = be.alloc_overwritten({B, c.H, nP}, be.acc_dtype()), dqv;
     for (int64_t b = 0; b < B; ++b)
       be.collapse_backward(dout.at(b * n * Hd), Hd, CBuf(cache.ov).at(b * c.H * hs), hs, n, c.H, c.d, c.P, mv.form,
                            mv.c, Buf(dov).at(b * c.H * hs), this->mix_grad(grads.collapse));

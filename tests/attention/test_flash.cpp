@@ -125,18 +125,26 @@ TEST_P(FlashVsNaive, ForwardAndBackwardMatchFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(AllMasksWindowsTiles, FlashVsNaive, ::testing::ValuesIn(flash_cases()), case_name);
 
+// Float32 q, k, v and an upstream gradient g of one head, n rows of d, from seed.
+struct HeadInputs {
+  std::vector<float> q, k, v, g;
+  HeadInputs(int64_t n, int64_t d, uint64_t seed) : q(n * d), k(n * d), v(n * d), g(n * d) {
+    for (int64_t i = 0; i < n * d; ++i) {
+      q[i] = static_cast<float>(normal01(seed, 1, i));
+      k[i] = static_cast<float>(normal01(seed, 2, i));
+      v[i] = static_cast<float>(normal01(seed, 3, i));
+      g[i] = static_cast<float>(normal01(seed, 4, i));
+    }
+  }
+};
+
 // Same inputs, same bits: run twice, the second time with NaN-filled outputs (o and lse must
 // be fully written) and with the AVX-512 tile kernels' shapes (d = 64, several tiles).
 TEST(Flash, Float32BitwiseReproducible) {
   const int64_t NP = 300, d = 64;
   const auto pos = iota_pos(NP);
-  std::vector<float> q(NP * d), k(NP * d), v(NP * d), g(NP * d);
-  for (int64_t i = 0; i < NP * d; ++i) {
-    q[i] = static_cast<float>(normal01(5, 1, i));
-    k[i] = static_cast<float>(normal01(5, 2, i));
-    v[i] = static_cast<float>(normal01(5, 3, i));
-    g[i] = static_cast<float>(normal01(5, 4, i));
-  }
+  const HeadInputs in(NP, d, 5);
+  const auto &q = in.q, &k = in.k, &v = in.v, &g = in.g;
   for (MaskKind mk : {MaskKind::flat_causal, MaskKind::token_causal}) {
     for (int64_t W : {0, 45}) {
       const MaskSpec mask{mk, 2, W};
@@ -156,6 +164,52 @@ TEST(Flash, Float32BitwiseReproducible) {
             << "output " << t << " " << mask_name(mk) << " W=" << W;
     }
   }
+}
+
+// The sequence engines cut a head's rows into calls of whole query tiles (so a transfer in
+// flight is tested between them): the calls must give exactly the bits of one call, the
+// tile kernels packing only the keys each call sees, with windows and documents.
+TEST(Flash, CallsOfWholeTilesGiveTheBitsOfOneCall) {
+  const int64_t NP = 300, d = 64, P = 2;
+  const auto pos = iota_pos(NP);
+  const HeadInputs in(NP, d, 6);
+  const auto &q = in.q, &k = in.k, &v = in.v, &g = in.g;
+  // Segment starts (virtual index of the row's document's first token): documents at tokens
+  // 0, 37 and 101.
+  std::vector<int64_t> seg(NP);
+  for (int64_t i = 0; i < NP; ++i) seg[i] = P * (i / P >= 101 ? 101 : i / P >= 37 ? 37 : 0);
+  for (bool docs : {false, true})
+    for (int64_t W : {0, 45})
+      for (FlashTiles t : {FlashTiles{}, FlashTiles{16, 16}}) {
+        const MaskSpec mask{MaskKind::token_causal, P, W, 1.0, docs ? seg.data() : nullptr};
+        auto run = [&](int64_t step) {
+          std::vector<float> o(NP * d), lse(NP), drow(NP), dq(NP * d, 0), dk(NP * d, 0), dv(NP * d, 0);
+          for (int64_t r0 = 0; r0 < NP; r0 += step) {
+            MaskSpec m = mask;
+            if (docs) m.q_seg = seg.data() + r0;
+            const int64_t nr = std::min(step, NP - r0);
+            flash_forward<float>(m, d, q.data() + r0 * d, pos.data() + r0, nr, k.data(), v.data(), pos.data(), NP,
+                                 o.data() + r0 * d, lse.data() + r0, t);
+          }
+          flash_drow<float>(o.data(), g.data(), NP, d, drow.data());
+          for (int64_t r0 = 0; r0 < NP; r0 += step) {
+            MaskSpec m = mask;
+            if (docs) m.q_seg = seg.data() + r0;
+            const int64_t nr = std::min(step, NP - r0);
+            flash_backward<float>(m, d, q.data() + r0 * d, pos.data() + r0, nr, k.data(), v.data(), pos.data(), NP,
+                                  g.data() + r0 * d, lse.data() + r0, drow.data() + r0, dq.data() + r0 * d,
+                                  dk.data(), dv.data(), t);
+          }
+          return std::vector<std::vector<float>>{o, lse, dq, dk, dv};
+        };
+        const auto whole = run(NP);
+        for (int64_t step : {t.q, 2 * t.q}) {
+          const auto split = run(step);
+          for (size_t i = 0; i < whole.size(); ++i)
+            EXPECT_EQ(0, std::memcmp(whole[i].data(), split[i].data(), whole[i].size() * sizeof(float)))
+                << "output " << i << " docs=" << docs << " W=" << W << " tile " << t.q << " step " << step;
+        }
+      }
 }
 
 // Queries and keys at scattered, ascending positions (as in zigzag ring steps and halos):
