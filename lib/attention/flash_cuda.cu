@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/flash_cuda.h"
+#include "attention/backend_cuda.h"
 #include "attention/mask.h"
 #include "attention/merge.h"
 #include "core/cuda_device.h"
@@ -63,13 +63,12 @@ __device__ void seeing_query_range(const MaskSpec& m, const int64_t* q_pos, int6
 
 // ======================= SIMT kernels: one warp per row, fp32 math =======================
 
-constexpr int kSimtWarps = 4;
-constexpr int kSimtThreads = kSimtWarps * 32;
-constexpr int kSimtRowsPerWarp = 4;
-constexpr int kSimtRows = kSimtWarps * kSimtRowsPerWarp;  // rows a block owns
-constexpr int kSimtTile = 32;                             // rows of the other side per step
-constexpr int kSimtMaxCols = 8;                           // columns per lane: d <= 256
-constexpr int kSimtMaxD = 32 * kSimtMaxCols;
+constexpr int kSimtWarps = flash_simt::kWarps;
+constexpr int kSimtThreads = flash_simt::kThreads;
+constexpr int kSimtRowsPerWarp = flash_simt::kRowsPerWarp;
+constexpr int kSimtRows = flash_simt::kRows;        // rows a block owns
+constexpr int kSimtTile = flash_simt::kTile;        // rows of the other side per step
+constexpr int kSimtMaxCols = flash_simt::kMaxCols;  // columns per lane: d <= 256
 
 // Loads rows [0, tile) of a d-wide matrix into shared memory (row stride ld) as float; rows
 // at or beyond `valid` become zeros, so padded rows never carry garbage into a product.
@@ -94,6 +93,41 @@ __device__ void add_warp_rows(const float (&acc)[kSimtRowsPerWarp][kSimtMaxCols]
     for (int cc = 0; cc < kSimtMaxCols; ++cc) {
       const int c = lane + 32 * cc;
       if (c < d) out[static_cast<int64_t>(row) * d + c] += acc[rr][cc] * factor;
+    }
+  }
+}
+
+template <int kRowsN>
+__device__ __forceinline__ void zero_rows(float (&acc)[kRowsN][kSimtMaxCols]) {
+#pragma unroll
+  for (int rr = 0; rr < kRowsN; ++rr)
+#pragma unroll
+    for (int cc = 0; cc < kSimtMaxCols; ++cc) acc[rr][cc] = 0.f;
+}
+
+// ab = <a, b> and ce = <c, e> over d columns, one pass in ascending column order.
+__device__ __forceinline__ void dot_pair(const float* a, const float* b, const float* c, const float* e, int d,
+                                         float& ab, float& ce) {
+  ab = 0.f;
+  ce = 0.f;
+  for (int i = 0; i < d; ++i) {
+    ab += a[i] * b[i];
+    ce += c[i] * e[i];
+  }
+}
+
+// acc[cc] = acc[cc] * rescale + sum_{j < n} w[j] x[j * ld + c] for the lane's columns
+// c = lane + 32 cc below d (rescale 1 is exact: plain accumulation).
+__device__ __forceinline__ void accumulate_columns(float (&acc)[kSimtMaxCols], float rescale, const float* w,
+                                                   const float* x, int ld, int n, int d) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int cc = 0; cc < kSimtMaxCols; ++cc) {
+    const int c = lane + 32 * cc;
+    if (c < d) {
+      float sum = 0.f;
+      for (int j = 0; j < n; ++j) sum += w[j] * x[j * ld + c];
+      acc[cc] = acc[cc] * rescale + sum;
     }
   }
 }
@@ -126,12 +160,11 @@ simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int6
   const int64_t kb = range_s[0], ke = range_s[1];
 
   float m_run[kSimtRowsPerWarp], l_run[kSimtRowsPerWarp], acc[kSimtRowsPerWarp][kSimtMaxCols];
+  zero_rows(acc);
 #pragma unroll
   for (int rr = 0; rr < kSimtRowsPerWarp; ++rr) {
     m_run[rr] = kNegInf;
     l_run[rr] = 0.f;
-#pragma unroll
-    for (int cc = 0; cc < kSimtMaxCols; ++cc) acc[rr][cc] = 0.f;
   }
 
   for (int64_t j0 = kb; j0 < ke; j0 += kSimtTile) {
@@ -165,15 +198,7 @@ simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int6
           m_run[rr] = m_new;
           ps[warp * kSimtTile + lane] = p;
           __syncwarp();
-#pragma unroll
-          for (int cc = 0; cc < kSimtMaxCols; ++cc) {
-            const int c = lane + 32 * cc;
-            if (c < d) {
-              float pv = 0.f;
-              for (int j = 0; j < cols; ++j) pv += ps[warp * kSimtTile + j] * vs[j * d + c];
-              acc[rr][cc] = acc[rr][cc] * rescale + pv;
-            }
-          }
+          accumulate_columns(acc[rr], rescale, ps + warp * kSimtTile, vs, d, cols, d);
           __syncwarp();  // ps is rewritten for the next row
         }
       }
@@ -229,10 +254,7 @@ simt_backward_dq_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, 
   const int64_t kb = range_s[0], ke = range_s[1];
 
   float acc[kSimtRowsPerWarp][kSimtMaxCols];
-#pragma unroll
-  for (int rr = 0; rr < kSimtRowsPerWarp; ++rr)
-#pragma unroll
-    for (int cc = 0; cc < kSimtMaxCols; ++cc) acc[rr][cc] = 0.f;
+  zero_rows(acc);
 
   for (int64_t j0 = kb; j0 < ke; j0 += kSimtTile) {
     const int cols = static_cast<int>(min(static_cast<int64_t>(kSimtTile), ke - j0));
@@ -253,29 +275,14 @@ simt_backward_dq_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, 
       if (l == kNegInf) continue;  // the row sees no key anywhere: no gradient flows
       float ds = 0.f;
       if (lane < cols && (tm == TileMask::full || key_visible(mask, qpos_s[row], kpos_s[lane], segment_start(mask, i0 + row)))) {
-        const float* qrow = qs + row * d;
-        const float* dorow = dos + row * d;
-        const float* krow = ks + lane * (d + 1);
-        const float* vrow = vs + lane * (d + 1);
-        float s = 0.f, dp = 0.f;
-        for (int c = 0; c < d; ++c) {
-          s += qrow[c] * krow[c];
-          dp += dorow[c] * vrow[c];
-        }
+        float s, dp;
+        dot_pair(qs + row * d, ks + lane * (d + 1), dos + row * d, vs + lane * (d + 1), d, s, dp);
         const float a = expf(s * scale - l);
         ds = a * (dp - drow[row]);
       }
       dss[warp * kSimtTile + lane] = ds;
       __syncwarp();
-#pragma unroll
-      for (int cc = 0; cc < kSimtMaxCols; ++cc) {
-        const int c = lane + 32 * cc;
-        if (c < d) {
-          float g = 0.f;
-          for (int j = 0; j < cols; ++j) g += dss[warp * kSimtTile + j] * ks[j * (d + 1) + c];
-          acc[rr][cc] += g;
-        }
-      }
+      accumulate_columns(acc[rr], 1.f, dss + warp * kSimtTile, ks, d + 1, cols, d);
       __syncwarp();
     }
   }
@@ -320,10 +327,8 @@ simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos
   const int64_t qb = range_s[0], qe = range_s[1];
 
   float dk_acc[kSimtRowsPerWarp][kSimtMaxCols], dv_acc[kSimtRowsPerWarp][kSimtMaxCols];
-#pragma unroll
-  for (int rr = 0; rr < kSimtRowsPerWarp; ++rr)
-#pragma unroll
-    for (int cc = 0; cc < kSimtMaxCols; ++cc) dk_acc[rr][cc] = dv_acc[rr][cc] = 0.f;
+  zero_rows(dk_acc);
+  zero_rows(dv_acc);
 
   for (int64_t i0 = qb; i0 < qe; i0 += kSimtTile) {
     const int qrows = static_cast<int>(min(static_cast<int64_t>(kSimtTile), qe - i0));
@@ -349,34 +354,16 @@ simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos
       const float l = lse_s[lane];
       if (lane < qrows && l != kNegInf &&
           (tm == TileMask::full || key_visible(mask, qpos_s[lane], kpos_s[key], segment_start(mask, i0 + lane)))) {
-        const float* qrow = qs + lane * (d + 1);
-        const float* dorow = dos + lane * (d + 1);
-        const float* krow = ks + key * d;
-        const float* vrow = vs + key * d;
-        float s = 0.f, dp = 0.f;
-        for (int c = 0; c < d; ++c) {
-          s += qrow[c] * krow[c];
-          dp += dorow[c] * vrow[c];
-        }
+        float s, dp;
+        dot_pair(qs + lane * (d + 1), ks + key * d, dos + lane * (d + 1), vs + key * d, d, s, dp);
         a = expf(s * scale - l);
         ds = a * (dp - drow_s[lane]);
       }
       as[warp * kSimtTile + lane] = a;
       dss[warp * kSimtTile + lane] = ds;
       __syncwarp();
-#pragma unroll
-      for (int cc = 0; cc < kSimtMaxCols; ++cc) {
-        const int c = lane + 32 * cc;
-        if (c < d) {
-          float gv = 0.f, gk = 0.f;
-          for (int i = 0; i < qrows; ++i) {
-            gv += as[warp * kSimtTile + i] * dos[i * (d + 1) + c];
-            gk += dss[warp * kSimtTile + i] * qs[i * (d + 1) + c];
-          }
-          dv_acc[rr][cc] += gv;
-          dk_acc[rr][cc] += gk;
-        }
-      }
+      accumulate_columns(dv_acc[rr], 1.f, as + warp * kSimtTile, dos, d + 1, qrows, d);
+      accumulate_columns(dk_acc[rr], 1.f, dss + warp * kSimtTile, qs, d + 1, qrows, d);
       __syncwarp();
     }
   }
@@ -385,24 +372,14 @@ simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos
   add_warp_rows(dv_acc, krows, d, 1.f, dv);  // exact: x * 1 == x
 }
 
-size_t simt_forward_smem(int d) {
-  return sizeof(float) * (kSimtRows * d + kSimtTile * (d + 1) + kSimtTile * d + kSimtWarps * kSimtTile);
-}
-size_t simt_dq_smem(int d) {
-  return sizeof(float) * (2 * kSimtRows * d + 2 * kSimtTile * (d + 1) + kSimtWarps * kSimtTile);
-}
-size_t simt_dkdv_smem(int d) {
-  return sizeof(float) * (2 * kSimtRows * d + 2 * kSimtTile * (d + 1) + 2 * kSimtWarps * kSimtTile);
-}
-
 // =================== tensor-core kernels: bf16 WMMA 16x16x16, fp32 accumulate ===================
 
-constexpr int kTcWarps = 4;
-constexpr int kTcThreads = kTcWarps * 32;
-constexpr int kTcRows = 16 * kTcWarps;  // query rows (forward, dQ) or keys (dK/dV) per block
-constexpr int kTcKeys = 64;             // keys per step of the forward and dQ kernels
-constexpr int kTcBwdQ = 32;             // queries per step of the dK/dV kernel
-constexpr int kTcDmax = 128;
+constexpr int kTcWarps = flash_tc::kWarps;
+constexpr int kTcThreads = flash_tc::kThreads;
+constexpr int kTcRows = flash_tc::kRows;  // query rows (forward, dQ) or keys (dK/dV) per block
+constexpr int kTcKeys = flash_tc::kKeys;  // keys per step of the forward and dQ kernels
+constexpr int kTcBwdQ = flash_tc::kBwdQ;  // queries per step of the dK/dV kernel
+constexpr int kTcDmax = flash_tc::kDmax;
 constexpr int kTcFrags = kTcDmax / 16;  // 16-wide column blocks of a head row
 constexpr int kLdX = kTcDmax + 8;       // bf16 row stride of staged Q/K/V/dO tiles
 constexpr int kLdS = kTcKeys + 4;       // float row stride of a warp's 16 x 64 score tile
@@ -446,6 +423,62 @@ __device__ void for_each_acc_element(const FragC& acc, float* scratch, int ld, F
   __syncwarp();
   for (int idx = lane; idx < 256; idx += 32) fn(idx / 16, idx % 16, scratch[(idx / 16) * ld + idx % 16]);
   __syncwarp();
+}
+
+// out[16][kCols] (row stride ld) = A B^T for the warp's 16 rows: a(kk) gives A's kk-th 16-column
+// block, B's kCols rows are staged at b; the kk sum runs in ascending order.
+template <int kCols, class BlockA>
+__device__ __forceinline__ void warp_product_bt(BlockA a, const bf16_t* b, int nd16, float* out, int ld) {
+#pragma unroll
+  for (int n = 0; n < kCols / 16; ++n) {
+    FragC acc;
+    wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+    for (int kk = 0; kk < kTcFrags; ++kk) {
+      if (kk < nd16) {
+        FragBCol bf;
+        wmma::load_matrix_sync(bf, b + n * 16 * kLdX + kk * 16, kLdX);
+        wmma::mma_sync(acc, a(kk), bf, acc);
+      }
+    }
+    wmma::store_matrix_sync(out + n * 16, acc, ld, wmma::mem_row_major);
+  }
+}
+
+// acc[n] += A B for the warp: A is 16 x kK bf16 at a (row stride lda), B's kK rows are staged
+// at b; each accumulator takes the kK / 16 products in ascending order.
+template <int kK>
+__device__ __forceinline__ void warp_accumulate(const bf16_t* a, int lda, const bf16_t* b, int nd16,
+                                                FragC (&acc)[kTcFrags]) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    FragA af;
+    wmma::load_matrix_sync(af, a + kk * 16, lda);
+#pragma unroll
+    for (int n = 0; n < kTcFrags; ++n) {
+      if (n < nd16) {
+        FragBRow bf;
+        wmma::load_matrix_sync(bf, b + kk * 16 * kLdX + n * 16, kLdX);
+        wmma::mma_sync(acc[n], af, bf, acc[n]);
+      }
+    }
+  }
+}
+
+// out[row][col] += factor * acc for the warp's 16 rows below `rows` and the columns below d
+// (factor 1 is exact: plain accumulation).
+__device__ __forceinline__ void add_warp_tiles(FragC (&acc)[kTcFrags], float* scratch, int ld, int nd16, int rows,
+                                               int d, float factor, float* out) {
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int n = 0; n < kTcFrags; ++n) {
+    if (n < nd16) {
+      for_each_acc_element(acc[n], scratch, ld, [out, rows, d, warp, n, factor](int r, int c, float val) {
+        const int row = warp * 16 + r, col = n * 16 + c;
+        if (row < rows && col < d) out[static_cast<int64_t>(row) * d + col] += val * factor;
+      });
+    }
+  }
 }
 
 struct TcForwardSmem {
@@ -521,20 +554,7 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
     __syncthreads();
 
     // S = Q K^T for the warp's 16 rows: K rows read as a column-major B (= K^T).
-#pragma unroll
-    for (int n = 0; n < kTcKeys / 16; ++n) {
-      FragC sf;
-      wmma::fill_fragment(sf, 0.f);
-#pragma unroll
-      for (int kk = 0; kk < kTcFrags; ++kk) {
-        if (kk < nd16) {
-          FragBCol kf;
-          wmma::load_matrix_sync(kf, sm.k + n * 16 * kLdX + kk * 16, kLdX);
-          wmma::mma_sync(sf, qf[kk], kf, sf);
-        }
-      }
-      wmma::store_matrix_sync(s_w + n * 16, sf, kLdS, wmma::mem_row_major);
-    }
+    warp_product_bt<kTcKeys>([&](int kk) -> const FragA& { return qf[kk]; }, sm.k, nd16, s_w, kLdS);
     __syncwarp();
 
     // Online softmax, lanes 2r and 2r+1 on row r: the same steps as flash_cpu.cpp.
@@ -586,19 +606,7 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
       if (n < nd16)
 #pragma unroll
         for (int e = 0; e < FragC::num_elements; ++e) of[n].x[e] *= sc[e];
-#pragma unroll
-    for (int kk = 0; kk < kTcKeys / 16; ++kk) {
-      FragA pf;
-      wmma::load_matrix_sync(pf, p_w + kk * 16, kLdP);
-#pragma unroll
-      for (int n = 0; n < kTcFrags; ++n) {
-        if (n < nd16) {
-          FragBRow vf;
-          wmma::load_matrix_sync(vf, sm.v + kk * 16 * kLdX + n * 16, kLdX);
-          wmma::mma_sync(of[n], pf, vf, of[n]);
-        }
-      }
-    }
+    warp_accumulate<kTcKeys>(p_w, kLdP, sm.v, nd16, of);
   }
   // The scratch aliases the Q staging, which other warps read if no tile was visited.
   __syncthreads();
@@ -701,7 +709,8 @@ tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_po
     if (tid < kTcKeys) sm.kpos[tid] = tid < cols ? k_pos[j0 + tid] : 0;
     __syncthreads();
 
-    // S = Q K^T and dP = dO V^T for the warp's 16 rows.
+    // S = Q K^T and dP = dO V^T for the warp's 16 rows, in one loop (two separate products
+    // need more registers than this kernel has).
 #pragma unroll
     for (int n = 0; n < kTcKeys / 16; ++n) {
       FragC sf, pf;
@@ -733,32 +742,11 @@ tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_po
     }
     __syncwarp();
 
-    // dQ += dS K
-#pragma unroll
-    for (int kk = 0; kk < kTcKeys / 16; ++kk) {
-      FragA dsf;
-      wmma::load_matrix_sync(dsf, ds_w + kk * 16, kLdP);
-#pragma unroll
-      for (int n = 0; n < kTcFrags; ++n) {
-        if (n < nd16) {
-          FragBRow kf;
-          wmma::load_matrix_sync(kf, sm.k + kk * 16 * kLdX + n * 16, kLdX);
-          wmma::mma_sync(dqf[n], dsf, kf, dqf[n]);
-        }
-      }
-    }
+    warp_accumulate<kTcKeys>(ds_w, kLdP, sm.k, nd16, dqf);  // dQ += dS K
   }
   __syncthreads();  // the scratch aliases the staging other warps read if no tile was visited
 
-#pragma unroll
-  for (int n = 0; n < kTcFrags; ++n) {
-    if (n < nd16) {
-      for_each_acc_element(dqf[n], s_w, kLdS, [dq, rows, d, warp, n, scale](int r, int c, float val) {
-        const int row = warp * 16 + r, col = n * 16 + c;
-        if (row < rows && col < d) dq[static_cast<int64_t>(row) * d + col] += val * scale;
-      });
-    }
-  }
+  add_warp_tiles(dqf, s_w, kLdS, nd16, rows, d, scale, dq);
 }
 
 struct TcDkdvSmem {
@@ -833,27 +821,15 @@ tc_backward_dkdv_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_
 
     // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys: Q and dO rows read as
     // column-major B operands.
-#pragma unroll
-    for (int n = 0; n < kTcBwdQ / 16; ++n) {
-      FragC sf, pf;
-      wmma::fill_fragment(sf, 0.f);
-      wmma::fill_fragment(pf, 0.f);
-#pragma unroll
-      for (int kk = 0; kk < kTcFrags; ++kk) {
-        if (kk < nd16) {
-          FragA af;
-          FragBCol bf;
-          wmma::load_matrix_sync(af, k_w + kk * 16, kLdX);
-          wmma::load_matrix_sync(bf, sm.q + n * 16 * kLdX + kk * 16, kLdX);
-          wmma::mma_sync(sf, af, bf, sf);
-          wmma::load_matrix_sync(af, v_w + kk * 16, kLdX);
-          wmma::load_matrix_sync(bf, sm.dout + n * 16 * kLdX + kk * 16, kLdX);
-          wmma::mma_sync(pf, af, bf, pf);
-        }
-      }
-      wmma::store_matrix_sync(st_w + n * 16, sf, kLdS2, wmma::mem_row_major);
-      wmma::store_matrix_sync(dpt_w + n * 16, pf, kLdS2, wmma::mem_row_major);
-    }
+    const auto block_of = [](const bf16_t* rows) {
+      return [rows](int kk) {
+        FragA af;
+        wmma::load_matrix_sync(af, rows + kk * 16, kLdX);
+        return af;
+      };
+    };
+    warp_product_bt<kTcBwdQ>(block_of(k_w), sm.q, nd16, st_w, kLdS2);
+    warp_product_bt<kTcBwdQ>(block_of(v_w), sm.dout, nd16, dpt_w, kLdS2);
     __syncwarp();
 
     // A^T and dS^T, element (key r, query c).
@@ -868,38 +844,12 @@ tc_backward_dkdv_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_
     }
     __syncwarp();
 
-    // dV += A^T dO, dK += dS^T Q
-#pragma unroll
-    for (int kk = 0; kk < kTcBwdQ / 16; ++kk) {
-      FragA ptf, dsf;
-      wmma::load_matrix_sync(ptf, pt_w + kk * 16, kLdP2);
-      wmma::load_matrix_sync(dsf, dst_w + kk * 16, kLdP2);
-#pragma unroll
-      for (int n = 0; n < kTcFrags; ++n) {
-        if (n < nd16) {
-          FragBRow bf;
-          wmma::load_matrix_sync(bf, sm.dout + kk * 16 * kLdX + n * 16, kLdX);
-          wmma::mma_sync(dvf[n], ptf, bf, dvf[n]);
-          wmma::load_matrix_sync(bf, sm.q + kk * 16 * kLdX + n * 16, kLdX);
-          wmma::mma_sync(dkf[n], dsf, bf, dkf[n]);
-        }
-      }
-    }
+    warp_accumulate<kTcBwdQ>(pt_w, kLdP2, sm.dout, nd16, dvf);  // dV += A^T dO
+    warp_accumulate<kTcBwdQ>(dst_w, kLdP2, sm.q, nd16, dkf);    // dK += dS^T Q
   }
 
-#pragma unroll
-  for (int n = 0; n < kTcFrags; ++n) {
-    if (n < nd16) {
-      for_each_acc_element(dkf[n], st_w, kLdS2, [dk, krows, d, warp, n, scale](int r, int c, float val) {
-        const int key = warp * 16 + r, col = n * 16 + c;
-        if (key < krows && col < d) dk[static_cast<int64_t>(key) * d + col] += val * scale;
-      });
-      for_each_acc_element(dvf[n], st_w, kLdS2, [dv, krows, d, warp, n](int r, int c, float val) {
-        const int key = warp * 16 + r, col = n * 16 + c;
-        if (key < krows && col < d) dv[static_cast<int64_t>(key) * d + col] += val;
-      });
-    }
-  }
+  add_warp_tiles(dkf, st_w, kLdS2, nd16, krows, d, scale, dk);
+  add_warp_tiles(dvf, st_w, kLdS2, nd16, krows, d, 1.f, dv);
 }
 
 // ============================== small kernels ==============================
@@ -926,153 +876,109 @@ __global__ void merge_kernel(float* o, float* lse, const float* o_part, const fl
 
 // ============================== host side ==============================
 
-void check_flash_args(const MaskSpec& mask, int64_t d, int64_t heads, int64_t nq, int64_t nk) {
-  IHA_CHECK(d >= 1 && nq >= 0 && nk >= 0 && heads >= 0, "flash attention (CUDA): bad sizes d=", d,
-            " heads=", heads, " nq=", nq, " nk=", nk);
-  IHA_CHECK(heads <= 65535, "flash attention (CUDA): at most 65535 heads per call, got ", heads);
-  IHA_CHECK(mask.P >= 1 && mask.window >= 0, "flash attention (CUDA): bad mask P=", mask.P,
-            " window=", mask.window);
-}
+int64_t blocks_for(int64_t n, int64_t per_block) { return (n + per_block - 1) / per_block; }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Lets a kernel use more than 48 KiB of dynamic shared memory when it needs it.
-template <class Kernel>
-void set_smem(Kernel kernel, size_t bytes, const char* name) {
-  cuda_allow_smem(reinterpret_cast<const void*>(kernel), bytes, name);
-}
-
-int64_t blocks_for(int64_t n, int64_t per_block) { return (n + per_block - 1) / per_block; }
-
 const bf16_t* as_cuda_bf16(const bf16* p) { return reinterpret_cast<const bf16_t*>(p); }
+
+// Launches `kernel` over `grid` on the legacy default stream, with the opt-in to `smem` bytes
+// of dynamic shared memory it needs beyond 48 KiB.
+template <class Kernel, class... Args>
+void launch(Kernel kernel, const char* name, FlashGrid grid, int threads, size_t smem, Args... args) {
+  cuda_allow_smem(reinterpret_cast<const void*>(kernel), smem, name);
+  kernel<<<dim3(grid.x, grid.y), threads, smem, 0>>>(args...);
+  IHA_CUDA_LAUNCH_CHECK(name);
+}
 
 }  // namespace
 
-template <class T>
-FlashCudaKernel flash_cuda_kernel_for(int64_t d, FlashCudaKernel requested) {
-  constexpr bool is_bf16 = std::is_same_v<T, bf16>;
-  const bool tc_ok = is_bf16 && d <= kTcDmax;
-  if (requested == FlashCudaKernel::automatic)
-    return tc_ok ? FlashCudaKernel::tensor_core : FlashCudaKernel::simt;
-  if (requested == FlashCudaKernel::tensor_core) {
-    IHA_CHECK(tc_ok, "flash attention (CUDA): the tensor-core kernel needs bf16 inputs and d <= ",
-              kTcDmax, ", got ", is_bf16 ? "bf16" : "f32", " with d=", d);
-  } else {
-    IHA_CHECK(d <= kSimtMaxD, "flash attention (CUDA): head dim ", d, " exceeds the supported ",
-              kSimtMaxD);
-  }
-  return requested;
-}
-
-template <class T>
-void flash_forward_cuda(const MaskSpec& mask, int64_t d, int64_t heads, const T* q,
-                        const int64_t* q_pos, int64_t nq, const T* k, const T* v,
-                        const int64_t* k_pos, int64_t nk, float* o, float* lse, cudaStream_t stream,
-                        FlashCudaKernel kernel) {
-  check_flash_args(mask, d, heads, nq, nk);
-  const FlashCudaKernel which = flash_cuda_kernel_for<T>(d, kernel);
-  if (nq == 0 || heads == 0) return;
-  const int di = static_cast<int>(d);
-  const float scale = static_cast<float>(mask.logit_scale) / std::sqrt(static_cast<float>(d));
-  if (which == FlashCudaKernel::tensor_core) {
-    if constexpr (std::is_same_v<T, bf16>) {
-      const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
-      const size_t smem = sizeof(TcForwardSmem);
-      set_smem(tc_forward_kernel, smem, "tc_forward_kernel");
-      const dim3 grid(static_cast<unsigned>(blocks_for(nq, kTcRows)), static_cast<unsigned>(heads));
-      tc_forward_kernel<<<grid, kTcThreads, smem, stream>>>(mask, di, as_cuda_bf16(q), q_pos, nq,
-                                                            as_cuda_bf16(k), as_cuda_bf16(v), k_pos,
-                                                            nk, o, lse, scale, vec);
-      IHA_CUDA_LAUNCH_CHECK("tc_forward_kernel");
+void CudaBackend::flash_forward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q_b, CBuf q_pos, int64_t nq,
+                                CBuf k_b, CBuf v_b, CBuf k_pos, int64_t nk, Buf o_b, Buf lse_b, int64_t group) const {
+  const char* op = "flash_forward";
+  const FlashPlan plan = plan_flash(mask, compute_, d, heads, nq, nk, group, kernel_, false);
+  // The CUDA kernels pair query head h with key/value head h (MHA).
+  IHA_CHECK(group == 1, op, ": grouped-query attention (group ", group, ") runs on the CPU backend only");
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const A *q = q_b.as<A>(op), *k = k_b.as<A>(op), *v = v_b.as<A>(op);
+    const int64_t *qp = q_pos.as<int64_t>(op), *kp = k_pos.as<int64_t>(op);
+    float *o = o_b.as<float>(op), *lse = lse_b.as<float>(op);
+    if (plan.empty) return;
+    const FlashGrid grid = flash_grid(plan.kernel, FlashPass::forward, nq, nk, heads);
+    const int di = static_cast<int>(d);
+    if constexpr (std::is_same_v<A, bf16>) {
+      if (plan.kernel == FlashCudaKernel::tensor_core) {
+        const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+        launch(tc_forward_kernel, "tc_forward_kernel", grid, kTcThreads, sizeof(TcForwardSmem), mask, di,
+               as_cuda_bf16(q), qp, nq, as_cuda_bf16(k), as_cuda_bf16(v), kp, nk, o, lse, plan.scale, vec);
+        return;
+      }
     }
-    return;
-  }
-  const size_t smem = simt_forward_smem(di);
-  set_smem(simt_forward_kernel<T>, smem, "simt_forward_kernel");
-  const dim3 grid(static_cast<unsigned>(blocks_for(nq, kSimtRows)), static_cast<unsigned>(heads));
-  simt_forward_kernel<T><<<grid, kSimtThreads, smem, stream>>>(mask, di, q, q_pos, nq, k, v, k_pos,
-                                                               nk, o, lse, scale);
-  IHA_CUDA_LAUNCH_CHECK("simt_forward_kernel");
+    launch(simt_forward_kernel<A>, "simt_forward_kernel", grid, kSimtThreads, flash_simt_smem(FlashPass::forward, d),
+           mask, di, q, qp, nq, k, v, kp, nk, o, lse, plan.scale);
+  });
 }
 
-template <class T>
-void flash_drow_cuda(const float* o, const T* dout, int64_t rows, int64_t d, float* drow,
-                     cudaStream_t stream) {
-  IHA_CHECK(rows >= 0 && d >= 1, "flash_drow_cuda: bad sizes rows=", rows, " d=", d);
-  if (rows == 0) return;
-  drow_kernel<T><<<static_cast<unsigned>(blocks_for(rows, kRowWarpsPerBlock)), kRowWarpsPerBlock * 32,
-                   0, stream>>>(o, dout, rows, static_cast<int>(d), drow);
-  IHA_CUDA_LAUNCH_CHECK("drow_kernel");
+void CudaBackend::flash_drow(CBuf o_b, CBuf dout_b, int64_t rows, int64_t d, Buf drow_b) const {
+  const char* op = "flash_drow";
+  IHA_CHECK(rows >= 0 && d >= 1, op, ": bad sizes rows=", rows, " d=", d);
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const A* g = dout_b.as<A>(op);
+    const float* o = o_b.as<float>(op);
+    float* drow = drow_b.as<float>(op);
+    if (rows == 0) return;
+    drow_kernel<A><<<static_cast<unsigned>(blocks_for(rows, kRowWarpsPerBlock)), kRowWarpsPerBlock * 32>>>(
+        o, g, rows, static_cast<int>(d), drow);
+    IHA_CUDA_LAUNCH_CHECK("drow_kernel");
+  });
 }
 
-template <class T>
-void flash_backward_cuda(const MaskSpec& mask, int64_t d, int64_t heads, const T* q,
-                         const int64_t* q_pos, int64_t nq, const T* k, const T* v,
-                         const int64_t* k_pos, int64_t nk, const T* dout, const float* lse,
-                         const float* drow, float* dq, float* dk, float* dv, cudaStream_t stream,
-                         FlashCudaKernel kernel) {
-  check_flash_args(mask, d, heads, nq, nk);
-  const FlashCudaKernel which = flash_cuda_kernel_for<T>(d, kernel);
-  if (nq == 0 || nk == 0 || heads == 0) return;
-  const int di = static_cast<int>(d);
-  const float scale = static_cast<float>(mask.logit_scale) / std::sqrt(static_cast<float>(d));
-  if (which == FlashCudaKernel::tensor_core) {
-    if constexpr (std::is_same_v<T, bf16>) {
-      const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
-      const size_t smem_kv = sizeof(TcDkdvSmem), smem_q = sizeof(TcDqSmem);
-      set_smem(tc_backward_dkdv_kernel, smem_kv, "tc_backward_dkdv_kernel");
-      set_smem(tc_backward_dq_kernel, smem_q, "tc_backward_dq_kernel");
-      const dim3 grid_kv(static_cast<unsigned>(blocks_for(nk, kTcRows)), static_cast<unsigned>(heads));
-      tc_backward_dkdv_kernel<<<grid_kv, kTcThreads, smem_kv, stream>>>(
-          mask, di, as_cuda_bf16(q), q_pos, nq, as_cuda_bf16(k), as_cuda_bf16(v), k_pos, nk,
-          as_cuda_bf16(dout), lse, drow, dk, dv, scale, vec);
-      IHA_CUDA_LAUNCH_CHECK("tc_backward_dkdv_kernel");
-      const dim3 grid_q(static_cast<unsigned>(blocks_for(nq, kTcRows)), static_cast<unsigned>(heads));
-      tc_backward_dq_kernel<<<grid_q, kTcThreads, smem_q, stream>>>(
-          mask, di, as_cuda_bf16(q), q_pos, nq, as_cuda_bf16(k), as_cuda_bf16(v), k_pos, nk,
-          as_cuda_bf16(dout), lse, drow, dq, scale, vec);
-      IHA_CUDA_LAUNCH_CHECK("tc_backward_dq_kernel");
+void CudaBackend::flash_backward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q_b, CBuf q_pos, int64_t nq,
+                                 CBuf k_b, CBuf v_b, CBuf k_pos, int64_t nk, CBuf dout_b, CBuf lse_b, CBuf drow_b,
+                                 Buf dq_b, Buf dk_b, Buf dv_b, int64_t group) const {
+  const char* op = "flash_backward";
+  const FlashPlan plan = plan_flash(mask, compute_, d, heads, nq, nk, group, kernel_, true);
+  IHA_CHECK(group == 1, op, ": grouped-query attention (group ", group, ") runs on the CPU backend only");
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const A *q = q_b.as<A>(op), *k = k_b.as<A>(op), *v = v_b.as<A>(op), *g = dout_b.as<A>(op);
+    const int64_t *qp = q_pos.as<int64_t>(op), *kp = k_pos.as<int64_t>(op);
+    const float *lse = lse_b.as<float>(op), *drow = drow_b.as<float>(op);
+    float *dq = dq_b.as<float>(op), *dk = dk_b.as<float>(op), *dv = dv_b.as<float>(op);
+    if (plan.empty) return;
+    const FlashGrid grid_kv = flash_grid(plan.kernel, FlashPass::dkdv, nq, nk, heads);
+    const FlashGrid grid_q = flash_grid(plan.kernel, FlashPass::dq, nq, nk, heads);
+    const int di = static_cast<int>(d);
+    if constexpr (std::is_same_v<A, bf16>) {
+      if (plan.kernel == FlashCudaKernel::tensor_core) {
+        const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(g);
+        launch(tc_backward_dkdv_kernel, "tc_backward_dkdv_kernel", grid_kv, kTcThreads, sizeof(TcDkdvSmem), mask,
+               di, as_cuda_bf16(q), qp, nq, as_cuda_bf16(k), as_cuda_bf16(v), kp, nk, as_cuda_bf16(g), lse, drow, dk,
+               dv, plan.scale, vec);
+        launch(tc_backward_dq_kernel, "tc_backward_dq_kernel", grid_q, kTcThreads, sizeof(TcDqSmem), mask, di,
+               as_cuda_bf16(q), qp, nq, as_cuda_bf16(k), as_cuda_bf16(v), kp, nk, as_cuda_bf16(g), lse, drow, dq,
+               plan.scale, vec);
+        return;
+      }
     }
-    return;
-  }
-  const size_t smem_kv = simt_dkdv_smem(di), smem_q = simt_dq_smem(di);
-  set_smem(simt_backward_dkdv_kernel<T>, smem_kv, "simt_backward_dkdv_kernel");
-  set_smem(simt_backward_dq_kernel<T>, smem_q, "simt_backward_dq_kernel");
-  const dim3 grid_kv(static_cast<unsigned>(blocks_for(nk, kSimtRows)), static_cast<unsigned>(heads));
-  simt_backward_dkdv_kernel<T><<<grid_kv, kSimtThreads, smem_kv, stream>>>(
-      mask, di, q, q_pos, nq, k, v, k_pos, nk, dout, lse, drow, dk, dv, scale);
-  IHA_CUDA_LAUNCH_CHECK("simt_backward_dkdv_kernel");
-  const dim3 grid_q(static_cast<unsigned>(blocks_for(nq, kSimtRows)), static_cast<unsigned>(heads));
-  simt_backward_dq_kernel<T><<<grid_q, kSimtThreads, smem_q, stream>>>(
-      mask, di, q, q_pos, nq, k, v, k_pos, nk, dout, lse, drow, dq, scale);
-  IHA_CUDA_LAUNCH_CHECK("simt_backward_dq_kernel");
+    launch(simt_backward_dkdv_kernel<A>, "simt_backward_dkdv_kernel", grid_kv, kSimtThreads,
+           flash_simt_smem(FlashPass::dkdv, d), mask, di, q, qp, nq, k, v, kp, nk, g, lse, drow, dk, dv, plan.scale);
+    launch(simt_backward_dq_kernel<A>, "simt_backward_dq_kernel", grid_q, kSimtThreads,
+           flash_simt_smem(FlashPass::dq, d), mask, di, q, qp, nq, k, v, kp, nk, g, lse, drow, dq, plan.scale);
+  });
 }
 
-void merge_partial_cuda(float* o, float* lse, const float* o_part, const float* lse_part,
-                        int64_t rows, int64_t d, cudaStream_t stream) {
-  IHA_CHECK(rows >= 0 && d >= 1, "merge_partial_cuda: bad sizes rows=", rows, " d=", d);
+void CudaBackend::merge_partial(Buf o_b, Buf lse_b, CBuf o_part_b, CBuf lse_part_b, int64_t rows, int64_t d) const {
+  const char* op = "merge_partial";
+  IHA_CHECK(rows >= 0 && d >= 1, op, ": bad sizes rows=", rows, " d=", d);
+  float *o = o_b.as<float>(op), *lse = lse_b.as<float>(op);
+  const float *o_part = o_part_b.as<float>(op), *lse_part = lse_part_b.as<float>(op);
   if (rows == 0) return;
   constexpr int kThreads = 128;
-  merge_kernel<<<static_cast<unsigned>(blocks_for(rows, kThreads)), kThreads, 0, stream>>>(
-      o, lse, o_part, lse_part, rows, d);
+  merge_kernel<<<static_cast<unsigned>(blocks_for(rows, kThreads)), kThreads>>>(o, lse, o_part, lse_part, rows, d);
   IHA_CUDA_LAUNCH_CHECK("merge_kernel");
 }
-
-#define IHA_FLASH_CUDA_INSTANTIATE(T)                                                            \
-  template FlashCudaKernel flash_cuda_kernel_for<T>(int64_t, FlashCudaKernel);                  \
-  template void flash_forward_cuda<T>(const MaskSpec&, int64_t, int64_t, const T*,              \
-                                      const int64_t*, int64_t, const T*, const T*,              \
-                                      const int64_t*, int64_t, float*, float*, cudaStream_t,    \
-                                      FlashCudaKernel);                                         \
-  template void flash_drow_cuda<T>(const float*, const T*, int64_t, int64_t, float*,            \
-                                   cudaStream_t);                                               \
-  template void flash_backward_cuda<T>(const MaskSpec&, int64_t, int64_t, const T*,             \
-                                       const int64_t*, int64_t, const T*, const T*,             \
-                                       const int64_t*, int64_t, const T*, const float*,         \
-                                       const float*, float*, float*, float*, cudaStream_t,      \
-                                       FlashCudaKernel);
-IHA_FLASH_CUDA_INSTANTIATE(float)
-IHA_FLASH_CUDA_INSTANTIATE(bf16)
-#undef IHA_FLASH_CUDA_INSTANTIATE
 
 }  // namespace iha

@@ -10,9 +10,9 @@
 namespace iha {
 
 template <class A>
-class CudaModelBackend final : public ModelBackend, public CudaBackend<A> {
+class CudaModelBackend final : public ModelBackend, public CudaBackend {
  public:
-  explicit CudaModelBackend(FlashCudaKernel kernel = FlashCudaKernel::automatic) : CudaBackend<A>(kernel) {}
+  explicit CudaModelBackend(FlashCudaKernel kernel = FlashCudaKernel::automatic) : CudaBackend(dtype_of<A>(), kernel) {}
   IHA_MODEL_BACKEND_OP_OVERRIDES
   // Logit elements at a time: 2^26 (256 MiB of fp32).
   int64_t logit_rows(int64_t V) const override { return (int64_t(1) << 26) / V; }
