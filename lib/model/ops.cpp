@@ -1,8 +1,10 @@
 #include "model/ops.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "core/blas.h"
 #include "core/error.h"
@@ -28,6 +30,21 @@ void embedding_backward(const int32_t* tokens, int64_t rows, const T* dx, int64_
     const T* src = dx + r * D;
     for (int64_t c = 0; c < D; ++c) dst[c] += src[c];
   }
+}
+
+TokenRowGroups group_rows_by_token(const int32_t* tokens, int64_t rows) {
+  IHA_CHECK(rows >= 0 && rows <= INT32_MAX, "group_rows_by_token: ", rows, " rows");
+  TokenRowGroups g;
+  g.order.resize(static_cast<size_t>(rows));
+  std::iota(g.order.begin(), g.order.end(), 0);
+  std::stable_sort(g.order.begin(), g.order.end(), [&](int32_t a, int32_t b) { return tokens[a] < tokens[b]; });
+  for (int64_t k = 0; k < rows; ++k)
+    if (k == 0 || tokens[g.order[k]] != tokens[g.order[k - 1]]) {
+      g.seg_begin.push_back(static_cast<int32_t>(k));
+      g.seg_token.push_back(tokens[g.order[k]]);
+    }
+  g.seg_begin.push_back(static_cast<int32_t>(rows));
+  return g;
 }
 
 template <class T>

@@ -7,10 +7,12 @@
 // Threads: plain functions without shared state; BLAS products use set_num_threads() threads.
 // defines: iha::embedding_forward, iha::embedding_backward, iha::rmsnorm_forward,
 //          iha::rmsnorm_backward, iha::SwigluCache, iha::swiglu_forward, iha::swiglu_backward,
-//          iha::CrossEntropyStats, iha::cross_entropy_forward_backward
+//          iha::CrossEntropyStats, iha::cross_entropy_forward_backward,
+//          iha::TokenRowGroups, iha::group_rows_by_token
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -23,6 +25,14 @@ void embedding_forward(const int32_t* tokens, int64_t rows, const T* table, int6
 // dtable[tokens[r]][:] += dx[r][:], rows in ascending order (a fixed summation order).
 template <class T>
 void embedding_backward(const int32_t* tokens, int64_t rows, const T* dx, int64_t D, T* dtable);
+// The rows grouped by token, so a parallel embedding gradient (one thread per distinct token
+// and column) adds each token's rows in ascending row order, the order of embedding_backward:
+// `order` is the row indices stably sorted by token; segment s is order[seg_begin[s],
+// seg_begin[s + 1]), all rows of token seg_token[s] (tokens ascending).
+struct TokenRowGroups {
+  std::vector<int32_t> order, seg_begin, seg_token;
+};
+TokenRowGroups group_rows_by_token(const int32_t* tokens, int64_t rows);
 
 // y = x * r * g with r = 1 / sqrt(mean(x^2) + eps) per row; inv_rms[r] keeps r for backward.
 template <class T>

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include "core/cuda_device.h"
@@ -243,30 +242,13 @@ void embedding_forward_cuda(const int32_t* tokens, int64_t rows, const float* ta
 }
 
 EmbeddingGradPlan make_embedding_grad_plan(const int32_t* host_tokens, int64_t rows) {
-  IHA_CHECK(rows >= 0 && rows <= INT32_MAX, "make_embedding_grad_plan: ", rows, " rows");
-  std::vector<int32_t> order(static_cast<size_t>(rows));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return host_tokens[a] < host_tokens[b]; });
-  std::vector<int32_t> begin, token;
-  for (int64_t k = 0; k < rows; ++k)
-    if (k == 0 || host_tokens[order[k]] != host_tokens[order[k - 1]]) {
-      begin.push_back(static_cast<int32_t>(k));
-      token.push_back(host_tokens[order[k]]);
-    }
-  begin.push_back(static_cast<int32_t>(rows));
+  const TokenRowGroups g = group_rows_by_token(host_tokens, rows);
   auto upload = [](const std::vector<int32_t>& v) {
     Tensor h({static_cast<int64_t>(v.size())}, DType::i32);
     std::copy(v.begin(), v.end(), h.data<int32_t>());
     return h.to(Device::cuda);
   };
-  EmbeddingGradPlan p;
-  p.rows = rows;
-  p.segments = static_cast<int64_t>(token.size());
-  p.order = upload(order);
-  p.seg_begin = upload(begin);
-  p.seg_token = upload(token);
-  return p;
+  return {rows, static_cast<int64_t>(g.seg_token.size()), upload(g.order), upload(g.seg_begin), upload(g.seg_token)};
 }
 
 void embedding_backward_cuda(const EmbeddingGradPlan& plan, const float* dx, int64_t D, float* dtable,

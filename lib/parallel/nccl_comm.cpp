@@ -2,7 +2,6 @@
 #include "parallel/nccl_comm.h"
 #include "parallel/staged_comm.h"
 
-#include <mpi.h>
 #include <nccl.h>
 
 #include <chrono>
@@ -12,7 +11,7 @@
 
 #include "core/cuda_device.h"
 #include "core/error.h"
-#include "parallel/mpi_handle.h"
+#include "parallel/placement.h"
 
 namespace iha {
 
@@ -428,30 +427,9 @@ class NcclComm final : public NcclCommunicator {
   size_t stage_bytes_ = 0;
 };
 
-struct NodePlacement {
-  int local_rank = 0, local_size = 1;
-};
-
-NodePlacement node_placement(Communicator& mpi_world) {
-  MPI_Comm world = mpi_handle(mpi_world);
-  MPI_Comm node;
-  IHA_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, mpi_world.rank(), MPI_INFO_NULL, &node) ==
-                MPI_SUCCESS, "MPI_Comm_split_type failed");
-  NodePlacement p;
-  MPI_Comm_rank(node, &p.local_rank);
-  MPI_Comm_size(node, &p.local_size);
-  MPI_Comm_free(&node);
-  return p;
-}
-
 }  // namespace
 
-bool every_rank_has_own_gpu(Communicator& mpi_world) {
-  const NodePlacement p = node_placement(mpi_world);
-  int64_t ok = p.local_size <= cuda_device_count() ? 1 : 0;
-  mpi_world.all_reduce(&ok, 1, DType::i64, ReduceOp::min, "nccl.placement");
-  return ok == 1;
-}
+bool every_rank_has_own_gpu(Communicator& mpi_world) { return every_rank_has_own_device(mpi_world, cuda_device_count()); }
 
 std::shared_ptr<NcclCommunicator> make_nccl_world(Communicator& mpi_world) {
   const NodePlacement p = node_placement(mpi_world);
@@ -474,13 +452,9 @@ std::shared_ptr<NcclCommunicator> make_nccl_world(Communicator& mpi_world) {
 }
 
 std::shared_ptr<Communicator> make_device_world(std::shared_ptr<Communicator> mpi_world) {
-  const int gpus = cuda_device_count();
-  collective_check(*mpi_world, [&] {
-    IHA_CONFIG_CHECK(gpus > 0, "device cuda: rank ", mpi_world->rank(), " sees no usable GPU");
-  });
-  if (every_rank_has_own_gpu(*mpi_world)) return make_nccl_world(*mpi_world);
-  const NodePlacement p = node_placement(*mpi_world);
-  collective_check(*mpi_world, [&] { IHA_CUDA_CHECK(cudaSetDevice(p.local_rank % gpus)); });
+  const DevicePlacement p = place_on_devices(*mpi_world, cuda_device_count());
+  if (p.own) return make_nccl_world(*mpi_world);
+  collective_check(*mpi_world, [&] { IHA_CUDA_CHECK(cudaSetDevice(p.device)); });
   return make_host_staged_communicator(std::move(mpi_world));
 }
 

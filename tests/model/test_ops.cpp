@@ -65,6 +65,48 @@ TEST(Ops, EmbeddingGathersAndScattersRows) {
   EXPECT_THROW(embedding_forward<double>(bad.data(), 2, table.data(), kV, kD, x.data()), Error);
 }
 
+// The token groups of the device embedding gradient: a stable permutation grouped by ascending
+// token, and adding each segment's rows in its order onto the old values gives the bits of
+// embedding_backward<float> (the same additions in the same order).
+TEST(Ops, RowsGroupedByTokenKeepTheCpuOrderOfAdditions) {
+  const int64_t rows = 300, V = 11, D = 7;
+  std::vector<int32_t> tokens(rows);
+  for (int64_t r = 0; r < rows; ++r) tokens[r] = static_cast<int32_t>((r * 7 + r / 5) % V);
+  tokens[3] = 10;
+  const TokenRowGroups g = group_rows_by_token(tokens.data(), rows);
+  ASSERT_EQ(g.order.size(), static_cast<size_t>(rows));
+  ASSERT_EQ(g.seg_begin.size(), g.seg_token.size() + 1);
+  EXPECT_EQ(g.seg_begin.front(), 0);
+  EXPECT_EQ(g.seg_begin.back(), rows);
+  std::vector<int> seen(rows, 0);
+  for (size_t s = 0; s < g.seg_token.size(); ++s) {
+    if (s > 0) {
+      EXPECT_LT(g.seg_token[s - 1], g.seg_token[s]);
+    }
+    EXPECT_LT(g.seg_begin[s], g.seg_begin[s + 1]) << "empty segment " << s;
+    for (int32_t k = g.seg_begin[s]; k < g.seg_begin[s + 1]; ++k) {
+      EXPECT_EQ(tokens[g.order[k]], g.seg_token[s]);
+      if (k > g.seg_begin[s]) {
+        EXPECT_LT(g.order[k - 1], g.order[k]) << "rows of a token out of order";
+      }
+      ++seen[g.order[k]];
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(seen[r], 1) << "row " << r;
+  const std::vector<double> dxd = randn(rows * D, 3, "dx"), t0 = randn(V * D, 4, "table");
+  const std::vector<float> dx(dxd.begin(), dxd.end());
+  std::vector<float> cpu(t0.begin(), t0.end()), grouped = cpu;
+  embedding_backward<float>(tokens.data(), rows, dx.data(), D, cpu.data());
+  for (size_t s = 0; s < g.seg_token.size(); ++s)
+    for (int64_t c = 0; c < D; ++c) {
+      float acc = grouped[g.seg_token[s] * D + c];
+      for (int32_t k = g.seg_begin[s]; k < g.seg_begin[s + 1]; ++k) acc += dx[g.order[k] * D + c];
+      grouped[g.seg_token[s] * D + c] = acc;
+    }
+  EXPECT_EQ(grouped, cpu);
+  EXPECT_TRUE(group_rows_by_token(tokens.data(), 0).seg_token.empty());
+}
+
 // <w, y> of the float64 references, so a backward can be checked by finite differences.
 double dot_ref(const std::vector<double>& y, const std::vector<double>& w, std::vector<double>* y_out) {
   if (y_out) *y_out = y;
