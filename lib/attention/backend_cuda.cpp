@@ -9,16 +9,6 @@
 
 namespace iha {
 
-namespace {
-
-// The kernels take the angles from the positions and the spec.
-class CudaRopeRows final : public RopeRows {
- public:
-  CudaRopeRows(Tensor pos, const RopeSpec& spec, int64_t d) : RopeRows(std::move(pos), spec, d) {}
-};
-
-}  // namespace
-
 CudaBackend::CudaBackend(DType compute, FlashCudaKernel kernel) : compute_(compute), kernel_(kernel) {
   IHA_CONFIG_CHECK(compute == DType::bf16 || compute == DType::f32,
                    "GPU compute dtype must be bfloat16 or float32, got ", dtype_name(compute));
@@ -28,7 +18,7 @@ std::string CudaBackend::name() const { return std::string("cuda-") + dtype_name
 
 std::shared_ptr<const RopeRows> CudaBackend::rope_rows(const RopeSpec& spec, int64_t d,
                                                        const std::vector<int64_t>& vpos) const {
-  return std::make_shared<const CudaRopeRows>(positions(vpos), spec, d);
+  return RopeRows::from_positions(positions(vpos), spec, d);  // the kernels compute the angles
 }
 
 void CudaBackend::synchronize() const { IHA_CUDA_CHECK(cudaStreamSynchronize(0)); }

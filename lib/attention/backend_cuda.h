@@ -4,12 +4,9 @@
 // compute = float every op is fp32 (cuBLAS without TF32), so fp32 results are held to fp32
 // tolerances against the CPU float64 oracle.
 //
-// Where the ops live: flash attention, drow and merge in flash_cuda.cu (the kernel families of
-// kernel_plan.h; results are deterministic, no atomics), mix + RoPE and collapse in
-// ops_cuda.cu (RoPE angles in float64 from rope.h, parameter gradients reduced per token block
-// in a fixed order), the rest in backend_cuda.cpp on core/cuda_ops.h and cuBLAS
-// (core/cuda_blas.h). Every argument check runs on the host before any launch
-// (kernel_plan.h), so bad calls are errors even without a GPU.
+// The ops live in flash_cuda.cu (flash attention, deterministic: no atomics), ops_cuda.cu
+// (mix + RoPE, collapse) and backend_cuda.cpp (core/cuda_ops.h, cuBLAS); their argument checks
+// run on the host before any launch (kernel_plan.h), so bad calls fail even without a GPU.
 //
 // Streams: every op is queued on the legacy default stream (0), the compute stream the NCCL
 // and host-staged communicators wait on; results returned to the host synchronise it.

@@ -12,7 +12,6 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -21,6 +20,7 @@
 #include "attention/mask.h"
 #include "attention/merge.h"
 #include "core/cuda_device.h"
+#include "core/cuda_kernel.cuh"
 #include "core/error.h"
 
 namespace iha {
@@ -35,8 +35,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 // ---- helpers shared by both kernel families ----
 
-__device__ inline float to_f32(float x) { return x; }
-__device__ inline float to_f32(bf16 x) { return x.to_float(); }
+using cuda_kernel::to_f32;
 
 __device__ inline float warp_max(float x) {
   for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, off));
@@ -47,16 +46,14 @@ __device__ inline float warp_sum(float x) {
   return x;
 }
 
-// The block's key (or query) rows into shared memory, from mask.h's shared bounds.
-__device__ void visible_key_range(const MaskSpec& m, const int64_t* k_pos, int64_t nk, int64_t q_lo,
-                                  int64_t q_hi, int64_t seg_lo, int64_t* range) {
-  const IndexRange r = visible_key_rows(m, k_pos, nk, q_lo, q_hi, seg_lo);
-  range[0] = r.begin;
-  range[1] = r.end;
+// Moves every pointer `by` elements on: a block's view of its head's rows.
+template <class... P>
+__device__ __forceinline__ void advance(int64_t by, P*&... p) {
+  ((p += by), ...);
 }
-__device__ void seeing_query_range(const MaskSpec& m, const int64_t* q_pos, int64_t nq, int64_t k_lo,
-                                   int64_t k_hi, int64_t* range) {
-  const IndexRange r = seeing_query_rows(m, q_pos, nq, k_lo, k_hi);
+
+// A block's key (or query) row range, from mask.h's shared bounds, into shared memory.
+__device__ inline void store_range(IndexRange r, int64_t* range) {
   range[0] = r.begin;
   range[1] = r.end;
 }
@@ -135,7 +132,7 @@ __device__ __forceinline__ void accumulate_columns(float (&acc)[kSimtMaxCols], f
 template <class T>
 __global__ void __launch_bounds__(kSimtThreads)
 simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int64_t nq, const T* k,
-                    const T* v, const int64_t* k_pos, int64_t nk, float* o, float* lse, float scale) {
+                    const T* v, const int64_t* k_pos, int64_t nk, float* o, float* lse, float scale, int group) {
   extern __shared__ float simt_smem[];
   float* qs = simt_smem;                   // [kSimtRows][d]
   float* ks = qs + kSimtRows * d;          // [kSimtTile][d + 1]: lane j walks row j
@@ -146,16 +143,14 @@ simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int6
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;
   const int rows = static_cast<int>(min(static_cast<int64_t>(kSimtRows), nq - i0));
-  q += (head * nq + i0) * d;
-  o += (head * nq + i0) * d;
-  lse += head * nq + i0;
-  k += head * nk * d;
-  v += head * nk * d;
+  advance((head * nq + i0) * d, q, o);
+  advance(head * nq + i0, lse);
+  advance(static_cast<int>(head) / group * nk * d, k, v);  // query head h reads key/value head h / group
 
   load_rows_f32(qs, d, q, rows, kSimtRows, d);
   if (tid < kSimtRows) qpos_s[tid] = q_pos[i0 + min(tid, rows - 1)];
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), range_s);
+  if (tid == 0) store_range(visible_key_rows(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0)), range_s);
   __syncthreads();
   const int64_t kb = range_s[0], ke = range_s[1];
 
@@ -225,7 +220,7 @@ template <class T>
 __global__ void __launch_bounds__(kSimtThreads)
 simt_backward_dq_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int64_t nq,
                         const T* k, const T* v, const int64_t* k_pos, int64_t nk, const T* dout,
-                        const float* lse, const float* drow, float* dq, float scale) {
+                        const float* lse, const float* drow, float* dq, float scale, int group) {
   extern __shared__ float simt_smem[];
   float* qs = simt_smem;                  // [kSimtRows][d]
   float* dos = qs + kSimtRows * d;        // [kSimtRows][d]
@@ -237,19 +232,15 @@ simt_backward_dq_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;
   const int rows = static_cast<int>(min(static_cast<int64_t>(kSimtRows), nq - i0));
-  q += (head * nq + i0) * d;
-  dout += (head * nq + i0) * d;
-  dq += (head * nq + i0) * d;
-  lse += head * nq + i0;
-  drow += head * nq + i0;
-  k += head * nk * d;
-  v += head * nk * d;
+  advance((head * nq + i0) * d, q, dout, dq);
+  advance(head * nq + i0, lse, drow);
+  advance(static_cast<int>(head) / group * nk * d, k, v);
 
   load_rows_f32(qs, d, q, rows, kSimtRows, d);
   load_rows_f32(dos, d, dout, rows, kSimtRows, d);
   if (tid < kSimtRows) qpos_s[tid] = q_pos[i0 + min(tid, rows - 1)];
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), range_s);
+  if (tid == 0) store_range(visible_key_rows(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0)), range_s);
   __syncthreads();
   const int64_t kb = range_s[0], ke = range_s[1];
 
@@ -295,7 +286,7 @@ template <class T>
 __global__ void __launch_bounds__(kSimtThreads)
 simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int64_t nq,
                           const T* k, const T* v, const int64_t* k_pos, int64_t nk, const T* dout,
-                          const float* lse, const float* drow, float* dk, float* dv, float scale) {
+                          const float* lse, const float* drow, float* dk, float* dv, float scale, int group) {
   extern __shared__ float simt_smem[];
   float* ks = simt_smem;                  // [kSimtRows][d]
   float* vs = ks + kSimtRows * d;         // [kSimtRows][d]
@@ -309,20 +300,16 @@ simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;
   const int krows = static_cast<int>(min(static_cast<int64_t>(kSimtRows), nk - j0));
-  k += (head * nk + j0) * d;
-  v += (head * nk + j0) * d;
-  dk += (head * nk + j0) * d;
-  dv += (head * nk + j0) * d;
-  q += head * nq * d;
-  dout += head * nq * d;
-  lse += head * nq;
-  drow += head * nq;
+  // head is a key/value head: its gradients sum query heads head * group ... + group - 1.
+  advance((head * nk + j0) * d, k, v, dk, dv);
+  advance(head * group * nq * d, q, dout);
+  advance(head * group * nq, lse, drow);
 
   load_rows_f32(ks, d, k, krows, kSimtRows, d);
   load_rows_f32(vs, d, v, krows, kSimtRows, d);
   if (tid < kSimtRows) kpos_s[tid] = k_pos[j0 + min(tid, krows - 1)];
   const int64_t k_lo = k_pos[j0], k_hi = k_pos[j0 + krows - 1];
-  if (tid == 0) seeing_query_range(mask, q_pos, nq, k_lo, k_hi, range_s);
+  if (tid == 0) store_range(seeing_query_rows(mask, q_pos, nq, k_lo, k_hi), range_s);
   __syncthreads();
   const int64_t qb = range_s[0], qe = range_s[1];
 
@@ -330,41 +317,43 @@ simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos
   zero_rows(dk_acc);
   zero_rows(dv_acc);
 
-  for (int64_t i0 = qb; i0 < qe; i0 += kSimtTile) {
-    const int qrows = static_cast<int>(min(static_cast<int64_t>(kSimtTile), qe - i0));
-    const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi, segment_start(mask, i0),
-                                      segment_start(mask, i0 + qrows - 1));
-    if (tm == TileMask::hidden) continue;
-    __syncthreads();
-    load_rows_f32(qs, d + 1, q + i0 * d, qrows, kSimtTile, d);
-    load_rows_f32(dos, d + 1, dout + i0 * d, qrows, kSimtTile, d);
-    if (tid < kSimtTile) {
-      const bool ok = tid < qrows;
-      qpos_s[tid] = ok ? q_pos[i0 + tid] : 0;
-      lse_s[tid] = ok ? lse[i0 + tid] : kNegInf;
-      drow_s[tid] = ok ? drow[i0 + tid] : 0.f;
-    }
-    __syncthreads();
+  for (int g = 0; g < group; ++g, advance(nq * d, q, dout), advance(nq, lse, drow)) {
+    for (int64_t i0 = qb; i0 < qe; i0 += kSimtTile) {
+      const int qrows = static_cast<int>(min(static_cast<int64_t>(kSimtTile), qe - i0));
+      const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi, segment_start(mask, i0),
+                                        segment_start(mask, i0 + qrows - 1));
+      if (tm == TileMask::hidden) continue;
+      __syncthreads();
+      load_rows_f32(qs, d + 1, q + i0 * d, qrows, kSimtTile, d);
+      load_rows_f32(dos, d + 1, dout + i0 * d, qrows, kSimtTile, d);
+      if (tid < kSimtTile) {
+        const bool ok = tid < qrows;
+        qpos_s[tid] = ok ? q_pos[i0 + tid] : 0;
+        lse_s[tid] = ok ? lse[i0 + tid] : kNegInf;
+        drow_s[tid] = ok ? drow[i0 + tid] : 0.f;
+      }
+      __syncthreads();
 
 #pragma unroll
-    for (int rr = 0; rr < kSimtRowsPerWarp; ++rr) {
-      const int key = warp * kSimtRowsPerWarp + rr;
-      if (key >= krows) continue;
-      float a = 0.f, ds = 0.f;
-      const float l = lse_s[lane];
-      if (lane < qrows && l != kNegInf &&
-          (tm == TileMask::full || key_visible(mask, qpos_s[lane], kpos_s[key], segment_start(mask, i0 + lane)))) {
-        float s, dp;
-        dot_pair(qs + lane * (d + 1), ks + key * d, dos + lane * (d + 1), vs + key * d, d, s, dp);
-        a = expf(s * scale - l);
-        ds = a * (dp - drow_s[lane]);
+      for (int rr = 0; rr < kSimtRowsPerWarp; ++rr) {
+        const int key = warp * kSimtRowsPerWarp + rr;
+        if (key >= krows) continue;
+        float a = 0.f, ds = 0.f;
+        const float l = lse_s[lane];
+        if (lane < qrows && l != kNegInf &&
+            (tm == TileMask::full || key_visible(mask, qpos_s[lane], kpos_s[key], segment_start(mask, i0 + lane)))) {
+          float s, dp;
+          dot_pair(qs + lane * (d + 1), ks + key * d, dos + lane * (d + 1), vs + key * d, d, s, dp);
+          a = expf(s * scale - l);
+          ds = a * (dp - drow_s[lane]);
+        }
+        as[warp * kSimtTile + lane] = a;
+        dss[warp * kSimtTile + lane] = ds;
+        __syncwarp();
+        accumulate_columns(dv_acc[rr], 1.f, as + warp * kSimtTile, dos, d + 1, qrows, d);
+        accumulate_columns(dk_acc[rr], 1.f, dss + warp * kSimtTile, qs, d + 1, qrows, d);
+        __syncwarp();
       }
-      as[warp * kSimtTile + lane] = a;
-      dss[warp * kSimtTile + lane] = ds;
-      __syncwarp();
-      accumulate_columns(dv_acc[rr], 1.f, as + warp * kSimtTile, dos, d + 1, qrows, d);
-      accumulate_columns(dk_acc[rr], 1.f, dss + warp * kSimtTile, qs, d + 1, qrows, d);
-      __syncwarp();
     }
   }
 
@@ -499,17 +488,15 @@ struct TcForwardSmem {
 __global__ void __launch_bounds__(kTcThreads)
 tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, int64_t nq,
                   const bf16_t* k, const bf16_t* v, const int64_t* k_pos, int64_t nk, float* o,
-                  float* lse, float scale, bool vec) {
+                  float* lse, float scale, bool vec, int group) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   TcForwardSmem& sm = *reinterpret_cast<TcForwardSmem*>(tc_smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kTcRows;
   const int rows = static_cast<int>(min(static_cast<int64_t>(kTcRows), nq - i0));
-  q += (head * nq + i0) * d;
-  o += (head * nq + i0) * d;
-  lse += head * nq + i0;
-  k += head * nk * d;
-  v += head * nk * d;
+  advance((head * nq + i0) * d, q, o);
+  advance(head * nq + i0, lse);
+  advance(static_cast<int>(head) / group * nk * d, k, v);  // query head h reads key/value head h / group
   const int nd16 = (d + 15) / 16;
 
   stage_rows_bf16(sm.u.q, q, rows, kTcRows, d, vec);
@@ -520,7 +507,7 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
   }
   for (int idx = tid; idx < 256; idx += kTcThreads) sm.row_ids[idx] = static_cast<float>(idx / 16);
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), sm.range);
+  if (tid == 0) store_range(visible_key_rows(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0)), sm.range);
   __syncthreads();
   const int64_t kb = sm.range[0], ke = sm.range[1];
 
@@ -655,19 +642,15 @@ __global__ void __launch_bounds__(kTcThreads)
 tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, int64_t nq,
                       const bf16_t* k, const bf16_t* v, const int64_t* k_pos, int64_t nk,
                       const bf16_t* dout, const float* lse, const float* drow, float* dq, float scale,
-                      bool vec) {
+                      bool vec, int group) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   TcDqSmem& sm = *reinterpret_cast<TcDqSmem*>(tc_smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kTcRows;
   const int rows = static_cast<int>(min(static_cast<int64_t>(kTcRows), nq - i0));
-  q += (head * nq + i0) * d;
-  dout += (head * nq + i0) * d;
-  dq += (head * nq + i0) * d;
-  lse += head * nq + i0;
-  drow += head * nq + i0;
-  k += head * nk * d;
-  v += head * nk * d;
+  advance((head * nq + i0) * d, q, dout, dq);
+  advance(head * nq + i0, lse, drow);
+  advance(static_cast<int>(head) / group * nk * d, k, v);
   const int nd16 = (d + 15) / 16;
 
   stage_rows_bf16(sm.u.stage.q, q, rows, kTcRows, d, vec);
@@ -679,7 +662,7 @@ tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_po
     sm.drow[tid] = ok ? drow[tid] : 0.f;
   }
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), sm.range);
+  if (tid == 0) store_range(visible_key_rows(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0)), sm.range);
   __syncthreads();
   const int64_t kb = sm.range[0], ke = sm.range[1];
 
@@ -766,27 +749,23 @@ __global__ void __launch_bounds__(kTcThreads)
 tc_backward_dkdv_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, int64_t nq,
                         const bf16_t* k, const bf16_t* v, const int64_t* k_pos, int64_t nk,
                         const bf16_t* dout, const float* lse, const float* drow, float* dk,
-                        float* dv, float scale, bool vec) {
+                        float* dv, float scale, bool vec, int group) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   TcDkdvSmem& sm = *reinterpret_cast<TcDkdvSmem*>(tc_smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kTcRows;
   const int krows = static_cast<int>(min(static_cast<int64_t>(kTcRows), nk - j0));
-  k += (head * nk + j0) * d;
-  v += (head * nk + j0) * d;
-  dk += (head * nk + j0) * d;
-  dv += (head * nk + j0) * d;
-  q += head * nq * d;
-  dout += head * nq * d;
-  lse += head * nq;
-  drow += head * nq;
+  // head is a key/value head: its gradients sum query heads head * group ... + group - 1.
+  advance((head * nk + j0) * d, k, v, dk, dv);
+  advance(head * group * nq * d, q, dout);
+  advance(head * group * nq, lse, drow);
   const int nd16 = (d + 15) / 16;
 
   stage_rows_bf16(sm.k, k, krows, kTcRows, d, vec);
   stage_rows_bf16(sm.v, v, krows, kTcRows, d, vec);
   if (tid < kTcRows) sm.kpos[tid] = k_pos[j0 + min(tid, krows - 1)];
   const int64_t k_lo = k_pos[j0], k_hi = k_pos[j0 + krows - 1];
-  if (tid == 0) seeing_query_range(mask, q_pos, nq, k_lo, k_hi, sm.range);
+  if (tid == 0) store_range(seeing_query_rows(mask, q_pos, nq, k_lo, k_hi), sm.range);
   __syncthreads();
   const int64_t qb = sm.range[0], qe = sm.range[1];
 
@@ -803,49 +782,51 @@ tc_backward_dkdv_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_
   const bf16_t* k_w = sm.k + warp * 16 * kLdX;
   const bf16_t* v_w = sm.v + warp * 16 * kLdX;
 
-  for (int64_t i0 = qb; i0 < qe; i0 += kTcBwdQ) {
-    const int qrows = static_cast<int>(min(static_cast<int64_t>(kTcBwdQ), qe - i0));
-    const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi, segment_start(mask, i0),
-                                      segment_start(mask, i0 + qrows - 1));
-    if (tm == TileMask::hidden) continue;
-    __syncthreads();
-    stage_rows_bf16(sm.q, q + i0 * d, qrows, kTcBwdQ, d, vec);
-    stage_rows_bf16(sm.dout, dout + i0 * d, qrows, kTcBwdQ, d, vec);
-    if (tid < kTcBwdQ) {
-      const bool ok = tid < qrows;
-      sm.qpos[tid] = ok ? q_pos[i0 + tid] : 0;
-      sm.lse[tid] = ok ? lse[i0 + tid] : kNegInf;
-      sm.drow[tid] = ok ? drow[i0 + tid] : 0.f;
-    }
-    __syncthreads();
+  for (int g = 0; g < group; ++g, advance(nq * d, q, dout), advance(nq, lse, drow)) {
+    for (int64_t i0 = qb; i0 < qe; i0 += kTcBwdQ) {
+      const int qrows = static_cast<int>(min(static_cast<int64_t>(kTcBwdQ), qe - i0));
+      const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi, segment_start(mask, i0),
+                                        segment_start(mask, i0 + qrows - 1));
+      if (tm == TileMask::hidden) continue;
+      __syncthreads();
+      stage_rows_bf16(sm.q, q + i0 * d, qrows, kTcBwdQ, d, vec);
+      stage_rows_bf16(sm.dout, dout + i0 * d, qrows, kTcBwdQ, d, vec);
+      if (tid < kTcBwdQ) {
+        const bool ok = tid < qrows;
+        sm.qpos[tid] = ok ? q_pos[i0 + tid] : 0;
+        sm.lse[tid] = ok ? lse[i0 + tid] : kNegInf;
+        sm.drow[tid] = ok ? drow[i0 + tid] : 0.f;
+      }
+      __syncthreads();
 
-    // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys: Q and dO rows read as
-    // column-major B operands.
-    const auto block_of = [](const bf16_t* rows) {
-      return [rows](int kk) {
-        FragA af;
-        wmma::load_matrix_sync(af, rows + kk * 16, kLdX);
-        return af;
+      // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys: Q and dO rows read as
+      // column-major B operands.
+      const auto block_of = [](const bf16_t* rows) {
+        return [rows](int kk) {
+          FragA af;
+          wmma::load_matrix_sync(af, rows + kk * 16, kLdX);
+          return af;
+        };
       };
-    };
-    warp_product_bt<kTcBwdQ>(block_of(k_w), sm.q, nd16, st_w, kLdS2);
-    warp_product_bt<kTcBwdQ>(block_of(v_w), sm.dout, nd16, dpt_w, kLdS2);
-    __syncwarp();
+      warp_product_bt<kTcBwdQ>(block_of(k_w), sm.q, nd16, st_w, kLdS2);
+      warp_product_bt<kTcBwdQ>(block_of(v_w), sm.dout, nd16, dpt_w, kLdS2);
+      __syncwarp();
 
-    // A^T and dS^T, element (key r, query c).
-    for (int idx = lane; idx < 16 * kTcBwdQ; idx += 32) {
-      const int r = idx / kTcBwdQ, c = idx % kTcBwdQ, key = warp * 16 + r;
-      const float l = sm.lse[c];
-      const bool vis = key < krows && c < qrows && l != kNegInf &&
-                       (tm == TileMask::full || key_visible(mask, sm.qpos[c], sm.kpos[key], segment_start(mask, i0 + c)));
-      const float a = vis ? expf(st_w[r * kLdS2 + c] * scale - l) : 0.f;
-      pt_w[r * kLdP2 + c] = __float2bfloat16(a);
-      dst_w[r * kLdP2 + c] = __float2bfloat16(a * (dpt_w[r * kLdS2 + c] - sm.drow[c]));
+      // A^T and dS^T, element (key r, query c).
+      for (int idx = lane; idx < 16 * kTcBwdQ; idx += 32) {
+        const int r = idx / kTcBwdQ, c = idx % kTcBwdQ, key = warp * 16 + r;
+        const float l = sm.lse[c];
+        const bool vis = key < krows && c < qrows && l != kNegInf &&
+                         (tm == TileMask::full || key_visible(mask, sm.qpos[c], sm.kpos[key], segment_start(mask, i0 + c)));
+        const float a = vis ? expf(st_w[r * kLdS2 + c] * scale - l) : 0.f;
+        pt_w[r * kLdP2 + c] = __float2bfloat16(a);
+        dst_w[r * kLdP2 + c] = __float2bfloat16(a * (dpt_w[r * kLdS2 + c] - sm.drow[c]));
+      }
+      __syncwarp();
+
+      warp_accumulate<kTcBwdQ>(pt_w, kLdP2, sm.dout, nd16, dvf);  // dV += A^T dO
+      warp_accumulate<kTcBwdQ>(dst_w, kLdP2, sm.q, nd16, dkf);    // dK += dS^T Q
     }
-    __syncwarp();
-
-    warp_accumulate<kTcBwdQ>(pt_w, kLdP2, sm.dout, nd16, dvf);  // dV += A^T dO
-    warp_accumulate<kTcBwdQ>(dst_w, kLdP2, sm.q, nd16, dkf);    // dK += dS^T Q
   }
 
   add_warp_tiles(dkf, st_w, kLdS2, nd16, krows, d, scale, dk);
@@ -882,13 +863,10 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 const bf16_t* as_cuda_bf16(const bf16* p) { return reinterpret_cast<const bf16_t*>(p); }
 
-// Launches `kernel` over `grid` on the legacy default stream, with the opt-in to `smem` bytes
-// of dynamic shared memory it needs beyond 48 KiB.
+// A flash kernel over its grid on the legacy default stream (cuda_kernel::launch).
 template <class Kernel, class... Args>
 void launch(Kernel kernel, const char* name, FlashGrid grid, int threads, size_t smem, Args... args) {
-  cuda_allow_smem(reinterpret_cast<const void*>(kernel), smem, name);
-  kernel<<<dim3(grid.x, grid.y), threads, smem, 0>>>(args...);
-  IHA_CUDA_LAUNCH_CHECK(name);
+  cuda_kernel::launch(name, kernel, dim3(grid.x, grid.y), threads, smem, 0, args...);
 }
 
 }  // namespace
@@ -897,8 +875,6 @@ void CudaBackend::flash_forward(const MaskSpec& mask, int64_t d, int64_t heads, 
                                 CBuf k_b, CBuf v_b, CBuf k_pos, int64_t nk, Buf o_b, Buf lse_b, int64_t group) const {
   const char* op = "flash_forward";
   const FlashPlan plan = plan_flash(mask, compute_, d, heads, nq, nk, group, kernel_, false);
-  // The CUDA kernels pair query head h with key/value head h (MHA).
-  IHA_CHECK(group == 1, op, ": grouped-query attention (group ", group, ") runs on the CPU backend only");
   with_compute_type(compute_, [&](auto* tag) {
     using A = std::remove_pointer_t<decltype(tag)>;
     const A *q = q_b.as<A>(op), *k = k_b.as<A>(op), *v = v_b.as<A>(op);
@@ -906,17 +882,17 @@ void CudaBackend::flash_forward(const MaskSpec& mask, int64_t d, int64_t heads, 
     float *o = o_b.as<float>(op), *lse = lse_b.as<float>(op);
     if (plan.empty) return;
     const FlashGrid grid = flash_grid(plan.kernel, FlashPass::forward, nq, nk, heads);
-    const int di = static_cast<int>(d);
+    const int di = static_cast<int>(d), gi = static_cast<int>(group);
     if constexpr (std::is_same_v<A, bf16>) {
       if (plan.kernel == FlashCudaKernel::tensor_core) {
         const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
         launch(tc_forward_kernel, "tc_forward_kernel", grid, kTcThreads, sizeof(TcForwardSmem), mask, di,
-               as_cuda_bf16(q), qp, nq, as_cuda_bf16(k), as_cuda_bf16(v), kp, nk, o, lse, plan.scale, vec);
+               as_cuda_bf16(q), qp, nq, as_cuda_bf16(k), as_cuda_bf16(v), kp, nk, o, lse, plan.scale, vec, gi);
         return;
       }
     }
     launch(simt_forward_kernel<A>, "simt_forward_kernel", grid, kSimtThreads, flash_simt_smem(FlashPass::forward, d),
-           mask, di, q, qp, nq, k, v, kp, nk, o, lse, plan.scale);
+           mask, di, q, qp, nq, k, v, kp, nk, o, lse, plan.scale, gi);
   });
 }
 
@@ -929,9 +905,8 @@ void CudaBackend::flash_drow(CBuf o_b, CBuf dout_b, int64_t rows, int64_t d, Buf
     const float* o = o_b.as<float>(op);
     float* drow = drow_b.as<float>(op);
     if (rows == 0) return;
-    drow_kernel<A><<<static_cast<unsigned>(blocks_for(rows, kRowWarpsPerBlock)), kRowWarpsPerBlock * 32>>>(
-        o, g, rows, static_cast<int>(d), drow);
-    IHA_CUDA_LAUNCH_CHECK("drow_kernel");
+    cuda_kernel::launch("drow_kernel", drow_kernel<A>, static_cast<unsigned>(blocks_for(rows, kRowWarpsPerBlock)),
+                        kRowWarpsPerBlock * 32, 0, 0, o, g, rows, static_cast<int>(d), drow);
   });
 }
 
@@ -940,7 +915,6 @@ void CudaBackend::flash_backward(const MaskSpec& mask, int64_t d, int64_t heads,
                                  Buf dq_b, Buf dk_b, Buf dv_b, int64_t group) const {
   const char* op = "flash_backward";
   const FlashPlan plan = plan_flash(mask, compute_, d, heads, nq, nk, group, kernel_, true);
-  IHA_CHECK(group == 1, op, ": grouped-query attention (group ", group, ") runs on the CPU backend only");
   with_compute_type(compute_, [&](auto* tag) {
     using A = std::remove_pointer_t<decltype(tag)>;
     const A *q = q_b.as<A>(op), *k = k_b.as<A>(op), *v = v_b.as<A>(op), *g = dout_b.as<A>(op);
@@ -948,25 +922,27 @@ void CudaBackend::flash_backward(const MaskSpec& mask, int64_t d, int64_t heads,
     const float *lse = lse_b.as<float>(op), *drow = drow_b.as<float>(op);
     float *dq = dq_b.as<float>(op), *dk = dk_b.as<float>(op), *dv = dv_b.as<float>(op);
     if (plan.empty) return;
-    const FlashGrid grid_kv = flash_grid(plan.kernel, FlashPass::dkdv, nq, nk, heads);
+    // dK/dV blocks are per key/value head (each sums its group's query heads in order).
+    const FlashGrid grid_kv = flash_grid(plan.kernel, FlashPass::dkdv, nq, nk, heads / group);
     const FlashGrid grid_q = flash_grid(plan.kernel, FlashPass::dq, nq, nk, heads);
-    const int di = static_cast<int>(d);
+    const int di = static_cast<int>(d), gi = static_cast<int>(group);
     if constexpr (std::is_same_v<A, bf16>) {
       if (plan.kernel == FlashCudaKernel::tensor_core) {
         const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(g);
         launch(tc_backward_dkdv_kernel, "tc_backward_dkdv_kernel", grid_kv, kTcThreads, sizeof(TcDkdvSmem), mask,
                di, as_cuda_bf16(q), qp, nq, as_cuda_bf16(k), as_cuda_bf16(v), kp, nk, as_cuda_bf16(g), lse, drow, dk,
-               dv, plan.scale, vec);
+               dv, plan.scale, vec, gi);
         launch(tc_backward_dq_kernel, "tc_backward_dq_kernel", grid_q, kTcThreads, sizeof(TcDqSmem), mask, di,
                as_cuda_bf16(q), qp, nq, as_cuda_bf16(k), as_cuda_bf16(v), kp, nk, as_cuda_bf16(g), lse, drow, dq,
-               plan.scale, vec);
+               plan.scale, vec, gi);
         return;
       }
     }
     launch(simt_backward_dkdv_kernel<A>, "simt_backward_dkdv_kernel", grid_kv, kSimtThreads,
-           flash_simt_smem(FlashPass::dkdv, d), mask, di, q, qp, nq, k, v, kp, nk, g, lse, drow, dk, dv, plan.scale);
+           flash_simt_smem(FlashPass::dkdv, d), mask, di, q, qp, nq, k, v, kp, nk, g, lse, drow, dk, dv, plan.scale,
+           gi);
     launch(simt_backward_dq_kernel<A>, "simt_backward_dq_kernel", grid_q, kSimtThreads,
-           flash_simt_smem(FlashPass::dq, d), mask, di, q, qp, nq, k, v, kp, nk, g, lse, drow, dq, plan.scale);
+           flash_simt_smem(FlashPass::dq, d), mask, di, q, qp, nq, k, v, kp, nk, g, lse, drow, dq, plan.scale, gi);
   });
 }
 
@@ -977,8 +953,8 @@ void CudaBackend::merge_partial(Buf o_b, Buf lse_b, CBuf o_part_b, CBuf lse_part
   const float *o_part = o_part_b.as<float>(op), *lse_part = lse_part_b.as<float>(op);
   if (rows == 0) return;
   constexpr int kThreads = 128;
-  merge_kernel<<<static_cast<unsigned>(blocks_for(rows, kThreads)), kThreads>>>(o, lse, o_part, lse_part, rows, d);
-  IHA_CUDA_LAUNCH_CHECK("merge_kernel");
+  cuda_kernel::launch("merge_kernel", merge_kernel, static_cast<unsigned>(blocks_for(rows, kThreads)), kThreads, 0, 0,
+                      o, lse, o_part, lse_part, rows, d);
 }
 
 }  // namespace iha

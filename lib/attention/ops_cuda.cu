@@ -3,28 +3,23 @@
 // reduce per block of tokens into a scratch row each, then over blocks in a fixed order.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/backend_cuda.h"
 #include "attention/rope.h"
 #include "core/cuda_device.h"
+#include "core/cuda_kernel.cuh"
 #include "core/error.h"
 
 namespace iha {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kTokensPerBlock = TokenBlockPlan::kTokensPerBlock;
-constexpr int64_t kMaxBlocks = int64_t(1) << 30;
+using namespace cuda_kernel;
 
-__device__ inline float to_f32(float x) { return x; }
-__device__ inline float to_f32(bf16 x) { return x.to_float(); }
-template <class T> __device__ inline T from_f32(float x);
-template <> __device__ inline float from_f32<float>(float x) { return x; }
-template <> __device__ inline bf16 from_f32<bf16>(float x) { return bf16::from_float(x); }
+constexpr int64_t kTokensPerBlock = TokenBlockPlan::kTokensPerBlock;
 
 // cos and sin of the angle of (position, pair i), in float64, cast to float.
 __device__ inline void rope_cos_sin(int64_t pos, int i, int d, const RopeSpec& r, float& cs, float& sn) {
@@ -38,8 +33,7 @@ __global__ void mix_rope_forward_kernel(const T* pre, int64_t ld_pre, int64_t n_
                                         int P, const float* alpha, int h_begin, int h_end,
                                         const int64_t* vpos, RopeSpec rope, T* virt, int64_t head_stride, int half) {
   const int64_t total = n_tok * P * half;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  IHA_GRID_STRIDE(idx, total) {
     const int64_t t = idx / half;  // virtual row i*P + j
     const int c = static_cast<int>(idx % half), c2 = c + half;
     const int64_t i = t / P;
@@ -142,8 +136,7 @@ __global__ void collapse_forward_kernel(const float* y, int64_t head_stride, int
                                         int64_t ld_out) {
   const int cols = global ? H * P : P;
   const int64_t total = n_tok * H * d;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  IHA_GRID_STRIDE(idx, total) {
     const int64_t i = idx / (H * d);
     const int h = static_cast<int>(idx / d % H), c = static_cast<int>(idx % d);
     const int hp_first = global ? 0 : h, hp_last = global ? H : h + 1;
@@ -161,8 +154,7 @@ __global__ void collapse_backward_dy_kernel(const T* dout, int64_t ld_dout, int6
                                             int64_t head_stride) {
   const int cols = global ? H * P : P;
   const int64_t rows = n_tok * P, total = H * rows * d;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  IHA_GRID_STRIDE(idx, total) {
     const int hp = static_cast<int>(idx / (rows * d));
     const int64_t t = idx / d % rows;
     const int c = static_cast<int>(idx % d);
@@ -212,25 +204,12 @@ __global__ void collapse_backward_dc_kernel(const T* dout, int64_t ld_dout, cons
   }
 }
 
-unsigned grid_for(int64_t total) {
-  return static_cast<unsigned>(std::min(kMaxBlocks, (total + kThreads - 1) / kThreads));
-}
-
-// The kernels take the angles from the positions and the spec; rotate == false turns it off.
-RopeSpec spec_for(const RopeRows& rope, bool rotate) {
-  RopeSpec s = rope.spec();
-  s.on = s.on && rotate;
-  return s;
-}
-
-float* f32_or_null(Buf b, const char* op) { return b ? b.as<float>(op) : nullptr; }
-
 // target[(e / inner) * outer_stride + offset + e % inner] += the blocks' partial sums.
 void reduce_blocks(const float* ws, const TokenBlockPlan& plan, float* target, int64_t inner, int64_t outer_stride,
                    int64_t offset) {
-  reduce_blocks_kernel<<<static_cast<unsigned>((plan.entries + kThreads - 1) / kThreads), kThreads>>>(
-      ws, plan.blocks, static_cast<int>(plan.entries), target, static_cast<int>(inner), outer_stride, offset);
-  IHA_CUDA_LAUNCH_CHECK("reduce_blocks_kernel");
+  launch("reduce_blocks_kernel", reduce_blocks_kernel, static_cast<unsigned>((plan.entries + kThreads - 1) / kThreads),
+         kThreads, 0, 0, ws, plan.blocks, static_cast<int>(plan.entries), target, static_cast<int>(inner), outer_stride,
+         offset);
 }
 
 }  // namespace
@@ -239,7 +218,7 @@ void CudaBackend::mix_rope_forward(CBuf pre_b, int64_t ld_pre, int64_t n_tok, in
                                    CBuf alpha_b, int64_t h_begin, int64_t h_end, const RopeRows& rope, bool rotate,
                                    Buf virt_b, int64_t head_stride) const {
   const char* op = "mix_rope_forward";
-  const RopeSpec spec = spec_for(rope, rotate);
+  const RopeSpec spec = rope.spec(rotate);
   const TokenBlockPlan plan = plan_mix_rope(op, n_tok, H, d, P, h_begin, h_end, spec.on);
   with_compute_type(compute_, [&](auto* tag) {
     using A = std::remove_pointer_t<decltype(tag)>;
@@ -247,11 +226,10 @@ void CudaBackend::mix_rope_forward(CBuf pre_b, int64_t ld_pre, int64_t n_tok, in
     const float* alpha = alpha_b.as<float>(op);
     A* virt = virt_b.as<A>(op);
     if (plan.elements == 0) return;
-    mix_rope_forward_kernel<A><<<grid_for(plan.elements), kThreads>>>(
-        pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), alpha,
-        static_cast<int>(h_begin), static_cast<int>(h_end), rope.positions().template data<int64_t>(), spec, virt,
-        head_stride, mix_rope_pair_half(d, spec.on));
-    IHA_CUDA_LAUNCH_CHECK("mix_rope_forward_kernel");
+    launch("mix_rope_forward_kernel", mix_rope_forward_kernel<A>, grid_for(plan.elements), kThreads, 0, 0, pre, ld_pre,
+           n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), alpha, static_cast<int>(h_begin),
+           static_cast<int>(h_end), rope.positions().template data<int64_t>(), spec, virt, head_stride,
+           mix_rope_pair_half(d, spec.on));
   });
 }
 
@@ -260,22 +238,22 @@ void CudaBackend::mix_rope_backward(Buf dvirt_b, int64_t head_stride, CBuf pre_b
                                     const RopeRows& rope, bool rotate, Buf dpre_b, int64_t ld_dpre,
                                     Buf dalpha_b) const {
   const char* op = "mix_rope_backward";
-  const RopeSpec spec = spec_for(rope, rotate);
+  const RopeSpec spec = rope.spec(rotate);
   const TokenBlockPlan plan = plan_mix_rope(op, n_tok, H, d, P, h_begin, h_end, spec.on);
   with_compute_type(compute_, [&](auto* tag) {
     using A = std::remove_pointer_t<decltype(tag)>;
     const A* pre = pre_b.as<A>(op);
     const float *dvirt = dvirt_b.as<float>(op), *alpha = alpha_b.as<float>(op);
-    float *dpre = dpre_b.as<float>(op), *dalpha = f32_or_null(dalpha_b, op);
+    float *dpre = dpre_b.as<float>(op), *dalpha = dalpha_b.as_or_null<float>(op);
     if (plan.elements == 0) return;
     cuda_allow_smem(reinterpret_cast<const void*>(mix_rope_backward_kernel<A>), plan.smem,
                     "mix_rope_backward (one token's rows)", " (reduce H, P or d)");
     CudaScratch scratch(sizeof(float) * static_cast<size_t>(dalpha ? plan.blocks * plan.entries : 0), 0);
-    mix_rope_backward_kernel<A><<<static_cast<unsigned>(plan.blocks), kThreads, plan.smem>>>(
-        dvirt, head_stride, pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), alpha,
-        static_cast<int>(h_begin), static_cast<int>(h_end), rope.positions().template data<int64_t>(), spec, dpre,
-        ld_dpre, scratch.as<float>(), mix_rope_pair_half(d, spec.on));
-    IHA_CUDA_LAUNCH_CHECK("mix_rope_backward_kernel");
+    launch("mix_rope_backward_kernel", mix_rope_backward_kernel<A>, static_cast<unsigned>(plan.blocks), kThreads,
+           plan.smem, 0, dvirt, head_stride, pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d),
+           static_cast<int>(P), alpha, static_cast<int>(h_begin), static_cast<int>(h_end),
+           rope.positions().template data<int64_t>(), spec, dpre, ld_dpre, scratch.as<float>(),
+           mix_rope_pair_half(d, spec.on));
     if (dalpha) reduce_blocks(scratch.as<float>(), plan, dalpha, (h_end - h_begin) * P, H * P, h_begin * P);
   });
 }
@@ -289,10 +267,9 @@ void CudaBackend::collapse_forward(CBuf y_b, int64_t head_stride, int64_t n_tok,
     const float *y = y_b.as<float>(op), *C = C_b.as<float>(op);
     A* out = out_b.as<A>(op);
     if (plan.elements == 0) return;
-    collapse_forward_kernel<A><<<grid_for(plan.elements), kThreads>>>(
-        y, head_stride, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P),
-        form == Collapse::global, C, out, ld_out);
-    IHA_CUDA_LAUNCH_CHECK("collapse_forward_kernel");
+    launch("collapse_forward_kernel", collapse_forward_kernel<A>, grid_for(plan.elements), kThreads, 0, 0, y,
+           head_stride, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), form == Collapse::global,
+           C, out, ld_out);
   });
 }
 
@@ -307,20 +284,17 @@ void CudaBackend::collapse_backward(CBuf dout_b, int64_t ld_dout, CBuf y_b, int6
     const A* dout = dout_b.as<A>(op);
     const float *y = y_b.as<float>(op), *C = C_b.as<float>(op);
     A* dy = dy_b.as<A>(op);
-    float* dC = f32_or_null(dC_b, op);
+    float* dC = dC_b.as_or_null<float>(op);
     if (plan.elements == 0) return;
-    collapse_backward_dy_kernel<A><<<grid_for(plan.elements), kThreads>>>(
-        dout, ld_dout, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), global, C, dy,
-        head_stride);
-    IHA_CUDA_LAUNCH_CHECK("collapse_backward_dy_kernel");
+    launch("collapse_backward_dy_kernel", collapse_backward_dy_kernel<A>, grid_for(plan.elements), kThreads, 0, 0, dout,
+           ld_dout, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), global, C, dy, head_stride);
     if (!dC) return;
     cuda_allow_smem(reinterpret_cast<const void*>(collapse_backward_dc_kernel<A>), plan.smem,
                     "collapse_backward (one token's rows)", " (reduce H, P or d)");
     CudaScratch scratch(sizeof(float) * static_cast<size_t>(plan.blocks * plan.entries), 0);
-    collapse_backward_dc_kernel<A><<<static_cast<unsigned>(plan.blocks), kThreads, plan.smem>>>(
-        dout, ld_dout, y, head_stride, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), global,
-        scratch.as<float>());
-    IHA_CUDA_LAUNCH_CHECK("collapse_backward_dc_kernel");
+    launch("collapse_backward_dc_kernel", collapse_backward_dc_kernel<A>, static_cast<unsigned>(plan.blocks), kThreads,
+           plan.smem, 0, dout, ld_dout, y, head_stride, n_tok, static_cast<int>(H), static_cast<int>(d),
+           static_cast<int>(P), global, scratch.as<float>());
     reduce_blocks(scratch.as<float>(), plan, dC, plan.entries, 0, 0);
   });
 }

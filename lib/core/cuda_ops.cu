@@ -1,11 +1,10 @@
 // Element-wise and row-movement kernels: grid-stride loops, one element per thread step.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <type_traits>
 
-#include "core/bf16.h"
 #include "core/cuda_device.h"
+#include "core/cuda_kernel.cuh"
 #include "core/cuda_ops.h"
 #include "core/error.h"
 
@@ -13,23 +12,13 @@ namespace iha {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxGrid = 65535;
+using namespace cuda_kernel;
+
 constexpr int kNormBlocks = 512;  // fixed grid of the sum of squares: its order depends on n only
 
-unsigned grid_for(int64_t n) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(kMaxGrid, (n + kThreads - 1) / kThreads)));
-}
-
-#define IHA_GRID_STRIDE(i, n)                                                     \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
-       i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-__device__ inline float convert(bf16 x, float*) { return x.to_float(); }
-__device__ inline bf16 convert(float x, bf16*) { return bf16::from_float(x); }
 template <class S, class D>
 __global__ void convert_kernel(const S* src, D* dst, int64_t n) {
-  IHA_GRID_STRIDE(i, n) dst[i] = convert(src[i], static_cast<D*>(nullptr));
+  IHA_GRID_STRIDE(i, n) dst[i] = from_f32<D>(to_f32(src[i]));
 }
 __global__ void fill_kernel(float* x, int64_t n, float value) {
   IHA_GRID_STRIDE(i, n) x[i] = value;
@@ -41,29 +30,19 @@ __global__ void scale_kernel(float* x, int64_t n, float f) {
   IHA_GRID_STRIDE(i, n) x[i] *= f;
 }
 
-// Tree sum of one value per thread over the block (blockDim.x == kThreads); result in thread 0.
-__device__ double block_sum(double v) {
-  __shared__ double part[kThreads];
-  part[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
-    __syncthreads();
-  }
-  return part[0];
-}
-
 __global__ void sum_squares_blocks_kernel(const float* x, int64_t n, double* partial) {
   double s = 0;
   IHA_GRID_STRIDE(i, n) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  const double b = block_sum(s);
+  __shared__ double part[kThreads];
+  const double b = block_sum(s, part);
   if (threadIdx.x == 0) partial[blockIdx.x] = b;
 }
 
 __global__ void sum_partials_kernel(const double* partial, int nblocks, double* out) {
   double s = 0;
   for (int b = threadIdx.x; b < nblocks; b += blockDim.x) s += partial[b];
-  const double t = block_sum(s);
+  __shared__ double part[kThreads];
+  const double t = block_sum(s, part);
   if (threadIdx.x == 0) *out = t;
 }
 
@@ -135,11 +114,11 @@ void cast_cuda(const void* src, DType src_type, void* dst, DType dst_type, int64
     IHA_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(src_type),
                                    cudaMemcpyDeviceToDevice, stream));
   } else if (src_type == DType::f32 && dst_type == DType::bf16) {
-    convert_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const float*>(src), static_cast<bf16*>(dst), n);
-    IHA_CUDA_LAUNCH_CHECK("convert_kernel (f32 to bf16)");
+    launch("convert_kernel (f32 to bf16)", convert_kernel<float, bf16>, grid_for(n), kThreads, 0, stream,
+           static_cast<const float*>(src), static_cast<bf16*>(dst), n);
   } else if (src_type == DType::bf16 && dst_type == DType::f32) {
-    convert_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<const bf16*>(src), static_cast<float*>(dst), n);
-    IHA_CUDA_LAUNCH_CHECK("convert_kernel (bf16 to f32)");
+    launch("convert_kernel (bf16 to f32)", convert_kernel<bf16, float>, grid_for(n), kThreads, 0, stream,
+           static_cast<const bf16*>(src), static_cast<float*>(dst), n);
   } else {
     IHA_FAIL("cast_cuda: ", dtype_name(src_type), " to ", dtype_name(dst_type), " is not supported");
   }
@@ -147,30 +126,26 @@ void cast_cuda(const void* src, DType src_type, void* dst, DType dst_type, int64
 
 void fill_cuda(float* x, int64_t n, float value, cudaStream_t stream) {
   if (n <= 0) return;
-  fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, value);
-  IHA_CUDA_LAUNCH_CHECK("fill_kernel");
+  launch("fill_kernel", fill_kernel, grid_for(n), kThreads, 0, stream, x, n, value);
 }
 
 void add_cuda(float* dst, const float* src, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  add_kernel<<<grid_for(n), kThreads, 0, stream>>>(dst, src, n);
-  IHA_CUDA_LAUNCH_CHECK("add_kernel");
+  launch("add_kernel", add_kernel, grid_for(n), kThreads, 0, stream, dst, src, n);
 }
 
 void scale_cuda(float* x, int64_t n, float factor, cudaStream_t stream) {
   if (n <= 0) return;
-  scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, factor);
-  IHA_CUDA_LAUNCH_CHECK("scale_kernel");
+  launch("scale_kernel", scale_kernel, grid_for(n), kThreads, 0, stream, x, n, factor);
 }
 
 double sum_of_squares_cuda(const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return 0.0;
   double* buf = nullptr;  // kNormBlocks partials, then the result
   IHA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), (kNormBlocks + 1) * sizeof(double), stream));
-  sum_squares_blocks_kernel<<<kNormBlocks, kThreads, 0, stream>>>(x, n, buf);
-  IHA_CUDA_LAUNCH_CHECK("sum_squares_blocks_kernel");
-  sum_partials_kernel<<<1, kThreads, 0, stream>>>(buf, kNormBlocks, buf + kNormBlocks);
-  IHA_CUDA_LAUNCH_CHECK("sum_partials_kernel");
+  launch("sum_squares_blocks_kernel", sum_squares_blocks_kernel, kNormBlocks, kThreads, 0, stream, x, n, buf);
+  launch("sum_partials_kernel", sum_partials_kernel, 1, kThreads, 0, stream, buf, kNormBlocks,
+         buf + kNormBlocks);
   double result = 0;
   IHA_CUDA_CHECK(cudaMemcpyAsync(&result, buf + kNormBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream));
   IHA_CUDA_CHECK(cudaFreeAsync(buf, stream));

@@ -1,50 +1,29 @@
-// CUDA twins of ops.cpp and of AdamW's element loop. Row ops run one block per row with a
+// CUDA twins of ops.cpp and of AdamW's element loop, and the CudaModelBackend ops that launch
+// them (RMSNorm, SwiGLU activation, AdamW; embedding and cross-entropy through the launchers of
+// ops_cuda.h). Row ops run one block per row with a
 // fixed-order tree reduction; column sums over rows (dg) run in two stages, chunks of rows and
 // then the chunks in ascending order, so every result is deterministic.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/cuda_device.h"
+#include "core/cuda_kernel.cuh"
 #include "core/error.h"
+#include "model/backend_cuda.h"
+#include "model/model_math.h"
 #include "model/ops_cuda.h"
 
 namespace iha {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxGrid = 65535;
+using namespace cuda_kernel;
+
 constexpr int64_t kChunkRows = 128;  // rows per partial of a column sum
-
-unsigned grid_for(int64_t n) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(kMaxGrid, (n + kThreads - 1) / kThreads)));
-}
-
-#define IHA_GRID_STRIDE(i, n)                                                     \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
-       i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-template <class A> __device__ inline A from_f32(float x);
-template <> __device__ inline float from_f32<float>(float x) { return x; }
-template <> __device__ inline bf16 from_f32<bf16>(float x) { return bf16::from_float(x); }
-
-// Tree sum over the block (blockDim.x == kThreads), returned to every thread; `part` is
-// kThreads of shared memory. Fixed order, so the same inputs give the same bits.
-template <class T>
-__device__ T block_sum(T v, T* part) {
-  part[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
-    __syncthreads();
-  }
-  const T r = part[0];
-  __syncthreads();
-  return r;
-}
 
 __global__ void embedding_forward_kernel(const int32_t* tokens, int64_t rows, const float* table, int64_t D,
                                          float* x) {
@@ -261,45 +240,62 @@ void embedding_backward_cuda(const EmbeddingGradPlan& plan, const float* dx, int
   IHA_CUDA_LAUNCH_CHECK("embedding_backward_kernel");
 }
 
-template <class A>
-void rmsnorm_forward_cuda(const float* x, int64_t rows, int64_t D, const float* g, double eps, A* y,
-                          float* inv_rms, cudaStream_t stream) {
-  check_rows("rmsnorm_forward_cuda", rows, D);
-  if (rows == 0) return;
-  rmsnorm_forward_kernel<A><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, D, g, eps, y, inv_rms);
-  IHA_CUDA_LAUNCH_CHECK("rmsnorm_forward_kernel");
+void CudaModelBackend::rmsnorm_forward(CBuf x_b, int64_t rows, int64_t D, CBuf g_b, double eps, Buf y_b,
+                                       Buf inv_b) const {
+  const char* op = "rmsnorm_forward";
+  check_rows(op, rows, D);
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const float *x = x_b.as<float>(op), *g = g_b.as<float>(op);
+    A* y = y_b.as<A>(op);
+    float* inv_rms = inv_b.as<float>(op);
+    if (rows == 0) return;
+    launch("rmsnorm_forward_kernel", rmsnorm_forward_kernel<A>, static_cast<unsigned>(rows), kThreads, 0, 0, x, D, g,
+           eps, y, inv_rms);
+  });
 }
 
-void rmsnorm_backward_cuda(const float* x, const float* dy, int64_t rows, int64_t D, const float* g,
-                           const float* inv_rms, float* dx, float* dg, cudaStream_t stream) {
-  check_rows("rmsnorm_backward_cuda", rows, D);
+void CudaModelBackend::rmsnorm_backward(CBuf x_b, CBuf dy_b, int64_t rows, int64_t D, CBuf g_b, CBuf inv_b, Buf dx_b,
+                                        Buf dg_b) const {
+  const char* op = "rmsnorm_backward";
+  check_rows(op, rows, D);
+  const float *x = x_b.as<float>(op), *dy = dy_b.as<float>(op), *g = g_b.as<float>(op), *inv = inv_b.as<float>(op);
+  float *dx = dx_b.as<float>(op), *dg = dg_b.as<float>(op);
   if (rows == 0) return;
-  rmsnorm_backward_dx_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, dy, D, g, inv_rms, dx);
-  IHA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dx_kernel");
+  launch("rmsnorm_backward_dx_kernel", rmsnorm_backward_dx_kernel, static_cast<unsigned>(rows), kThreads, 0, 0, x, dy,
+         D, g, inv, dx);
   // Chunks small enough for the grid's y limit; the chunk size depends on rows only.
   const int64_t chunk_rows = std::max(kChunkRows, (rows + kMaxGrid - 1) / kMaxGrid);
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
-  CudaScratch ws(static_cast<size_t>(chunks * D) * sizeof(float), stream);
+  CudaScratch ws(static_cast<size_t>(chunks * D) * sizeof(float), 0);
   const dim3 grid(static_cast<unsigned>((D + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
-  rmsnorm_dg_partial_kernel<<<grid, kThreads, 0, stream>>>(x, dy, rows, D, inv_rms, chunk_rows, ws.as<float>());
-  IHA_CUDA_LAUNCH_CHECK("rmsnorm_dg_partial_kernel");
-  reduce_chunks_kernel<<<grid_for(D), kThreads, 0, stream>>>(ws.as<float>(), chunks, D, dg);
-  IHA_CUDA_LAUNCH_CHECK("reduce_chunks_kernel");
+  launch("rmsnorm_dg_partial_kernel", rmsnorm_dg_partial_kernel, grid, kThreads, 0, 0, x, dy, rows, D, inv,
+         chunk_rows, ws.as<float>());
+  launch("reduce_chunks_kernel", reduce_chunks_kernel, grid_for(D), kThreads, 0, 0, ws.as<float>(), chunks, D, dg);
 }
 
-template <class A>
-void swiglu_act_forward_cuda(const float* gate, const float* up, int64_t n, A* h, cudaStream_t stream) {
-  if (n <= 0) return;
-  swiglu_act_forward_kernel<A><<<grid_for(n), kThreads, 0, stream>>>(gate, up, n, h);
-  IHA_CUDA_LAUNCH_CHECK("swiglu_act_forward_kernel");
+void CudaModelBackend::swiglu_act_forward(CBuf gate_b, CBuf up_b, int64_t n, Buf h_b) const {
+  const char* op = "swiglu_act_forward";
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const float *gate = gate_b.as<float>(op), *up = up_b.as<float>(op);
+    A* h = h_b.as<A>(op);
+    if (n <= 0) return;
+    launch("swiglu_act_forward_kernel", swiglu_act_forward_kernel<A>, grid_for(n), kThreads, 0, 0, gate, up, n, h);
+  });
 }
 
-template <class A>
-void swiglu_act_backward_cuda(const float* gate, const float* up, const float* dh, int64_t n, A* dgate, A* dup,
-                              cudaStream_t stream) {
-  if (n <= 0) return;
-  swiglu_act_backward_kernel<A><<<grid_for(n), kThreads, 0, stream>>>(gate, up, dh, n, dgate, dup);
-  IHA_CUDA_LAUNCH_CHECK("swiglu_act_backward_kernel");
+void CudaModelBackend::swiglu_act_backward(CBuf gate_b, CBuf up_b, CBuf dh_b, int64_t n, Buf dgate_b,
+                                           Buf dup_b) const {
+  const char* op = "swiglu_act_backward";
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const float *gate = gate_b.as<float>(op), *up = up_b.as<float>(op), *dh = dh_b.as<float>(op);
+    A *dgate = dgate_b.as<A>(op), *dup = dup_b.as<A>(op);
+    if (n <= 0) return;
+    launch("swiglu_act_backward_kernel", swiglu_act_backward_kernel<A>, grid_for(n), kThreads, 0, 0, gate, up, dh,
+           n, dgate, dup);
+  });
 }
 
 void cross_entropy_cuda(float* logits, int64_t rows, int64_t V, const int32_t* targets, const uint8_t* answer,
@@ -330,21 +326,14 @@ CrossEntropyStats cross_entropy_stats_cuda(const double* row_loss, const int32_t
   return s;
 }
 
-void adamw_update_cuda(const AdamWStep<float>& step, bool decay, float* p, const float* g, float* m, float* v,
-                       int64_t n, cudaStream_t stream) {
+void CudaModelBackend::adamw(const OptimConfig& c, int64_t t, double lr, bool decay, Buf p_b, CBuf g_b, Buf m_b,
+                             Buf v_b, int64_t n) const {
+  const char* op = "adamw";
+  float *p = p_b.as<float>(op), *m = m_b.as<float>(op), *v = v_b.as<float>(op);
+  const float* g = g_b.as<float>(op);
   if (n <= 0) return;
-  adamw_kernel<<<grid_for(n), kThreads, 0, stream>>>(step, decay, p, g, m, v, n);
-  IHA_CUDA_LAUNCH_CHECK("adamw_kernel");
+  launch("adamw_kernel", adamw_kernel, grid_for(n), kThreads, 0, 0, adamw_step<float>(c, t, lr), decay, p, g, m, v,
+         n);
 }
-
-#define IHA_MODEL_OPS_CUDA(A)                                                                     \
-  template void rmsnorm_forward_cuda<A>(const float*, int64_t, int64_t, const float*, double, A*, \
-                                        float*, cudaStream_t);                                    \
-  template void swiglu_act_forward_cuda<A>(const float*, const float*, int64_t, A*, cudaStream_t); \
-  template void swiglu_act_backward_cuda<A>(const float*, const float*, const float*, int64_t, A*, \
-                                            A*, cudaStream_t);
-IHA_MODEL_OPS_CUDA(float)
-IHA_MODEL_OPS_CUDA(bf16)
-#undef IHA_MODEL_OPS_CUDA
 
 }  // namespace iha

@@ -1,7 +1,8 @@
-// The per-token model ops on the GPU (built only with IHA_CUDA): the CUDA twins of ops.h
-// (embedding, RMSNorm, the SwiGLU activation, cross-entropy; the MLP's products are the
-// backend's GEMMs, composed once in transformer.cpp) and of AdamW's element loop (optim.h), with the
-// same formulas (model_math.h is shared) and the same accumulate/write conventions.
+// The per-token model ops on the GPU (built only with IHA_CUDA): the launchers of the embedding
+// and cross-entropy kernels, CUDA twins of ops.h. RMSNorm, the SwiGLU activation and AdamW's
+// element loop are CudaModelBackend ops (backend_cuda.h) defined beside their kernels in
+// ops_cuda.cu. Formulas are shared with the CPU (model_math.h), and so are the accumulate/write
+// conventions.
 //
 // Types (mixed precision): the residual stream, norms' inputs, parameter gradients, logits and
 // every reduction are fp32; A (float or bf16) is the compute dtype of what feeds a GEMM:
@@ -17,19 +18,15 @@
 // Streams: asynchronous on `stream`, device pointers, except the *_stats and plan functions,
 // which synchronise and return host values.
 // defines: iha::embedding_forward_cuda, iha::EmbeddingGradPlan, iha::make_embedding_grad_plan,
-//          iha::embedding_backward_cuda, iha::rmsnorm_forward_cuda, iha::rmsnorm_backward_cuda,
-//          iha::swiglu_act_forward_cuda, iha::swiglu_act_backward_cuda,
-//          iha::cross_entropy_cuda, iha::cross_entropy_stats_cuda, iha::adamw_update_cuda
+//          iha::embedding_backward_cuda, iha::cross_entropy_cuda, iha::cross_entropy_stats_cuda
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
-#include "core/bf16.h"
 #include "core/cuda_device.h"
 #include "core/tensor.h"
-#include "model/model_math.h"
 #include "model/ops.h"
 
 namespace iha {
@@ -51,24 +48,6 @@ EmbeddingGradPlan make_embedding_grad_plan(const int32_t* host_tokens, int64_t r
 void embedding_backward_cuda(const EmbeddingGradPlan& plan, const float* dx, int64_t D,
                              float* dtable, cudaStream_t stream = 0);
 
-// y = x * r * g (y in A), r = 1 / sqrt(mean(x^2) + eps) kept in inv_rms. One block per row.
-template <class A>
-void rmsnorm_forward_cuda(const float* x, int64_t rows, int64_t D, const float* g, double eps,
-                          A* y, float* inv_rms, cudaStream_t stream = 0);
-// dx = r * (g*dy - x * r^2 * mean(g*dy*x)) (written); dg += sum_rows dy * x * r.
-void rmsnorm_backward_cuda(const float* x, const float* dy, int64_t rows, int64_t D,
-                           const float* g, const float* inv_rms, float* dx, float* dg,
-                           cudaStream_t stream = 0);
-
-// h[i] = silu(gate[i]) * up[i] (h in A).
-template <class A>
-void swiglu_act_forward_cuda(const float* gate, const float* up, int64_t n, A* h,
-                             cudaStream_t stream = 0);
-// From dh: dgate = dh * up * silu'(gate), dup = dh * silu(gate) (both in A).
-template <class A>
-void swiglu_act_backward_cuda(const float* gate, const float* up, const float* dh, int64_t n,
-                              A* dgate, A* dup, cudaStream_t stream = 0);
-
 // Cross-entropy of logits [rows, V] (fp32, in place) against targets (-1: no target), twin of
 // cross_entropy_forward_backward: when grad_scale != 0 the logits become
 // grad_scale * (softmax - onehot(target)) (zero rows without a target). Per row it writes the
@@ -80,9 +59,5 @@ void cross_entropy_cuda(float* logits, int64_t rows, int64_t V, const int32_t* t
 // Sums per-row results in ascending row order into CrossEntropyStats (synchronises).
 CrossEntropyStats cross_entropy_stats_cuda(const double* row_loss, const int32_t* row_flags,
                                            int64_t rows, cudaStream_t stream = 0);
-
-// AdamW on n elements of fp32 master weights p, gradients g and moments m, v (adamw_element).
-void adamw_update_cuda(const AdamWStep<float>& step, bool decay, float* p, const float* g,
-                       float* m, float* v, int64_t n, cudaStream_t stream = 0);
 
 }  // namespace iha

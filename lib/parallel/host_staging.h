@@ -2,9 +2,9 @@
 // host before a transfer and back after it, so the MPI communicator can serve device code where
 // NCCL cannot (several ranks on one GPU) and as a fallback. The staging logic is plain C++ over
 // three memory operations (DeviceMemory), compiled in every build and tested on the CPU;
-// staged_comm.h supplies the CUDA ones. Slower than NCCL (two copies and a host round trip per
-// message); semantics, ordering, byte counts (the inner communicator's counters, shared) and
-// errors are the inner communicator's.
+// nccl_comm.cpp supplies the CUDA ones (make_device_world). Slower than NCCL (two copies and a
+// host round trip per message); semantics, ordering, byte counts (the inner communicator's
+// counters, shared) and errors are the inner communicator's.
 //
 // Buffers: device() is memory.device; each pointer may be device or host memory (host
 // pointers, e.g. collective_check's control messages, pass through unstaged). Device buffers

@@ -1,4 +1,4 @@
-// GPU model ops (lib/model/ops_cuda.h), the cuBLAS wrapper and the small device kernels
+// GPU model ops (lib/model/ops_cuda.h, CudaModelBackend), the cuBLAS wrapper and the small device kernels
 // (lib/core/cuda_blas.h, cuda_ops.h) against the CPU float64 ops and plain float64 loops
 // (normwise: fp32 1e-4, bf16 2e-2). bf16 inputs are rounded before the reference sees them, so
 // a comparison measures the GPU path, not the input rounding. Sizes cross the kernels' block and
@@ -12,6 +12,7 @@
 #include "core/cuda_blas.h"
 #include "core/cuda_ops.h"
 #include "cuda_test_util.h"
+#include "model/backend_cuda.h"
 #include "model/ops.h"
 #include "model/ops_cuda.h"
 #include "model/optim.h"
@@ -212,19 +213,16 @@ TEST(ModelOpsCuda, RmsnormForwardAndBackward) {
     for (const Precision& p : kPrecisions) {
       SCOPED_TRACE(std::string(p.name) + " D=" + std::to_string(D));
       Tensor y_d({rows * D}, p.dtype, Device::cuda), inv_d({rows}, DType::f32, Device::cuda);
-      if (p.dtype == DType::f32)
-        rmsnorm_forward_cuda<float>(x_d.data<float>(), rows, D, g_d.data<float>(), eps, y_d.data<float>(), inv_d.data<float>());
-      else
-        rmsnorm_forward_cuda<bf16>(x_d.data<float>(), rows, D, g_d.data<float>(), eps, y_d.data<bf16>(), inv_d.data<float>());
+      CudaModelBackend(p.dtype).rmsnorm_forward(x_d, rows, D, g_d, eps, y_d, inv_d);
       IHA_CUDA_CHECK(cudaDeviceSynchronize());
       EXPECT_TRUE(close_normwise(from_device(y_d), y_ref, p.tau, "y"));
       EXPECT_TRUE(close_normwise(from_device(inv_d), inv_ref, 1e-5, "inv_rms"));
     }
     Tensor inv_d({rows}, DType::f32, Device::cuda), y_d({rows * D}, DType::f32, Device::cuda);
-    rmsnorm_forward_cuda<float>(x_d.data<float>(), rows, D, g_d.data<float>(), eps, y_d.data<float>(), inv_d.data<float>());
+    const CudaModelBackend be(DType::f32);
+    be.rmsnorm_forward(x_d, rows, D, g_d, eps, y_d, inv_d);
     Tensor dx_d({rows * D}, DType::f32, Device::cuda), dg_d = to_device(std::vector<double>(D, dg0), DType::f32);
-    rmsnorm_backward_cuda(x_d.data<float>(), dy_d.data<float>(), rows, D, g_d.data<float>(), inv_d.data<float>(),
-                          dx_d.data<float>(), dg_d.data<float>());
+    be.rmsnorm_backward(x_d, dy_d, rows, D, g_d, inv_d, dx_d, dg_d);
     IHA_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_TRUE(close_normwise(from_device(dx_d), dx_ref, 1e-4, "dx"));
     EXPECT_TRUE(close_normwise(minus(from_device(dg_d), dg0), minus(dg_ref, dg0), 1e-4, "dg"));
@@ -292,11 +290,10 @@ TEST(ModelOpsCuda, AdamWMatchesCpuOverSteps) {
     const double lr = learning_rate(c, t - 1, 10);
     opt.update(c, t, lr, p, g);
     Tensor g_d = to_device(gv, DType::f32);
-    const AdamWStep<float> st = adamw_step<float>(c, t, lr);
     for (const ParamSpec& s : layout->specs())
-      adamw_update_cuda(st, s.decay && c.weight_decay > 0, p_d.data<float>() + s.offset,
-                        g_d.data<float>() + s.offset, m_d.data<float>() + s.offset, v_d.data<float>() + s.offset,
-                        s.numel());
+      CudaModelBackend(DType::f32).adamw(c, t, lr, s.decay && c.weight_decay > 0, p_d.data<float>() + s.offset,
+                                         g_d.data<float>() + s.offset, m_d.data<float>() + s.offset,
+                                         v_d.data<float>() + s.offset, s.numel());
     IHA_CUDA_CHECK(cudaDeviceSynchronize());
   }
   const std::vector<double> p_ref(p.data(), p.data() + n);

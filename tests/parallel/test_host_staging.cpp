@@ -1,6 +1,6 @@
 // Host staging of device buffers (parallel/host_staging.h) over the MPI communicator, 1-3 ranks.
 // The device is a test arena whose blocks the memory operations recognise and copy (counted),
-// so the staging logic the GPU runs through the CUDA operations (staged_comm.h) runs here:
+// so the staging logic the GPU runs through the CUDA operations (nccl_comm.cpp) runs here:
 // results equal the MPI communicator's, device receive buffers change only when the exchange
 // completes, host pointers pass through unstaged, byte counts are the inner communicator's.
 #include <gtest/gtest.h>
