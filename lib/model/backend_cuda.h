@@ -1,7 +1,8 @@
 // The CUDA model backend (built only with IHA_CUDA): the ops of model/backend.h on the CUDA
-// backend of attention/backend_cuda.h (compute dtype bf16 or f32, fp32 accumulation and
-// masters). RMSNorm, the SwiGLU activation and AdamW are defined with their kernels in
-// ops_cuda.cu; embedding and cross-entropy call the launchers of ops_cuda.h.
+// backend of attention/backend_cuda.h, defined beside their kernels in ops_cuda.cu. fp32: the
+// residual stream, norm inputs, parameter gradients, logits, every reduction (fixed order, no
+// atomics); the compute dtype (bf16 or f32): what feeds a GEMM. The embedding gradient adds each
+// token's rows in ascending row order onto the old value, exactly as the CPU loop.
 // defines: iha::CudaModelBackend, iha::cuda_model_backend
 #pragma once
 

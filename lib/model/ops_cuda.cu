@@ -1,7 +1,7 @@
 // CUDA twins of ops.cpp and of AdamW's element loop, and the CudaModelBackend ops that launch
-// them (RMSNorm, SwiGLU activation, AdamW; embedding and cross-entropy through the launchers of
-// ops_cuda.h). Row ops run one block per row with a
-// fixed-order tree reduction; column sums over rows (dg) run in two stages, chunks of rows and
+// them (model/backend.h semantics). Checks: token ids and targets are checked on the host before
+// they reach the device (the model does it); the kernels trust them. Row ops run one block per
+// row with a fixed-order tree reduction; column sums over rows (dg) run in two stages, chunks of rows and
 // then the chunks in ascending order, so every result is deterministic.
 #include <cuda_runtime.h>
 
@@ -15,7 +15,6 @@
 #include "core/error.h"
 #include "model/backend_cuda.h"
 #include "model/model_math.h"
-#include "model/ops_cuda.h"
 
 namespace iha {
 
@@ -25,11 +24,11 @@ using namespace cuda_kernel;
 
 constexpr int64_t kChunkRows = 128;  // rows per partial of a column sum
 
-__global__ void embedding_forward_kernel(const int32_t* tokens, int64_t rows, const float* table, int64_t D,
-                                         float* x) {
+__global__ void embedding_forward_kernel(const int32_t* tokens, int64_t rows, const float* table, int64_t first,
+                                         int64_t count, int64_t D, float* x) {
   IHA_GRID_STRIDE(idx, rows * D) {
-    const int64_t r = idx / D, c = idx % D;
-    x[idx] = table[static_cast<int64_t>(tokens[r]) * D + c];
+    const int64_t r = idx / D, c = idx % D, t = static_cast<int64_t>(tokens[r]) - first;
+    x[idx] = t >= 0 && t < count ? table[t * D + c] : 0.f;
   }
 }
 
@@ -200,6 +199,67 @@ __global__ void cross_entropy_stats_kernel(const double* row_loss, const int32_t
   }
 }
 
+// Block per row of a vocabulary slice's logits [rows, count].
+__global__ void vocab_slice_max_kernel(const float* logits, int64_t count, double* row_max) {
+  __shared__ float part[kThreads];
+  const float* l = logits + static_cast<int64_t>(blockIdx.x) * count;
+  float best = -INFINITY;
+  for (int64_t c = threadIdx.x; c < count; c += kThreads) best = fmaxf(best, l[c]);
+  part[threadIdx.x] = best;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) part[threadIdx.x] = fmaxf(part[threadIdx.x], part[threadIdx.x + s]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) row_max[blockIdx.x] = static_cast<double>(part[0]);
+}
+
+// sums[2r] = sum of exp(l - max) (double, as cross_entropy_kernel), sums[2r+1] = the target's
+// logit if the slice holds it, first[r] = the smallest global column at the maximum (+inf: none).
+__global__ void vocab_slice_sums_kernel(const float* logits, int64_t first_col, int64_t count,
+                                        const int32_t* targets, const double* row_max, double* sums,
+                                        double* first) {
+  __shared__ double sum_s[kThreads];
+  __shared__ int64_t arg_s[kThreads];
+  const int64_t r = blockIdx.x;
+  const float* l = logits + r * count;
+  const float mx = static_cast<float>(row_max[r]);
+  double sum = 0;
+  int64_t arg = count;
+  for (int64_t c = threadIdx.x; c < count; c += kThreads) {
+    sum += static_cast<double>(expf(l[c] - mx));
+    if (l[c] == mx && c < arg) arg = c;
+  }
+  arg_s[threadIdx.x] = arg;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) arg_s[threadIdx.x] = min(arg_s[threadIdx.x], arg_s[threadIdx.x + s]);
+    __syncthreads();
+  }
+  sum = block_sum(sum, sum_s);
+  if (threadIdx.x == 0) {
+    const int64_t t = static_cast<int64_t>(targets[r]) - first_col;
+    sums[2 * r] = sum;
+    sums[2 * r + 1] = t >= 0 && t < count ? static_cast<double>(l[t]) : 0.0;
+    first[r] = arg_s[0] < count ? static_cast<double>(first_col + arg_s[0]) : INFINITY;
+  }
+}
+
+// logits = grad_scale (exp(l - lse) - onehot(target)) on the slice; zero rows without a target.
+__global__ void vocab_slice_grad_kernel(float* logits, int64_t rows, int64_t first_col, int64_t count,
+                                        const int32_t* targets, const double* lse, double grad_scale) {
+  IHA_GRID_STRIDE(idx, rows * count) {
+    const int64_t r = idx / count, c = idx % count;
+    const int32_t t = targets[r];
+    float v = 0.f;
+    if (t >= 0) {
+      v = static_cast<float>(grad_scale * static_cast<double>(expf(logits[idx] - static_cast<float>(lse[r]))));
+      if (first_col + c == t) v -= static_cast<float>(grad_scale);
+    }
+    logits[idx] = v;
+  }
+}
+
 __global__ void adamw_kernel(AdamWStep<float> step, bool decay, float* p, const float* g, float* m, float* v,
                              int64_t n) {
   IHA_GRID_STRIDE(i, n) adamw_element(step, decay, p[i], g[i], m[i], v[i]);
@@ -212,32 +272,35 @@ void check_rows(const char* what, int64_t rows, int64_t D) {
 
 }  // namespace
 
-void embedding_forward_cuda(const int32_t* tokens, int64_t rows, const float* table, int64_t D, float* x,
-                            cudaStream_t stream) {
-  check_rows("embedding_forward_cuda", rows, D);
+void CudaModelBackend::embedding_forward(CBuf tokens_b, int64_t rows, CBuf table_b, VocabSlice s, int64_t D,
+                                         Buf x_b) const {
+  const char* op = "embedding_forward";
+  check_rows(op, rows, D);
+  const int32_t* tokens = tokens_b.as<int32_t>(op);
+  const float* table = table_b.as<float>(op);
+  float* x = x_b.as<float>(op);
   if (rows == 0) return;
-  embedding_forward_kernel<<<grid_for(rows * D), kThreads, 0, stream>>>(tokens, rows, table, D, x);
-  IHA_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
+  launch("embedding_forward_kernel", embedding_forward_kernel, grid_for(rows * D), kThreads, 0, 0, tokens, rows, table,
+         s.first, s.count, D, x);
 }
 
-EmbeddingGradPlan make_embedding_grad_plan(const int32_t* host_tokens, int64_t rows) {
-  const TokenRowGroups g = group_rows_by_token(host_tokens, rows);
-  auto upload = [](const std::vector<int32_t>& v) {
-    Tensor h({static_cast<int64_t>(v.size())}, DType::i32);
-    std::copy(v.begin(), v.end(), h.data<int32_t>());
-    return h.to(Device::cuda);
+// The rows grouped by token on the host (group_rows_by_token), uploaded once per batch: one
+// thread per (distinct token, column) then adds a token's rows in the CPU's order.
+void CudaModelBackend::embedding_backward(const int32_t* host_tokens, int64_t rows, CBuf dx_b, int64_t D,
+                                          VocabSlice s, Buf dtable_b) const {
+  const char* op = "embedding_backward";
+  check_rows(op, rows, D);
+  const float* dx = dx_b.as<float>(op);
+  float* dtable = dtable_b.as<float>(op);
+  const TokenRowGroups g = group_rows_by_token(host_tokens, rows, s);
+  const int64_t segments = static_cast<int64_t>(g.seg_token.size());
+  if (segments == 0) return;
+  auto upload = [this](std::vector<int32_t> v) {  // a copy of host memory on the device
+    return this->upload(Tensor::view(v.data(), {static_cast<int64_t>(v.size())}, DType::i32));
   };
-  return {rows, static_cast<int64_t>(g.seg_token.size()), upload(g.order), upload(g.seg_begin), upload(g.seg_token)};
-}
-
-void embedding_backward_cuda(const EmbeddingGradPlan& plan, const float* dx, int64_t D, float* dtable,
-                             cudaStream_t stream) {
-  check_rows("embedding_backward_cuda", plan.rows, D);
-  if (plan.segments == 0) return;
-  embedding_backward_kernel<<<grid_for(plan.segments * D), kThreads, 0, stream>>>(
-      plan.order.data<int32_t>(), plan.seg_begin.data<int32_t>(), plan.seg_token.data<int32_t>(),
-      plan.segments, dx, D, dtable);
-  IHA_CUDA_LAUNCH_CHECK("embedding_backward_kernel");
+  const Tensor order = upload(g.order), seg_begin = upload(g.seg_begin), seg_token = upload(g.seg_token);
+  launch("embedding_backward_kernel", embedding_backward_kernel, grid_for(segments * D), kThreads, 0, 0,
+         order.data<int32_t>(), seg_begin.data<int32_t>(), seg_token.data<int32_t>(), segments, dx, D, dtable);
 }
 
 void CudaModelBackend::rmsnorm_forward(CBuf x_b, int64_t rows, int64_t D, CBuf g_b, double eps, Buf y_b,
@@ -298,32 +361,64 @@ void CudaModelBackend::swiglu_act_backward(CBuf gate_b, CBuf up_b, CBuf dh_b, in
   });
 }
 
-void cross_entropy_cuda(float* logits, int64_t rows, int64_t V, const int32_t* targets, const uint8_t* answer,
-                        double grad_scale, double* row_loss, int32_t* row_flags, cudaStream_t stream) {
-  check_rows("cross_entropy_cuda", rows, V);
-  if (rows == 0) return;
-  cross_entropy_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, V, targets, answer,
-                                                                            grad_scale, row_loss, row_flags);
-  IHA_CUDA_LAUNCH_CHECK("cross_entropy_kernel");
+// Per row the kernel writes the loss and flags (bit 0 has a target, bit 1 arg-max hit, bit 2
+// answer row); the statistics kernel sums them in ascending row order.
+CrossEntropyStats CudaModelBackend::cross_entropy(Buf logits_b, int64_t rows, int64_t V, CBuf targets_b,
+                                                  CBuf answer_b, double grad_scale) const {
+  const char* op = "cross_entropy";
+  check_rows(op, rows, V);
+  float* logits = logits_b.as<float>(op);
+  const int32_t* targets = targets_b.as<int32_t>(op);
+  const uint8_t* answer = answer_b ? answer_b.as<uint8_t>(op) : nullptr;
+  if (rows == 0) return {};
+  Tensor row_loss = alloc({rows}, DType::f64), row_flags = alloc({rows}, DType::i32);
+  launch("cross_entropy_kernel", cross_entropy_kernel, static_cast<unsigned>(rows), kThreads, 0, 0, logits, V, targets,
+         answer, grad_scale, row_loss.data<double>(), row_flags.data<int32_t>());
+  CudaScratch out(6 * sizeof(double), 0);
+  launch("cross_entropy_stats_kernel", cross_entropy_stats_kernel, 1, kThreads, 0, 0, row_loss.data<double>(),
+         row_flags.data<int32_t>(), rows, out.as<double>());
+  double h[6];
+  IHA_CUDA_CHECK(cudaMemcpyAsync(h, out.as<double>(), sizeof h, cudaMemcpyDeviceToHost, 0));
+  IHA_CUDA_CHECK(cudaStreamSynchronize(0));
+  const auto n = [&](int k) { return static_cast<int64_t>(h[k]); };
+  return {h[0], n(1), n(2), h[3], n(4), n(5)};
 }
 
-CrossEntropyStats cross_entropy_stats_cuda(const double* row_loss, const int32_t* row_flags, int64_t rows,
-                                           cudaStream_t stream) {
-  CrossEntropyStats s;
-  if (rows == 0) return s;
-  CudaScratch out(6 * sizeof(double), stream);
-  cross_entropy_stats_kernel<<<1, kThreads, 0, stream>>>(row_loss, row_flags, rows, out.as<double>());
-  IHA_CUDA_LAUNCH_CHECK("cross_entropy_stats_kernel");
-  double h[6];
-  IHA_CUDA_CHECK(cudaMemcpyAsync(h, out.as<double>(), sizeof h, cudaMemcpyDeviceToHost, stream));
-  IHA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  s.loss_sum = h[0];
-  s.count = static_cast<int64_t>(h[1]);
-  s.correct = static_cast<int64_t>(h[2]);
-  s.answer_loss_sum = h[3];
-  s.answer_count = static_cast<int64_t>(h[4]);
-  s.answer_correct = static_cast<int64_t>(h[5]);
-  return s;
+// The parallel cross-entropy's passes on a vocabulary slice's logits [rows, count] (fp32, sums in
+// f64): twins of vocab_slice_max, vocab_slice_sums, vocab_slice_grad (ops.h).
+void CudaModelBackend::vocab_slice_max(CBuf logits_b, int64_t rows, int64_t count, Buf row_max_b) const {
+  const char* op = "vocab_slice_max";
+  check_rows(op, rows, count);
+  const float* logits = logits_b.as<float>(op);
+  double* row_max = row_max_b.as<double>(op);
+  if (rows == 0) return;
+  launch("vocab_slice_max_kernel", vocab_slice_max_kernel, static_cast<unsigned>(rows), kThreads, 0, 0, logits, count,
+         row_max);
+}
+
+void CudaModelBackend::vocab_slice_sums(CBuf logits_b, int64_t rows, VocabSlice s, CBuf targets_b, CBuf row_max_b,
+                                        Buf sums_b, Buf first_b) const {
+  const char* op = "vocab_slice_sums";
+  check_rows(op, rows, s.count);
+  const float* logits = logits_b.as<float>(op);
+  const int32_t* targets = targets_b.as<int32_t>(op);
+  const double* row_max = row_max_b.as<double>(op);
+  double *sums = sums_b.as<double>(op), *first = first_b.as<double>(op);
+  if (rows == 0) return;
+  launch("vocab_slice_sums_kernel", vocab_slice_sums_kernel, static_cast<unsigned>(rows), kThreads, 0, 0, logits,
+         s.first, s.count, targets, row_max, sums, first);
+}
+
+void CudaModelBackend::vocab_slice_grad(Buf logits_b, int64_t rows, VocabSlice s, CBuf targets_b, CBuf lse_b,
+                                        double grad_scale) const {
+  const char* op = "vocab_slice_grad";
+  check_rows(op, rows, s.count);
+  float* logits = logits_b.as<float>(op);
+  const int32_t* targets = targets_b.as<int32_t>(op);
+  const double* lse = lse_b.as<double>(op);
+  if (rows == 0) return;
+  launch("vocab_slice_grad_kernel", vocab_slice_grad_kernel, grid_for(rows * s.count), kThreads, 0, 0, logits, rows,
+         s.first, s.count, targets, lse, grad_scale);
 }
 
 void CudaModelBackend::adamw(const OptimConfig& c, int64_t t, double lr, bool decay, Buf p_b, CBuf g_b, Buf m_b,
@@ -334,6 +429,10 @@ void CudaModelBackend::adamw(const OptimConfig& c, int64_t t, double lr, bool de
   if (n <= 0) return;
   launch("adamw_kernel", adamw_kernel, grid_for(n), kThreads, 0, 0, adamw_step<float>(c, t, lr), decay, p, g, m, v,
          n);
+}
+
+std::shared_ptr<const ModelBackend> cuda_model_backend(DType compute, FlashCudaKernel kernel) {
+  return std::make_shared<const CudaModelBackend>(compute, kernel);
 }
 
 }  // namespace iha
