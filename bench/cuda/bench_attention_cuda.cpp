@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/flash_cuda.h"
+#include "attention/backend_cuda.h"
 #include "attention/mask.h"
 #include "core/cuda_device.h"
 #include "core/rng.h"
@@ -156,7 +156,6 @@ struct Result {
   double pairs, fwd_ms, bwd_ms, fwd_tflops, bwd_tflops;
 };
 
-template <class T>
 Result run_case(const Case& c, int warmup, int iters) {
   const int64_t d = 128, NP = c.NP, H = c.heads, n = H * NP * d;
   Tensor q = random_device(n, c.dtype, 11), k = random_device(n, c.dtype, 12),
@@ -167,19 +166,12 @@ Result run_case(const Case& c, int warmup, int iters) {
   Tensor o({n}, DType::f32, Device::cuda), lse({H * NP}, DType::f32, Device::cuda),
       drow({H * NP}, DType::f32, Device::cuda), dq({n}, DType::f32, Device::cuda),
       dk({n}, DType::f32, Device::cuda), dv({n}, DType::f32, Device::cuda);
-  const int64_t* p = pos_d.data<int64_t>();
-  auto fwd = [&] {
-    flash_forward_cuda<T>(c.mask, d, H, q.data<T>(), p, NP, k.data<T>(), v.data<T>(), p, NP,
-                          o.data<float>(), lse.data<float>(), 0, c.kernel);
-  };
-  auto bwd = [&] {
-    flash_backward_cuda<T>(c.mask, d, H, q.data<T>(), p, NP, k.data<T>(), v.data<T>(), p, NP,
-                           g.data<T>(), lse.data<float>(), drow.data<float>(), dq.data<float>(),
-                           dk.data<float>(), dv.data<float>(), 0, c.kernel);
-  };
+  const CudaBackend be(c.dtype, c.kernel);
+  auto fwd = [&] { be.flash_forward(c.mask, d, H, q, pos_d, NP, k, v, pos_d, NP, o, lse); };
+  auto bwd = [&] { be.flash_backward(c.mask, d, H, q, pos_d, NP, k, v, pos_d, NP, g, lse, drow, dq, dk, dv); };
   Result r{c, visible_pairs(c.mask, NP), 0, 0, 0, 0};
   r.fwd_ms = time_ms(warmup, iters, fwd);
-  flash_drow_cuda<T>(o.data<float>(), g.data<T>(), H * NP, d, drow.data<float>());
+  be.flash_drow(o, g, H * NP, d, drow);
   r.bwd_ms = time_ms(warmup, iters, bwd);
   // A result that is not finite means the timing measured garbage.
   Tensor lse_h = lse.to(Device::cpu);
@@ -254,7 +246,7 @@ int main(int argc, char** argv) {
     std::ofstream js;
     if (!json.empty()) js.open(json);
     for (const Case& c : cases(smoke)) {
-      const Result r = c.dtype == DType::bf16 ? run_case<bf16>(c, warmup, iters) : run_case<float>(c, warmup, iters);
+      const Result r = run_case(c, warmup, iters);
       const double base = c.dtype == DType::bf16 ? gemm.bf16_tflops : gemm.f32_tflops;
       std::printf("%-34s %8lld %6lld %12.4g %9.3f %9.3f %9.2f %9.2f %7.3f %7.3f\n", c.name.c_str(),
                   static_cast<long long>(c.NP), static_cast<long long>(c.heads), r.pairs, r.fwd_ms,

@@ -4,7 +4,7 @@
 // it; a backend says where memory lives and supplies the kernels:
 //   - CpuBackend<T> (here, T = float or double): host memory, every buffer in T, the CPU
 //     kernels of flash.h and ops.h. The float64 instance is the test oracle.
-//   - CudaBackend<A> (backend_cuda.h, built only with IHA_CUDA, A = bf16 or float): device
+//   - CudaBackend (backend_cuda.h, built only with IHA_CUDA, compute bf16 or float): device
 //     memory, the CUDA kernels, A for what feeds a product, fp32 for everything accumulated.
 // lib/model extends the interface with the per-token model ops (model/backend.h).
 //
@@ -78,6 +78,11 @@ struct Buf {
     IHA_CHECK(t == dtype_of<T>(), op, ": buffer of dtype ", dtype_name(t), ", expected ", dtype_name(dtype_of<T>()));
     return static_cast<T*>(p);
   }
+  // An optional output: null when the buffer is empty.
+  template <class T>
+  T* as_or_null(const char* op) const {
+    return p ? as<T>(op) : nullptr;
+  }
 };
 
 // The geometry of a strided copy: for o < outer, m < mid, r < rows, c < width,
@@ -99,7 +104,17 @@ class RopeRows {
   const Tensor& positions() const { return pos_; }  // i64 [rows] on the backend's device
   int64_t rows() const { return pos_.numel(); }
   const RopeSpec& spec() const { return spec_; }
+  // The spec of a mix + RoPE call: rotate == false (V) turns the rotation off.
+  RopeSpec spec(bool rotate) const {
+    RopeSpec s = spec_;
+    s.on = s.on && rotate;
+    return s;
+  }
   int64_t head_dim() const { return d_; }
+  // Rows a backend rotates from the positions and the spec alone (no table), as on the GPU.
+  static std::shared_ptr<const RopeRows> from_positions(Tensor pos, const RopeSpec& spec, int64_t d) {
+    return std::shared_ptr<const RopeRows>(new RopeRows(std::move(pos), spec, d));
+  }
 
  protected:
   RopeRows(Tensor pos, RopeSpec spec, int64_t d) : pos_(std::move(pos)), spec_(spec), d_(d) {}

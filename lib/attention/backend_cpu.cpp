@@ -165,7 +165,7 @@ void CpuBackend<T>::mix_rope_backward(Buf dvirt, int64_t head_stride, CBuf pre, 
   IHA_CHECK(rope.rows() == n_tok * P, op, ": ", rope.rows(), " RoPE rows for ", n_tok * P, " pseudo-tokens");
   iha::mix_rope_backward<T>(dvirt.as<T>(op), head_stride, pre.as<T>(op), ld_pre, n_tok, H, d, P, alpha.as<T>(op),
                             h_begin, h_end, rotate ? &table_of<T>(rope) : nullptr, dpre.as<T>(op), ld_dpre,
-                            dalpha ? dalpha.as<T>(op) : nullptr);
+                            dalpha.as_or_null<T>(op));
 }
 
 template <class T>
@@ -181,7 +181,7 @@ void CpuBackend<T>::collapse_backward(CBuf dout, int64_t ld_dout, CBuf y, int64_
                                       Buf dC) const {
   iha::collapse_backward<T>(dout.as<T>("collapse_backward"), ld_dout, y.as<T>("collapse_backward"), head_stride,
                             n_tok, H, d, P, form, C.as<T>("collapse_backward"), dy.as<T>("collapse_backward"),
-                            dC ? dC.as<T>("collapse_backward") : nullptr);
+                            dC.as_or_null<T>("collapse_backward"));
 }
 
 template <class T>

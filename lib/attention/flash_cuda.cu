@@ -12,15 +12,15 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/flash_cuda.h"
+#include "attention/backend_cuda.h"
 #include "attention/mask.h"
 #include "attention/merge.h"
 #include "core/cuda_device.h"
+#include "core/cuda_kernel.cuh"
 #include "core/error.h"
 
 namespace iha {
@@ -35,8 +35,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 // ---- helpers shared by both kernel families ----
 
-__device__ inline float to_f32(float x) { return x; }
-__device__ inline float to_f32(bf16 x) { return x.to_float(); }
+using cuda_kernel::to_f32;
 
 __device__ inline float warp_max(float x) {
   for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, off));
@@ -47,29 +46,26 @@ __device__ inline float warp_sum(float x) {
   return x;
 }
 
-// The block's key (or query) rows into shared memory, from mask.h's shared bounds.
-__device__ void visible_key_range(const MaskSpec& m, const int64_t* k_pos, int64_t nk, int64_t q_lo,
-                                  int64_t q_hi, int64_t seg_lo, int64_t* range) {
-  const IndexRange r = visible_key_rows(m, k_pos, nk, q_lo, q_hi, seg_lo);
-  range[0] = r.begin;
-  range[1] = r.end;
+// Moves every pointer `by` elements on: a block's view of its head's rows.
+template <class... P>
+__device__ __forceinline__ void advance(int64_t by, P*&... p) {
+  ((p += by), ...);
 }
-__device__ void seeing_query_range(const MaskSpec& m, const int64_t* q_pos, int64_t nq, int64_t k_lo,
-                                   int64_t k_hi, int64_t* range) {
-  const IndexRange r = seeing_query_rows(m, q_pos, nq, k_lo, k_hi);
+
+// A block's key (or query) row range, from mask.h's shared bounds, into shared memory.
+__device__ inline void store_range(IndexRange r, int64_t* range) {
   range[0] = r.begin;
   range[1] = r.end;
 }
 
 // ======================= SIMT kernels: one warp per row, fp32 math =======================
 
-constexpr int kSimtWarps = 4;
-constexpr int kSimtThreads = kSimtWarps * 32;
-constexpr int kSimtRowsPerWarp = 4;
-constexpr int kSimtRows = kSimtWarps * kSimtRowsPerWarp;  // rows a block owns
-constexpr int kSimtTile = 32;                             // rows of the other side per step
-constexpr int kSimtMaxCols = 8;                           // columns per lane: d <= 256
-constexpr int kSimtMaxD = 32 * kSimtMaxCols;
+constexpr int kSimtWarps = flash_simt::kWarps;
+constexpr int kSimtThreads = flash_simt::kThreads;
+constexpr int kSimtRowsPerWarp = flash_simt::kRowsPerWarp;
+constexpr int kSimtRows = flash_simt::kRows;        // rows a block owns
+constexpr int kSimtTile = flash_simt::kTile;        // rows of the other side per step
+constexpr int kSimtMaxCols = flash_simt::kMaxCols;  // columns per lane: d <= 256
 
 // Loads rows [0, tile) of a d-wide matrix into shared memory (row stride ld) as float; rows
 // at or beyond `valid` become zeros, so padded rows never carry garbage into a product.
@@ -98,10 +94,45 @@ __device__ void add_warp_rows(const float (&acc)[kSimtRowsPerWarp][kSimtMaxCols]
   }
 }
 
+template <int kRowsN>
+__device__ __forceinline__ void zero_rows(float (&acc)[kRowsN][kSimtMaxCols]) {
+#pragma unroll
+  for (int rr = 0; rr < kRowsN; ++rr)
+#pragma unroll
+    for (int cc = 0; cc < kSimtMaxCols; ++cc) acc[rr][cc] = 0.f;
+}
+
+// ab = <a, b> and ce = <c, e> over d columns, one pass in ascending column order.
+__device__ __forceinline__ void dot_pair(const float* a, const float* b, const float* c, const float* e, int d,
+                                         float& ab, float& ce) {
+  ab = 0.f;
+  ce = 0.f;
+  for (int i = 0; i < d; ++i) {
+    ab += a[i] * b[i];
+    ce += c[i] * e[i];
+  }
+}
+
+// acc[cc] = acc[cc] * rescale + sum_{j < n} w[j] x[j * ld + c] for the lane's columns
+// c = lane + 32 cc below d (rescale 1 is exact: plain accumulation).
+__device__ __forceinline__ void accumulate_columns(float (&acc)[kSimtMaxCols], float rescale, const float* w,
+                                                   const float* x, int ld, int n, int d) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int cc = 0; cc < kSimtMaxCols; ++cc) {
+    const int c = lane + 32 * cc;
+    if (c < d) {
+      float sum = 0.f;
+      for (int j = 0; j < n; ++j) sum += w[j] * x[j * ld + c];
+      acc[cc] = acc[cc] * rescale + sum;
+    }
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kSimtThreads)
 simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int64_t nq, const T* k,
-                    const T* v, const int64_t* k_pos, int64_t nk, float* o, float* lse, float scale) {
+                    const T* v, const int64_t* k_pos, int64_t nk, float* o, float* lse, float scale, int group) {
   extern __shared__ float simt_smem[];
   float* qs = simt_smem;                   // [kSimtRows][d]
   float* ks = qs + kSimtRows * d;          // [kSimtTile][d + 1]: lane j walks row j
@@ -112,26 +143,23 @@ simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int6
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;
   const int rows = static_cast<int>(min(static_cast<int64_t>(kSimtRows), nq - i0));
-  q += (head * nq + i0) * d;
-  o += (head * nq + i0) * d;
-  lse += head * nq + i0;
-  k += head * nk * d;
-  v += head * nk * d;
+  advance((head * nq + i0) * d, q, o);
+  advance(head * nq + i0, lse);
+  advance(static_cast<int>(head) / group * nk * d, k, v);  // query head h reads key/value head h / group
 
   load_rows_f32(qs, d, q, rows, kSimtRows, d);
   if (tid < kSimtRows) qpos_s[tid] = q_pos[i0 + min(tid, rows - 1)];
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), range_s);
+  if (tid == 0) store_range(visible_key_rows(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0)), range_s);
   __syncthreads();
   const int64_t kb = range_s[0], ke = range_s[1];
 
   float m_run[kSimtRowsPerWarp], l_run[kSimtRowsPerWarp], acc[kSimtRowsPerWarp][kSimtMaxCols];
+  zero_rows(acc);
 #pragma unroll
   for (int rr = 0; rr < kSimtRowsPerWarp; ++rr) {
     m_run[rr] = kNegInf;
     l_run[rr] = 0.f;
-#pragma unroll
-    for (int cc = 0; cc < kSimtMaxCols; ++cc) acc[rr][cc] = 0.f;
   }
 
   for (int64_t j0 = kb; j0 < ke; j0 += kSimtTile) {
@@ -165,15 +193,7 @@ simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int6
           m_run[rr] = m_new;
           ps[warp * kSimtTile + lane] = p;
           __syncwarp();
-#pragma unroll
-          for (int cc = 0; cc < kSimtMaxCols; ++cc) {
-            const int c = lane + 32 * cc;
-            if (c < d) {
-              float pv = 0.f;
-              for (int j = 0; j < cols; ++j) pv += ps[warp * kSimtTile + j] * vs[j * d + c];
-              acc[rr][cc] = acc[rr][cc] * rescale + pv;
-            }
-          }
+          accumulate_columns(acc[rr], rescale, ps + warp * kSimtTile, vs, d, cols, d);
           __syncwarp();  // ps is rewritten for the next row
         }
       }
@@ -200,7 +220,7 @@ template <class T>
 __global__ void __launch_bounds__(kSimtThreads)
 simt_backward_dq_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int64_t nq,
                         const T* k, const T* v, const int64_t* k_pos, int64_t nk, const T* dout,
-                        const float* lse, const float* drow, float* dq, float scale) {
+                        const float* lse, const float* drow, float* dq, float scale, int group) {
   extern __shared__ float simt_smem[];
   float* qs = simt_smem;                  // [kSimtRows][d]
   float* dos = qs + kSimtRows * d;        // [kSimtRows][d]
@@ -212,27 +232,20 @@ simt_backward_dq_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;
   const int rows = static_cast<int>(min(static_cast<int64_t>(kSimtRows), nq - i0));
-  q += (head * nq + i0) * d;
-  dout += (head * nq + i0) * d;
-  dq += (head * nq + i0) * d;
-  lse += head * nq + i0;
-  drow += head * nq + i0;
-  k += head * nk * d;
-  v += head * nk * d;
+  advance((head * nq + i0) * d, q, dout, dq);
+  advance(head * nq + i0, lse, drow);
+  advance(static_cast<int>(head) / group * nk * d, k, v);
 
   load_rows_f32(qs, d, q, rows, kSimtRows, d);
   load_rows_f32(dos, d, dout, rows, kSimtRows, d);
   if (tid < kSimtRows) qpos_s[tid] = q_pos[i0 + min(tid, rows - 1)];
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), range_s);
+  if (tid == 0) store_range(visible_key_rows(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0)), range_s);
   __syncthreads();
   const int64_t kb = range_s[0], ke = range_s[1];
 
   float acc[kSimtRowsPerWarp][kSimtMaxCols];
-#pragma unroll
-  for (int rr = 0; rr < kSimtRowsPerWarp; ++rr)
-#pragma unroll
-    for (int cc = 0; cc < kSimtMaxCols; ++cc) acc[rr][cc] = 0.f;
+  zero_rows(acc);
 
   for (int64_t j0 = kb; j0 < ke; j0 += kSimtTile) {
     const int cols = static_cast<int>(min(static_cast<int64_t>(kSimtTile), ke - j0));
@@ -253,29 +266,14 @@ simt_backward_dq_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, 
       if (l == kNegInf) continue;  // the row sees no key anywhere: no gradient flows
       float ds = 0.f;
       if (lane < cols && (tm == TileMask::full || key_visible(mask, qpos_s[row], kpos_s[lane], segment_start(mask, i0 + row)))) {
-        const float* qrow = qs + row * d;
-        const float* dorow = dos + row * d;
-        const float* krow = ks + lane * (d + 1);
-        const float* vrow = vs + lane * (d + 1);
-        float s = 0.f, dp = 0.f;
-        for (int c = 0; c < d; ++c) {
-          s += qrow[c] * krow[c];
-          dp += dorow[c] * vrow[c];
-        }
+        float s, dp;
+        dot_pair(qs + row * d, ks + lane * (d + 1), dos + row * d, vs + lane * (d + 1), d, s, dp);
         const float a = expf(s * scale - l);
         ds = a * (dp - drow[row]);
       }
       dss[warp * kSimtTile + lane] = ds;
       __syncwarp();
-#pragma unroll
-      for (int cc = 0; cc < kSimtMaxCols; ++cc) {
-        const int c = lane + 32 * cc;
-        if (c < d) {
-          float g = 0.f;
-          for (int j = 0; j < cols; ++j) g += dss[warp * kSimtTile + j] * ks[j * (d + 1) + c];
-          acc[rr][cc] += g;
-        }
-      }
+      accumulate_columns(acc[rr], 1.f, dss + warp * kSimtTile, ks, d + 1, cols, d);
       __syncwarp();
     }
   }
@@ -288,7 +286,7 @@ template <class T>
 __global__ void __launch_bounds__(kSimtThreads)
 simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int64_t nq,
                           const T* k, const T* v, const int64_t* k_pos, int64_t nk, const T* dout,
-                          const float* lse, const float* drow, float* dk, float* dv, float scale) {
+                          const float* lse, const float* drow, float* dk, float* dv, float scale, int group) {
   extern __shared__ float simt_smem[];
   float* ks = simt_smem;                  // [kSimtRows][d]
   float* vs = ks + kSimtRows * d;         // [kSimtRows][d]
@@ -302,82 +300,60 @@ simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kSimtRows;
   const int krows = static_cast<int>(min(static_cast<int64_t>(kSimtRows), nk - j0));
-  k += (head * nk + j0) * d;
-  v += (head * nk + j0) * d;
-  dk += (head * nk + j0) * d;
-  dv += (head * nk + j0) * d;
-  q += head * nq * d;
-  dout += head * nq * d;
-  lse += head * nq;
-  drow += head * nq;
+  // head is a key/value head: its gradients sum query heads head * group ... + group - 1.
+  advance((head * nk + j0) * d, k, v, dk, dv);
+  advance(head * group * nq * d, q, dout);
+  advance(head * group * nq, lse, drow);
 
   load_rows_f32(ks, d, k, krows, kSimtRows, d);
   load_rows_f32(vs, d, v, krows, kSimtRows, d);
   if (tid < kSimtRows) kpos_s[tid] = k_pos[j0 + min(tid, krows - 1)];
   const int64_t k_lo = k_pos[j0], k_hi = k_pos[j0 + krows - 1];
-  if (tid == 0) seeing_query_range(mask, q_pos, nq, k_lo, k_hi, range_s);
+  if (tid == 0) store_range(seeing_query_rows(mask, q_pos, nq, k_lo, k_hi), range_s);
   __syncthreads();
   const int64_t qb = range_s[0], qe = range_s[1];
 
   float dk_acc[kSimtRowsPerWarp][kSimtMaxCols], dv_acc[kSimtRowsPerWarp][kSimtMaxCols];
-#pragma unroll
-  for (int rr = 0; rr < kSimtRowsPerWarp; ++rr)
-#pragma unroll
-    for (int cc = 0; cc < kSimtMaxCols; ++cc) dk_acc[rr][cc] = dv_acc[rr][cc] = 0.f;
+  zero_rows(dk_acc);
+  zero_rows(dv_acc);
 
-  for (int64_t i0 = qb; i0 < qe; i0 += kSimtTile) {
-    const int qrows = static_cast<int>(min(static_cast<int64_t>(kSimtTile), qe - i0));
-    const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi, segment_start(mask, i0),
-                                      segment_start(mask, i0 + qrows - 1));
-    if (tm == TileMask::hidden) continue;
-    __syncthreads();
-    load_rows_f32(qs, d + 1, q + i0 * d, qrows, kSimtTile, d);
-    load_rows_f32(dos, d + 1, dout + i0 * d, qrows, kSimtTile, d);
-    if (tid < kSimtTile) {
-      const bool ok = tid < qrows;
-      qpos_s[tid] = ok ? q_pos[i0 + tid] : 0;
-      lse_s[tid] = ok ? lse[i0 + tid] : kNegInf;
-      drow_s[tid] = ok ? drow[i0 + tid] : 0.f;
-    }
-    __syncthreads();
+  for (int g = 0; g < group; ++g, advance(nq * d, q, dout), advance(nq, lse, drow)) {
+    for (int64_t i0 = qb; i0 < qe; i0 += kSimtTile) {
+      const int qrows = static_cast<int>(min(static_cast<int64_t>(kSimtTile), qe - i0));
+      const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi, segment_start(mask, i0),
+                                        segment_start(mask, i0 + qrows - 1));
+      if (tm == TileMask::hidden) continue;
+      __syncthreads();
+      load_rows_f32(qs, d + 1, q + i0 * d, qrows, kSimtTile, d);
+      load_rows_f32(dos, d + 1, dout + i0 * d, qrows, kSimtTile, d);
+      if (tid < kSimtTile) {
+        const bool ok = tid < qrows;
+        qpos_s[tid] = ok ? q_pos[i0 + tid] : 0;
+        lse_s[tid] = ok ? lse[i0 + tid] : kNegInf;
+        drow_s[tid] = ok ? drow[i0 + tid] : 0.f;
+      }
+      __syncthreads();
 
 #pragma unroll
-    for (int rr = 0; rr < kSimtRowsPerWarp; ++rr) {
-      const int key = warp * kSimtRowsPerWarp + rr;
-      if (key >= krows) continue;
-      float a = 0.f, ds = 0.f;
-      const float l = lse_s[lane];
-      if (lane < qrows && l != kNegInf &&
-          (tm == TileMask::full || key_visible(mask, qpos_s[lane], kpos_s[key], segment_start(mask, i0 + lane)))) {
-        const float* qrow = qs + lane * (d + 1);
-        const float* dorow = dos + lane * (d + 1);
-        const float* krow = ks + key * d;
-        const float* vrow = vs + key * d;
-        float s = 0.f, dp = 0.f;
-        for (int c = 0; c < d; ++c) {
-          s += qrow[c] * krow[c];
-          dp += dorow[c] * vrow[c];
+      for (int rr = 0; rr < kSimtRowsPerWarp; ++rr) {
+        const int key = warp * kSimtRowsPerWarp + rr;
+        if (key >= krows) continue;
+        float a = 0.f, ds = 0.f;
+        const float l = lse_s[lane];
+        if (lane < qrows && l != kNegInf &&
+            (tm == TileMask::full || key_visible(mask, qpos_s[lane], kpos_s[key], segment_start(mask, i0 + lane)))) {
+          float s, dp;
+          dot_pair(qs + lane * (d + 1), ks + key * d, dos + lane * (d + 1), vs + key * d, d, s, dp);
+          a = expf(s * scale - l);
+          ds = a * (dp - drow_s[lane]);
         }
-        a = expf(s * scale - l);
-        ds = a * (dp - drow_s[lane]);
+        as[warp * kSimtTile + lane] = a;
+        dss[warp * kSimtTile + lane] = ds;
+        __syncwarp();
+        accumulate_columns(dv_acc[rr], 1.f, as + warp * kSimtTile, dos, d + 1, qrows, d);
+        accumulate_columns(dk_acc[rr], 1.f, dss + warp * kSimtTile, qs, d + 1, qrows, d);
+        __syncwarp();
       }
-      as[warp * kSimtTile + lane] = a;
-      dss[warp * kSimtTile + lane] = ds;
-      __syncwarp();
-#pragma unroll
-      for (int cc = 0; cc < kSimtMaxCols; ++cc) {
-        const int c = lane + 32 * cc;
-        if (c < d) {
-          float gv = 0.f, gk = 0.f;
-          for (int i = 0; i < qrows; ++i) {
-            gv += as[warp * kSimtTile + i] * dos[i * (d + 1) + c];
-            gk += dss[warp * kSimtTile + i] * qs[i * (d + 1) + c];
-          }
-          dv_acc[rr][cc] += gv;
-          dk_acc[rr][cc] += gk;
-        }
-      }
-      __syncwarp();
     }
   }
 
@@ -385,24 +361,14 @@ simt_backward_dkdv_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos
   add_warp_rows(dv_acc, krows, d, 1.f, dv);  // exact: x * 1 == x
 }
 
-size_t simt_forward_smem(int d) {
-  return sizeof(float) * (kSimtRows * d + kSimtTile * (d + 1) + kSimtTile * d + kSimtWarps * kSimtTile);
-}
-size_t simt_dq_smem(int d) {
-  return sizeof(float) * (2 * kSimtRows * d + 2 * kSimtTile * (d + 1) + kSimtWarps * kSimtTile);
-}
-size_t simt_dkdv_smem(int d) {
-  return sizeof(float) * (2 * kSimtRows * d + 2 * kSimtTile * (d + 1) + 2 * kSimtWarps * kSimtTile);
-}
-
 // =================== tensor-core kernels: bf16 WMMA 16x16x16, fp32 accumulate ===================
 
-constexpr int kTcWarps = 4;
-constexpr int kTcThreads = kTcWarps * 32;
-constexpr int kTcRows = 16 * kTcWarps;  // query rows (forward, dQ) or keys (dK/dV) per block
-constexpr int kTcKeys = 64;             // keys per step of the forward and dQ kernels
-constexpr int kTcBwdQ = 32;             // queries per step of the dK/dV kernel
-constexpr int kTcDmax = 128;
+constexpr int kTcWarps = flash_tc::kWarps;
+constexpr int kTcThreads = flash_tc::kThreads;
+constexpr int kTcRows = flash_tc::kRows;  // query rows (forward, dQ) or keys (dK/dV) per block
+constexpr int kTcKeys = flash_tc::kKeys;  // keys per step of the forward and dQ kernels
+constexpr int kTcBwdQ = flash_tc::kBwdQ;  // queries per step of the dK/dV kernel
+constexpr int kTcDmax = flash_tc::kDmax;
 constexpr int kTcFrags = kTcDmax / 16;  // 16-wide column blocks of a head row
 constexpr int kLdX = kTcDmax + 8;       // bf16 row stride of staged Q/K/V/dO tiles
 constexpr int kLdS = kTcKeys + 4;       // float row stride of a warp's 16 x 64 score tile
@@ -448,6 +414,62 @@ __device__ void for_each_acc_element(const FragC& acc, float* scratch, int ld, F
   __syncwarp();
 }
 
+// out[16][kCols] (row stride ld) = A B^T for the warp's 16 rows: a(kk) gives A's kk-th 16-column
+// block, B's kCols rows are staged at b; the kk sum runs in ascending order.
+template <int kCols, class BlockA>
+__device__ __forceinline__ void warp_product_bt(BlockA a, const bf16_t* b, int nd16, float* out, int ld) {
+#pragma unroll
+  for (int n = 0; n < kCols / 16; ++n) {
+    FragC acc;
+    wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+    for (int kk = 0; kk < kTcFrags; ++kk) {
+      if (kk < nd16) {
+        FragBCol bf;
+        wmma::load_matrix_sync(bf, b + n * 16 * kLdX + kk * 16, kLdX);
+        wmma::mma_sync(acc, a(kk), bf, acc);
+      }
+    }
+    wmma::store_matrix_sync(out + n * 16, acc, ld, wmma::mem_row_major);
+  }
+}
+
+// acc[n] += A B for the warp: A is 16 x kK bf16 at a (row stride lda), B's kK rows are staged
+// at b; each accumulator takes the kK / 16 products in ascending order.
+template <int kK>
+__device__ __forceinline__ void warp_accumulate(const bf16_t* a, int lda, const bf16_t* b, int nd16,
+                                                FragC (&acc)[kTcFrags]) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    FragA af;
+    wmma::load_matrix_sync(af, a + kk * 16, lda);
+#pragma unroll
+    for (int n = 0; n < kTcFrags; ++n) {
+      if (n < nd16) {
+        FragBRow bf;
+        wmma::load_matrix_sync(bf, b + kk * 16 * kLdX + n * 16, kLdX);
+        wmma::mma_sync(acc[n], af, bf, acc[n]);
+      }
+    }
+  }
+}
+
+// out[row][col] += factor * acc for the warp's 16 rows below `rows` and the columns below d
+// (factor 1 is exact: plain accumulation).
+__device__ __forceinline__ void add_warp_tiles(FragC (&acc)[kTcFrags], float* scratch, int ld, int nd16, int rows,
+                                               int d, float factor, float* out) {
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int n = 0; n < kTcFrags; ++n) {
+    if (n < nd16) {
+      for_each_acc_element(acc[n], scratch, ld, [out, rows, d, warp, n, factor](int r, int c, float val) {
+        const int row = warp * 16 + r, col = n * 16 + c;
+        if (row < rows && col < d) out[static_cast<int64_t>(row) * d + col] += val * factor;
+      });
+    }
+  }
+}
+
 struct TcForwardSmem {
   bf16_t k[kTcKeys * kLdX];
   bf16_t v[kTcKeys * kLdX];
@@ -466,17 +488,15 @@ struct TcForwardSmem {
 __global__ void __launch_bounds__(kTcThreads)
 tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, int64_t nq,
                   const bf16_t* k, const bf16_t* v, const int64_t* k_pos, int64_t nk, float* o,
-                  float* lse, float scale, bool vec) {
+                  float* lse, float scale, bool vec, int group) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   TcForwardSmem& sm = *reinterpret_cast<TcForwardSmem*>(tc_smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kTcRows;
   const int rows = static_cast<int>(min(static_cast<int64_t>(kTcRows), nq - i0));
-  q += (head * nq + i0) * d;
-  o += (head * nq + i0) * d;
-  lse += head * nq + i0;
-  k += head * nk * d;
-  v += head * nk * d;
+  advance((head * nq + i0) * d, q, o);
+  advance(head * nq + i0, lse);
+  advance(static_cast<int>(head) / group * nk * d, k, v);  // query head h reads key/value head h / group
   const int nd16 = (d + 15) / 16;
 
   stage_rows_bf16(sm.u.q, q, rows, kTcRows, d, vec);
@@ -487,7 +507,7 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
   }
   for (int idx = tid; idx < 256; idx += kTcThreads) sm.row_ids[idx] = static_cast<float>(idx / 16);
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), sm.range);
+  if (tid == 0) store_range(visible_key_rows(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0)), sm.range);
   __syncthreads();
   const int64_t kb = sm.range[0], ke = sm.range[1];
 
@@ -521,20 +541,7 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
     __syncthreads();
 
     // S = Q K^T for the warp's 16 rows: K rows read as a column-major B (= K^T).
-#pragma unroll
-    for (int n = 0; n < kTcKeys / 16; ++n) {
-      FragC sf;
-      wmma::fill_fragment(sf, 0.f);
-#pragma unroll
-      for (int kk = 0; kk < kTcFrags; ++kk) {
-        if (kk < nd16) {
-          FragBCol kf;
-          wmma::load_matrix_sync(kf, sm.k + n * 16 * kLdX + kk * 16, kLdX);
-          wmma::mma_sync(sf, qf[kk], kf, sf);
-        }
-      }
-      wmma::store_matrix_sync(s_w + n * 16, sf, kLdS, wmma::mem_row_major);
-    }
+    warp_product_bt<kTcKeys>([&](int kk) -> const FragA& { return qf[kk]; }, sm.k, nd16, s_w, kLdS);
     __syncwarp();
 
     // Online softmax, lanes 2r and 2r+1 on row r: the same steps as flash_cpu.cpp.
@@ -586,19 +593,7 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
       if (n < nd16)
 #pragma unroll
         for (int e = 0; e < FragC::num_elements; ++e) of[n].x[e] *= sc[e];
-#pragma unroll
-    for (int kk = 0; kk < kTcKeys / 16; ++kk) {
-      FragA pf;
-      wmma::load_matrix_sync(pf, p_w + kk * 16, kLdP);
-#pragma unroll
-      for (int n = 0; n < kTcFrags; ++n) {
-        if (n < nd16) {
-          FragBRow vf;
-          wmma::load_matrix_sync(vf, sm.v + kk * 16 * kLdX + n * 16, kLdX);
-          wmma::mma_sync(of[n], pf, vf, of[n]);
-        }
-      }
-    }
+    warp_accumulate<kTcKeys>(p_w, kLdP, sm.v, nd16, of);
   }
   // The scratch aliases the Q staging, which other warps read if no tile was visited.
   __syncthreads();
@@ -647,19 +642,15 @@ __global__ void __launch_bounds__(kTcThreads)
 tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, int64_t nq,
                       const bf16_t* k, const bf16_t* v, const int64_t* k_pos, int64_t nk,
                       const bf16_t* dout, const float* lse, const float* drow, float* dq, float scale,
-                      bool vec) {
+                      bool vec, int group) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   TcDqSmem& sm = *reinterpret_cast<TcDqSmem*>(tc_smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kTcRows;
   const int rows = static_cast<int>(min(static_cast<int64_t>(kTcRows), nq - i0));
-  q += (head * nq + i0) * d;
-  dout += (head * nq + i0) * d;
-  dq += (head * nq + i0) * d;
-  lse += head * nq + i0;
-  drow += head * nq + i0;
-  k += head * nk * d;
-  v += head * nk * d;
+  advance((head * nq + i0) * d, q, dout, dq);
+  advance(head * nq + i0, lse, drow);
+  advance(static_cast<int>(head) / group * nk * d, k, v);
   const int nd16 = (d + 15) / 16;
 
   stage_rows_bf16(sm.u.stage.q, q, rows, kTcRows, d, vec);
@@ -671,7 +662,7 @@ tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_po
     sm.drow[tid] = ok ? drow[tid] : 0.f;
   }
   const int64_t q_lo = q_pos[i0], q_hi = q_pos[i0 + rows - 1];
-  if (tid == 0) visible_key_range(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0), sm.range);
+  if (tid == 0) store_range(visible_key_rows(mask, k_pos, nk, q_lo, q_hi, segment_start(mask, i0)), sm.range);
   __syncthreads();
   const int64_t kb = sm.range[0], ke = sm.range[1];
 
@@ -701,7 +692,8 @@ tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_po
     if (tid < kTcKeys) sm.kpos[tid] = tid < cols ? k_pos[j0 + tid] : 0;
     __syncthreads();
 
-    // S = Q K^T and dP = dO V^T for the warp's 16 rows.
+    // S = Q K^T and dP = dO V^T for the warp's 16 rows, in one loop (two separate products
+    // need more registers than this kernel has).
 #pragma unroll
     for (int n = 0; n < kTcKeys / 16; ++n) {
       FragC sf, pf;
@@ -733,32 +725,11 @@ tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_po
     }
     __syncwarp();
 
-    // dQ += dS K
-#pragma unroll
-    for (int kk = 0; kk < kTcKeys / 16; ++kk) {
-      FragA dsf;
-      wmma::load_matrix_sync(dsf, ds_w + kk * 16, kLdP);
-#pragma unroll
-      for (int n = 0; n < kTcFrags; ++n) {
-        if (n < nd16) {
-          FragBRow kf;
-          wmma::load_matrix_sync(kf, sm.k + kk * 16 * kLdX + n * 16, kLdX);
-          wmma::mma_sync(dqf[n], dsf, kf, dqf[n]);
-        }
-      }
-    }
+    warp_accumulate<kTcKeys>(ds_w, kLdP, sm.k, nd16, dqf);  // dQ += dS K
   }
   __syncthreads();  // the scratch aliases the staging other warps read if no tile was visited
 
-#pragma unroll
-  for (int n = 0; n < kTcFrags; ++n) {
-    if (n < nd16) {
-      for_each_acc_element(dqf[n], s_w, kLdS, [dq, rows, d, warp, n, scale](int r, int c, float val) {
-        const int row = warp * 16 + r, col = n * 16 + c;
-        if (row < rows && col < d) dq[static_cast<int64_t>(row) * d + col] += val * scale;
-      });
-    }
-  }
+  add_warp_tiles(dqf, s_w, kLdS, nd16, rows, d, scale, dq);
 }
 
 struct TcDkdvSmem {
@@ -778,27 +749,23 @@ __global__ void __launch_bounds__(kTcThreads)
 tc_backward_dkdv_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, int64_t nq,
                         const bf16_t* k, const bf16_t* v, const int64_t* k_pos, int64_t nk,
                         const bf16_t* dout, const float* lse, const float* drow, float* dk,
-                        float* dv, float scale, bool vec) {
+                        float* dv, float scale, bool vec, int group) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
   TcDkdvSmem& sm = *reinterpret_cast<TcDkdvSmem*>(tc_smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t head = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kTcRows;
   const int krows = static_cast<int>(min(static_cast<int64_t>(kTcRows), nk - j0));
-  k += (head * nk + j0) * d;
-  v += (head * nk + j0) * d;
-  dk += (head * nk + j0) * d;
-  dv += (head * nk + j0) * d;
-  q += head * nq * d;
-  dout += head * nq * d;
-  lse += head * nq;
-  drow += head * nq;
+  // head is a key/value head: its gradients sum query heads head * group ... + group - 1.
+  advance((head * nk + j0) * d, k, v, dk, dv);
+  advance(head * group * nq * d, q, dout);
+  advance(head * group * nq, lse, drow);
   const int nd16 = (d + 15) / 16;
 
   stage_rows_bf16(sm.k, k, krows, kTcRows, d, vec);
   stage_rows_bf16(sm.v, v, krows, kTcRows, d, vec);
   if (tid < kTcRows) sm.kpos[tid] = k_pos[j0 + min(tid, krows - 1)];
   const int64_t k_lo = k_pos[j0], k_hi = k_pos[j0 + krows - 1];
-  if (tid == 0) seeing_query_range(mask, q_pos, nq, k_lo, k_hi, sm.range);
+  if (tid == 0) store_range(seeing_query_rows(mask, q_pos, nq, k_lo, k_hi), sm.range);
   __syncthreads();
   const int64_t qb = sm.range[0], qe = sm.range[1];
 
@@ -815,91 +782,55 @@ tc_backward_dkdv_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_
   const bf16_t* k_w = sm.k + warp * 16 * kLdX;
   const bf16_t* v_w = sm.v + warp * 16 * kLdX;
 
-  for (int64_t i0 = qb; i0 < qe; i0 += kTcBwdQ) {
-    const int qrows = static_cast<int>(min(static_cast<int64_t>(kTcBwdQ), qe - i0));
-    const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi, segment_start(mask, i0),
-                                      segment_start(mask, i0 + qrows - 1));
-    if (tm == TileMask::hidden) continue;
-    __syncthreads();
-    stage_rows_bf16(sm.q, q + i0 * d, qrows, kTcBwdQ, d, vec);
-    stage_rows_bf16(sm.dout, dout + i0 * d, qrows, kTcBwdQ, d, vec);
-    if (tid < kTcBwdQ) {
-      const bool ok = tid < qrows;
-      sm.qpos[tid] = ok ? q_pos[i0 + tid] : 0;
-      sm.lse[tid] = ok ? lse[i0 + tid] : kNegInf;
-      sm.drow[tid] = ok ? drow[i0 + tid] : 0.f;
-    }
-    __syncthreads();
+  for (int g = 0; g < group; ++g, advance(nq * d, q, dout), advance(nq, lse, drow)) {
+    for (int64_t i0 = qb; i0 < qe; i0 += kTcBwdQ) {
+      const int qrows = static_cast<int>(min(static_cast<int64_t>(kTcBwdQ), qe - i0));
+      const TileMask tm = classify_tile(mask, q_pos[i0], q_pos[i0 + qrows - 1], k_lo, k_hi, segment_start(mask, i0),
+                                        segment_start(mask, i0 + qrows - 1));
+      if (tm == TileMask::hidden) continue;
+      __syncthreads();
+      stage_rows_bf16(sm.q, q + i0 * d, qrows, kTcBwdQ, d, vec);
+      stage_rows_bf16(sm.dout, dout + i0 * d, qrows, kTcBwdQ, d, vec);
+      if (tid < kTcBwdQ) {
+        const bool ok = tid < qrows;
+        sm.qpos[tid] = ok ? q_pos[i0 + tid] : 0;
+        sm.lse[tid] = ok ? lse[i0 + tid] : kNegInf;
+        sm.drow[tid] = ok ? drow[i0 + tid] : 0.f;
+      }
+      __syncthreads();
 
-    // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys: Q and dO rows read as
-    // column-major B operands.
-#pragma unroll
-    for (int n = 0; n < kTcBwdQ / 16; ++n) {
-      FragC sf, pf;
-      wmma::fill_fragment(sf, 0.f);
-      wmma::fill_fragment(pf, 0.f);
-#pragma unroll
-      for (int kk = 0; kk < kTcFrags; ++kk) {
-        if (kk < nd16) {
+      // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys: Q and dO rows read as
+      // column-major B operands.
+      const auto block_of = [](const bf16_t* rows) {
+        return [rows](int kk) {
           FragA af;
-          FragBCol bf;
-          wmma::load_matrix_sync(af, k_w + kk * 16, kLdX);
-          wmma::load_matrix_sync(bf, sm.q + n * 16 * kLdX + kk * 16, kLdX);
-          wmma::mma_sync(sf, af, bf, sf);
-          wmma::load_matrix_sync(af, v_w + kk * 16, kLdX);
-          wmma::load_matrix_sync(bf, sm.dout + n * 16 * kLdX + kk * 16, kLdX);
-          wmma::mma_sync(pf, af, bf, pf);
-        }
-      }
-      wmma::store_matrix_sync(st_w + n * 16, sf, kLdS2, wmma::mem_row_major);
-      wmma::store_matrix_sync(dpt_w + n * 16, pf, kLdS2, wmma::mem_row_major);
-    }
-    __syncwarp();
+          wmma::load_matrix_sync(af, rows + kk * 16, kLdX);
+          return af;
+        };
+      };
+      warp_product_bt<kTcBwdQ>(block_of(k_w), sm.q, nd16, st_w, kLdS2);
+      warp_product_bt<kTcBwdQ>(block_of(v_w), sm.dout, nd16, dpt_w, kLdS2);
+      __syncwarp();
 
-    // A^T and dS^T, element (key r, query c).
-    for (int idx = lane; idx < 16 * kTcBwdQ; idx += 32) {
-      const int r = idx / kTcBwdQ, c = idx % kTcBwdQ, key = warp * 16 + r;
-      const float l = sm.lse[c];
-      const bool vis = key < krows && c < qrows && l != kNegInf &&
-                       (tm == TileMask::full || key_visible(mask, sm.qpos[c], sm.kpos[key], segment_start(mask, i0 + c)));
-      const float a = vis ? expf(st_w[r * kLdS2 + c] * scale - l) : 0.f;
-      pt_w[r * kLdP2 + c] = __float2bfloat16(a);
-      dst_w[r * kLdP2 + c] = __float2bfloat16(a * (dpt_w[r * kLdS2 + c] - sm.drow[c]));
-    }
-    __syncwarp();
-
-    // dV += A^T dO, dK += dS^T Q
-#pragma unroll
-    for (int kk = 0; kk < kTcBwdQ / 16; ++kk) {
-      FragA ptf, dsf;
-      wmma::load_matrix_sync(ptf, pt_w + kk * 16, kLdP2);
-      wmma::load_matrix_sync(dsf, dst_w + kk * 16, kLdP2);
-#pragma unroll
-      for (int n = 0; n < kTcFrags; ++n) {
-        if (n < nd16) {
-          FragBRow bf;
-          wmma::load_matrix_sync(bf, sm.dout + kk * 16 * kLdX + n * 16, kLdX);
-          wmma::mma_sync(dvf[n], ptf, bf, dvf[n]);
-          wmma::load_matrix_sync(bf, sm.q + kk * 16 * kLdX + n * 16, kLdX);
-          wmma::mma_sync(dkf[n], dsf, bf, dkf[n]);
-        }
+      // A^T and dS^T, element (key r, query c).
+      for (int idx = lane; idx < 16 * kTcBwdQ; idx += 32) {
+        const int r = idx / kTcBwdQ, c = idx % kTcBwdQ, key = warp * 16 + r;
+        const float l = sm.lse[c];
+        const bool vis = key < krows && c < qrows && l != kNegInf &&
+                         (tm == TileMask::full || key_visible(mask, sm.qpos[c], sm.kpos[key], segment_start(mask, i0 + c)));
+        const float a = vis ? expf(st_w[r * kLdS2 + c] * scale - l) : 0.f;
+        pt_w[r * kLdP2 + c] = __float2bfloat16(a);
+        dst_w[r * kLdP2 + c] = __float2bfloat16(a * (dpt_w[r * kLdS2 + c] - sm.drow[c]));
       }
+      __syncwarp();
+
+      warp_accumulate<kTcBwdQ>(pt_w, kLdP2, sm.dout, nd16, dvf);  // dV += A^T dO
+      warp_accumulate<kTcBwdQ>(dst_w, kLdP2, sm.q, nd16, dkf);    // dK += dS^T Q
     }
   }
 
-#pragma unroll
-  for (int n = 0; n < kTcFrags; ++n) {
-    if (n < nd16) {
-      for_each_acc_element(dkf[n], st_w, kLdS2, [dk, krows, d, warp, n, scale](int r, int c, float val) {
-        const int key = warp * 16 + r, col = n * 16 + c;
-        if (key < krows && col < d) dk[static_cast<int64_t>(key) * d + col] += val * scale;
-      });
-      for_each_acc_element(dvf[n], st_w, kLdS2, [dv, krows, d, warp, n](int r, int c, float val) {
-        const int key = warp * 16 + r, col = n * 16 + c;
-        if (key < krows && col < d) dv[static_cast<int64_t>(key) * d + col] += val;
-      });
-    }
-  }
+  add_warp_tiles(dkf, st_w, kLdS2, nd16, krows, d, scale, dk);
+  add_warp_tiles(dvf, st_w, kLdS2, nd16, krows, d, 1.f, dv);
 }
 
 // ============================== small kernels ==============================
@@ -926,153 +857,104 @@ __global__ void merge_kernel(float* o, float* lse, const float* o_part, const fl
 
 // ============================== host side ==============================
 
-void check_flash_args(const MaskSpec& mask, int64_t d, int64_t heads, int64_t nq, int64_t nk) {
-  IHA_CHECK(d >= 1 && nq >= 0 && nk >= 0 && heads >= 0, "flash attention (CUDA): bad sizes d=", d,
-            " heads=", heads, " nq=", nq, " nk=", nk);
-  IHA_CHECK(heads <= 65535, "flash attention (CUDA): at most 65535 heads per call, got ", heads);
-  IHA_CHECK(mask.P >= 1 && mask.window >= 0, "flash attention (CUDA): bad mask P=", mask.P,
-            " window=", mask.window);
-}
+int64_t blocks_for(int64_t n, int64_t per_block) { return (n + per_block - 1) / per_block; }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Lets a kernel use more than 48 KiB of dynamic shared memory when it needs it.
-template <class Kernel>
-void set_smem(Kernel kernel, size_t bytes, const char* name) {
-  cuda_allow_smem(reinterpret_cast<const void*>(kernel), bytes, name);
-}
-
-int64_t blocks_for(int64_t n, int64_t per_block) { return (n + per_block - 1) / per_block; }
-
 const bf16_t* as_cuda_bf16(const bf16* p) { return reinterpret_cast<const bf16_t*>(p); }
+
+// A flash kernel over its grid on the legacy default stream (cuda_kernel::launch).
+template <class Kernel, class... Args>
+void launch(Kernel kernel, const char* name, FlashGrid grid, int threads, size_t smem, Args... args) {
+  cuda_kernel::launch(name, kernel, dim3(grid.x, grid.y), threads, smem, 0, args...);
+}
 
 }  // namespace
 
-template <class T>
-FlashCudaKernel flash_cuda_kernel_for(int64_t d, FlashCudaKernel requested) {
-  constexpr bool is_bf16 = std::is_same_v<T, bf16>;
-  const bool tc_ok = is_bf16 && d <= kTcDmax;
-  if (requested == FlashCudaKernel::automatic)
-    return tc_ok ? FlashCudaKernel::tensor_core : FlashCudaKernel::simt;
-  if (requested == FlashCudaKernel::tensor_core) {
-    IHA_CHECK(tc_ok, "flash attention (CUDA): the tensor-core kernel needs bf16 inputs and d <= ",
-              kTcDmax, ", got ", is_bf16 ? "bf16" : "f32", " with d=", d);
-  } else {
-    IHA_CHECK(d <= kSimtMaxD, "flash attention (CUDA): head dim ", d, " exceeds the supported ",
-              kSimtMaxD);
-  }
-  return requested;
-}
-
-template <class T>
-void flash_forward_cuda(const MaskSpec& mask, int64_t d, int64_t heads, const T* q,
-                        const int64_t* q_pos, int64_t nq, const T* k, const T* v,
-                        const int64_t* k_pos, int64_t nk, float* o, float* lse, cudaStream_t stream,
-                        FlashCudaKernel kernel) {
-  check_flash_args(mask, d, heads, nq, nk);
-  const FlashCudaKernel which = flash_cuda_kernel_for<T>(d, kernel);
-  if (nq == 0 || heads == 0) return;
-  const int di = static_cast<int>(d);
-  const float scale = static_cast<float>(mask.logit_scale) / std::sqrt(static_cast<float>(d));
-  if (which == FlashCudaKernel::tensor_core) {
-    if constexpr (std::is_same_v<T, bf16>) {
-      const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
-      const size_t smem = sizeof(TcForwardSmem);
-      set_smem(tc_forward_kernel, smem, "tc_forward_kernel");
-      const dim3 grid(static_cast<unsigned>(blocks_for(nq, kTcRows)), static_cast<unsigned>(heads));
-      tc_forward_kernel<<<grid, kTcThreads, smem, stream>>>(mask, di, as_cuda_bf16(q), q_pos, nq,
-                                                            as_cuda_bf16(k), as_cuda_bf16(v), k_pos,
-                                                            nk, o, lse, scale, vec);
-      IHA_CUDA_LAUNCH_CHECK("tc_forward_kernel");
+void CudaBackend::flash_forward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q_b, CBuf q_pos, int64_t nq,
+                                CBuf k_b, CBuf v_b, CBuf k_pos, int64_t nk, Buf o_b, Buf lse_b, int64_t group) const {
+  const char* op = "flash_forward";
+  const FlashPlan plan = plan_flash(mask, compute_, d, heads, nq, nk, group, kernel_, false);
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const A *q = q_b.as<A>(op), *k = k_b.as<A>(op), *v = v_b.as<A>(op);
+    const int64_t *qp = q_pos.as<int64_t>(op), *kp = k_pos.as<int64_t>(op);
+    float *o = o_b.as<float>(op), *lse = lse_b.as<float>(op);
+    if (plan.empty) return;
+    const FlashGrid grid = flash_grid(plan.kernel, FlashPass::forward, nq, nk, heads);
+    const int di = static_cast<int>(d), gi = static_cast<int>(group);
+    if constexpr (std::is_same_v<A, bf16>) {
+      if (plan.kernel == FlashCudaKernel::tensor_core) {
+        const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v);
+        launch(tc_forward_kernel, "tc_forward_kernel", grid, kTcThreads, sizeof(TcForwardSmem), mask, di,
+               as_cuda_bf16(q), qp, nq, as_cuda_bf16(k), as_cuda_bf16(v), kp, nk, o, lse, plan.scale, vec, gi);
+        return;
+      }
     }
-    return;
-  }
-  const size_t smem = simt_forward_smem(di);
-  set_smem(simt_forward_kernel<T>, smem, "simt_forward_kernel");
-  const dim3 grid(static_cast<unsigned>(blocks_for(nq, kSimtRows)), static_cast<unsigned>(heads));
-  simt_forward_kernel<T><<<grid, kSimtThreads, smem, stream>>>(mask, di, q, q_pos, nq, k, v, k_pos,
-                                                               nk, o, lse, scale);
-  IHA_CUDA_LAUNCH_CHECK("simt_forward_kernel");
+    launch(simt_forward_kernel<A>, "simt_forward_kernel", grid, kSimtThreads, flash_simt_smem(FlashPass::forward, d),
+           mask, di, q, qp, nq, k, v, kp, nk, o, lse, plan.scale, gi);
+  });
 }
 
-template <class T>
-void flash_drow_cuda(const float* o, const T* dout, int64_t rows, int64_t d, float* drow,
-                     cudaStream_t stream) {
-  IHA_CHECK(rows >= 0 && d >= 1, "flash_drow_cuda: bad sizes rows=", rows, " d=", d);
-  if (rows == 0) return;
-  drow_kernel<T><<<static_cast<unsigned>(blocks_for(rows, kRowWarpsPerBlock)), kRowWarpsPerBlock * 32,
-                   0, stream>>>(o, dout, rows, static_cast<int>(d), drow);
-  IHA_CUDA_LAUNCH_CHECK("drow_kernel");
+void CudaBackend::flash_drow(CBuf o_b, CBuf dout_b, int64_t rows, int64_t d, Buf drow_b) const {
+  const char* op = "flash_drow";
+  IHA_CHECK(rows >= 0 && d >= 1, op, ": bad sizes rows=", rows, " d=", d);
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const A* g = dout_b.as<A>(op);
+    const float* o = o_b.as<float>(op);
+    float* drow = drow_b.as<float>(op);
+    if (rows == 0) return;
+    cuda_kernel::launch("drow_kernel", drow_kernel<A>, static_cast<unsigned>(blocks_for(rows, kRowWarpsPerBlock)),
+                        kRowWarpsPerBlock * 32, 0, 0, o, g, rows, static_cast<int>(d), drow);
+  });
 }
 
-template <class T>
-void flash_backward_cuda(const MaskSpec& mask, int64_t d, int64_t heads, const T* q,
-                         const int64_t* q_pos, int64_t nq, const T* k, const T* v,
-                         const int64_t* k_pos, int64_t nk, const T* dout, const float* lse,
-                         const float* drow, float* dq, float* dk, float* dv, cudaStream_t stream,
-                         FlashCudaKernel kernel) {
-  check_flash_args(mask, d, heads, nq, nk);
-  const FlashCudaKernel which = flash_cuda_kernel_for<T>(d, kernel);
-  if (nq == 0 || nk == 0 || heads == 0) return;
-  const int di = static_cast<int>(d);
-  const float scale = static_cast<float>(mask.logit_scale) / std::sqrt(static_cast<float>(d));
-  if (which == FlashCudaKernel::tensor_core) {
-    if constexpr (std::is_same_v<T, bf16>) {
-      const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout);
-      const size_t smem_kv = sizeof(TcDkdvSmem), smem_q = sizeof(TcDqSmem);
-      set_smem(tc_backward_dkdv_kernel, smem_kv, "tc_backward_dkdv_kernel");
-      set_smem(tc_backward_dq_kernel, smem_q, "tc_backward_dq_kernel");
-      const dim3 grid_kv(static_cast<unsigned>(blocks_for(nk, kTcRows)), static_cast<unsigned>(heads));
-      tc_backward_dkdv_kernel<<<grid_kv, kTcThreads, smem_kv, stream>>>(
-          mask, di, as_cuda_bf16(q), q_pos, nq, as_cuda_bf16(k), as_cuda_bf16(v), k_pos, nk,
-          as_cuda_bf16(dout), lse, drow, dk, dv, scale, vec);
-      IHA_CUDA_LAUNCH_CHECK("tc_backward_dkdv_kernel");
-      const dim3 grid_q(static_cast<unsigned>(blocks_for(nq, kTcRows)), static_cast<unsigned>(heads));
-      tc_backward_dq_kernel<<<grid_q, kTcThreads, smem_q, stream>>>(
-          mask, di, as_cuda_bf16(q), q_pos, nq, as_cuda_bf16(k), as_cuda_bf16(v), k_pos, nk,
-          as_cuda_bf16(dout), lse, drow, dq, scale, vec);
-      IHA_CUDA_LAUNCH_CHECK("tc_backward_dq_kernel");
+void CudaBackend::flash_backward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q_b, CBuf q_pos, int64_t nq,
+                                 CBuf k_b, CBuf v_b, CBuf k_pos, int64_t nk, CBuf dout_b, CBuf lse_b, CBuf drow_b,
+                                 Buf dq_b, Buf dk_b, Buf dv_b, int64_t group) const {
+  const char* op = "flash_backward";
+  const FlashPlan plan = plan_flash(mask, compute_, d, heads, nq, nk, group, kernel_, true);
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const A *q = q_b.as<A>(op), *k = k_b.as<A>(op), *v = v_b.as<A>(op), *g = dout_b.as<A>(op);
+    const int64_t *qp = q_pos.as<int64_t>(op), *kp = k_pos.as<int64_t>(op);
+    const float *lse = lse_b.as<float>(op), *drow = drow_b.as<float>(op);
+    float *dq = dq_b.as<float>(op), *dk = dk_b.as<float>(op), *dv = dv_b.as<float>(op);
+    if (plan.empty) return;
+    // dK/dV blocks are per key/value head (each sums its group's query heads in order).
+    const FlashGrid grid_kv = flash_grid(plan.kernel, FlashPass::dkdv, nq, nk, heads / group);
+    const FlashGrid grid_q = flash_grid(plan.kernel, FlashPass::dq, nq, nk, heads);
+    const int di = static_cast<int>(d), gi = static_cast<int>(group);
+    if constexpr (std::is_same_v<A, bf16>) {
+      if (plan.kernel == FlashCudaKernel::tensor_core) {
+        const bool vec = d % 8 == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(g);
+        launch(tc_backward_dkdv_kernel, "tc_backward_dkdv_kernel", grid_kv, kTcThreads, sizeof(TcDkdvSmem), mask,
+               di, as_cuda_bf16(q), qp, nq, as_cuda_bf16(k), as_cuda_bf16(v), kp, nk, as_cuda_bf16(g), lse, drow, dk,
+               dv, plan.scale, vec, gi);
+        launch(tc_backward_dq_kernel, "tc_backward_dq_kernel", grid_q, kTcThreads, sizeof(TcDqSmem), mask, di,
+               as_cuda_bf16(q), qp, nq, as_cuda_bf16(k), as_cuda_bf16(v), kp, nk, as_cuda_bf16(g), lse, drow, dq,
+               plan.scale, vec, gi);
+        return;
+      }
     }
-    return;
-  }
-  const size_t smem_kv = simt_dkdv_smem(di), smem_q = simt_dq_smem(di);
-  set_smem(simt_backward_dkdv_kernel<T>, smem_kv, "simt_backward_dkdv_kernel");
-  set_smem(simt_backward_dq_kernel<T>, smem_q, "simt_backward_dq_kernel");
-  const dim3 grid_kv(static_cast<unsigned>(blocks_for(nk, kSimtRows)), static_cast<unsigned>(heads));
-  simt_backward_dkdv_kernel<T><<<grid_kv, kSimtThreads, smem_kv, stream>>>(
-      mask, di, q, q_pos, nq, k, v, k_pos, nk, dout, lse, drow, dk, dv, scale);
-  IHA_CUDA_LAUNCH_CHECK("simt_backward_dkdv_kernel");
-  const dim3 grid_q(static_cast<unsigned>(blocks_for(nq, kSimtRows)), static_cast<unsigned>(heads));
-  simt_backward_dq_kernel<T><<<grid_q, kSimtThreads, smem_q, stream>>>(
-      mask, di, q, q_pos, nq, k, v, k_pos, nk, dout, lse, drow, dq, scale);
-  IHA_CUDA_LAUNCH_CHECK("simt_backward_dq_kernel");
+    launch(simt_backward_dkdv_kernel<A>, "simt_backward_dkdv_kernel", grid_kv, kSimtThreads,
+           flash_simt_smem(FlashPass::dkdv, d), mask, di, q, qp, nq, k, v, kp, nk, g, lse, drow, dk, dv, plan.scale,
+           gi);
+    launch(simt_backward_dq_kernel<A>, "simt_backward_dq_kernel", grid_q, kSimtThreads,
+           flash_simt_smem(FlashPass::dq, d), mask, di, q, qp, nq, k, v, kp, nk, g, lse, drow, dq, plan.scale, gi);
+  });
 }
 
-void merge_partial_cuda(float* o, float* lse, const float* o_part, const float* lse_part,
-                        int64_t rows, int64_t d, cudaStream_t stream) {
-  IHA_CHECK(rows >= 0 && d >= 1, "merge_partial_cuda: bad sizes rows=", rows, " d=", d);
+void CudaBackend::merge_partial(Buf o_b, Buf lse_b, CBuf o_part_b, CBuf lse_part_b, int64_t rows, int64_t d) const {
+  const char* op = "merge_partial";
+  IHA_CHECK(rows >= 0 && d >= 1, op, ": bad sizes rows=", rows, " d=", d);
+  float *o = o_b.as<float>(op), *lse = lse_b.as<float>(op);
+  const float *o_part = o_part_b.as<float>(op), *lse_part = lse_part_b.as<float>(op);
   if (rows == 0) return;
   constexpr int kThreads = 128;
-  merge_kernel<<<static_cast<unsigned>(blocks_for(rows, kThreads)), kThreads, 0, stream>>>(
-      o, lse, o_part, lse_part, rows, d);
-  IHA_CUDA_LAUNCH_CHECK("merge_kernel");
+  cuda_kernel::launch("merge_kernel", merge_kernel, static_cast<unsigned>(blocks_for(rows, kThreads)), kThreads, 0, 0,
+                      o, lse, o_part, lse_part, rows, d);
 }
-
-#define IHA_FLASH_CUDA_INSTANTIATE(T)                                                            \
-  template FlashCudaKernel flash_cuda_kernel_for<T>(int64_t, FlashCudaKernel);                  \
-  template void flash_forward_cuda<T>(const MaskSpec&, int64_t, int64_t, const T*,              \
-                                      const int64_t*, int64_t, const T*, const T*,              \
-                                      const int64_t*, int64_t, float*, float*, cudaStream_t,    \
-                                      FlashCudaKernel);                                         \
-  template void flash_drow_cuda<T>(const float*, const T*, int64_t, int64_t, float*,            \
-                                   cudaStream_t);                                               \
-  template void flash_backward_cuda<T>(const MaskSpec&, int64_t, int64_t, const T*,             \
-                                       const int64_t*, int64_t, const T*, const T*,             \
-                                       const int64_t*, int64_t, const T*, const float*,         \
-                                       const float*, float*, float*, float*, cudaStream_t,      \
-                                       FlashCudaKernel);
-IHA_FLASH_CUDA_INSTANTIATE(float)
-IHA_FLASH_CUDA_INSTANTIATE(bf16)
-#undef IHA_FLASH_CUDA_INSTANTIATE
 
 }  // namespace iha

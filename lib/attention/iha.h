@@ -11,9 +11,11 @@
 //   - layer.h: IhaLayer (projections + attention core + output projection), IhaWeights, and the
 //     single-device LocalCore. Distributed cores (lib/ringattn) plug into the same layer.
 //   - rope.h: the RoPE inverse frequency and angle in float64, host-and-device.
-//   - CUDA builds (IHA_HAVE_CUDA): flash_cuda.h and ops_cuda.h, the GPU twins of flash.h and
-//     ops.h (bf16 or fp32 inputs, fp32 accumulation and outputs), sharing mask.h, merge.h and
-//     rope.h with the CPU code. Not included here: include them where CUDA is wanted.
+//   - kernel_plan.h: the host-side decisions of the GPU kernels (kernel choice, checks, grids,
+//     shared memory), compiled and tested in every build.
+//   - CUDA builds (IHA_HAVE_CUDA): backend_cuda.h, the CUDA backend (bf16 or fp32 inputs, fp32
+//     accumulation and outputs) whose kernels share mask.h, merge.h and rope.h with the CPU
+//     code. Not included here: include it where CUDA is wanted.
 //
 // Layouts (row-major)
 //   x, z: [B, n_local, D]. Pre-mix q, k, v: [B, n_local, H*d], head m in columns [m*d, (m+1)*d).

@@ -3,28 +3,23 @@
 // reduce per block of tokens into a scratch row each, then over blocks in a fixed order.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
-#include "attention/ops_cuda.h"
+#include "attention/backend_cuda.h"
 #include "attention/rope.h"
 #include "core/cuda_device.h"
+#include "core/cuda_kernel.cuh"
 #include "core/error.h"
 
 namespace iha {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kTokensPerBlock = 32;  // tokens per block of the gradient reductions
-constexpr int64_t kMaxBlocks = int64_t(1) << 30;
+using namespace cuda_kernel;
 
-__device__ inline float to_f32(float x) { return x; }
-__device__ inline float to_f32(bf16 x) { return x.to_float(); }
-template <class T> __device__ inline T from_f32(float x);
-template <> __device__ inline float from_f32<float>(float x) { return x; }
-template <> __device__ inline bf16 from_f32<bf16>(float x) { return bf16::from_float(x); }
+constexpr int64_t kTokensPerBlock = TokenBlockPlan::kTokensPerBlock;
 
 // cos and sin of the angle of (position, pair i), in float64, cast to float.
 __device__ inline void rope_cos_sin(int64_t pos, int i, int d, const RopeSpec& r, float& cs, float& sn) {
@@ -33,17 +28,12 @@ __device__ inline void rope_cos_sin(int64_t pos, int i, int d, const RopeSpec& r
   sn = static_cast<float>(sin(a));
 }
 
-// Column pairs handled by one thread: (c, c + half); with RoPE on these are the rotate-half
-// pairs (d even), without it a plain split of the row.
-inline int pair_half(int64_t d, bool rope_on) { return static_cast<int>(rope_on ? d / 2 : (d + 1) / 2); }
-
 template <class T>
 __global__ void mix_rope_forward_kernel(const T* pre, int64_t ld_pre, int64_t n_tok, int H, int d,
                                         int P, const float* alpha, int h_begin, int h_end,
                                         const int64_t* vpos, RopeSpec rope, T* virt, int64_t head_stride, int half) {
   const int64_t total = n_tok * P * half;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  IHA_GRID_STRIDE(idx, total) {
     const int64_t t = idx / half;  // virtual row i*P + j
     const int c = static_cast<int>(idx % half), c2 = c + half;
     const int64_t i = t / P;
@@ -146,8 +136,7 @@ __global__ void collapse_forward_kernel(const float* y, int64_t head_stride, int
                                         int64_t ld_out) {
   const int cols = global ? H * P : P;
   const int64_t total = n_tok * H * d;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  IHA_GRID_STRIDE(idx, total) {
     const int64_t i = idx / (H * d);
     const int h = static_cast<int>(idx / d % H), c = static_cast<int>(idx % d);
     const int hp_first = global ? 0 : h, hp_last = global ? H : h + 1;
@@ -165,8 +154,7 @@ __global__ void collapse_backward_dy_kernel(const T* dout, int64_t ld_dout, int6
                                             int64_t head_stride) {
   const int cols = global ? H * P : P;
   const int64_t rows = n_tok * P, total = H * rows * d;
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  IHA_GRID_STRIDE(idx, total) {
     const int hp = static_cast<int>(idx / (rows * d));
     const int64_t t = idx / d % rows;
     const int c = static_cast<int>(idx % d);
@@ -216,126 +204,99 @@ __global__ void collapse_backward_dc_kernel(const T* dout, int64_t ld_dout, cons
   }
 }
 
-void check_shapes(const char* what, int64_t n_tok, int64_t H, int64_t d, int64_t P) {
-  IHA_CHECK(n_tok >= 0 && H >= 1 && d >= 1 && P >= 1, what, ": bad sizes n_tok=", n_tok, " H=", H,
-            " d=", d, " P=", P);
-  IHA_CHECK(H * P * H <= (int64_t(1) << 30) && d <= (int64_t(1) << 20), what, ": sizes too large H=", H,
-            " P=", P, " d=", d);
-}
-
-unsigned grid_for(int64_t total) {
-  return static_cast<unsigned>(std::min(kMaxBlocks, (total + kThreads - 1) / kThreads));
+// target[(e / inner) * outer_stride + offset + e % inner] += the blocks' partial sums.
+void reduce_blocks(const float* ws, const TokenBlockPlan& plan, float* target, int64_t inner, int64_t outer_stride,
+                   int64_t offset) {
+  launch("reduce_blocks_kernel", reduce_blocks_kernel, static_cast<unsigned>((plan.entries + kThreads - 1) / kThreads),
+         kThreads, 0, 0, ws, plan.blocks, static_cast<int>(plan.entries), target, static_cast<int>(inner), outer_stride,
+         offset);
 }
 
 }  // namespace
 
-template <class T>
-void mix_rope_forward_cuda(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d,
-                           int64_t P, const float* alpha, int64_t h_begin, int64_t h_end,
-                           const int64_t* vpos, const RopeSpec& rope, T* virt, int64_t head_stride,
-                           cudaStream_t stream) {
-  check_shapes("mix_rope_forward_cuda", n_tok, H, d, P);
-  IHA_CHECK(0 <= h_begin && h_begin <= h_end && h_end <= H, "mix_rope_forward_cuda: head range [",
-            h_begin, ", ", h_end, ") outside [0, ", H, ")");
-  IHA_CHECK(!rope.on || d % 2 == 0, "RoPE needs an even head dim, got ", d);
-  const int half = pair_half(d, rope.on);
-  const int64_t total = n_tok * P * half;
-  if (total == 0 || h_begin == h_end) return;
-  mix_rope_forward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
-      pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), alpha,
-      static_cast<int>(h_begin), static_cast<int>(h_end), vpos, rope, virt,
-      head_stride, half);
-  IHA_CUDA_LAUNCH_CHECK("mix_rope_forward_kernel");
+void CudaBackend::mix_rope_forward(CBuf pre_b, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
+                                   CBuf alpha_b, int64_t h_begin, int64_t h_end, const RopeRows& rope, bool rotate,
+                                   Buf virt_b, int64_t head_stride) const {
+  const char* op = "mix_rope_forward";
+  const RopeSpec spec = rope.spec(rotate);
+  const TokenBlockPlan plan = plan_mix_rope(op, n_tok, H, d, P, h_begin, h_end, spec.on);
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const A* pre = pre_b.as<A>(op);
+    const float* alpha = alpha_b.as<float>(op);
+    A* virt = virt_b.as<A>(op);
+    if (plan.elements == 0) return;
+    launch("mix_rope_forward_kernel", mix_rope_forward_kernel<A>, grid_for(plan.elements), kThreads, 0, 0, pre, ld_pre,
+           n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), alpha, static_cast<int>(h_begin),
+           static_cast<int>(h_end), rope.positions().template data<int64_t>(), spec, virt, head_stride,
+           mix_rope_pair_half(d, spec.on));
+  });
 }
 
-template <class T>
-void mix_rope_backward_cuda(const float* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre,
-                            int64_t n_tok, int64_t H, int64_t d, int64_t P, const float* alpha,
-                            int64_t h_begin, int64_t h_end, const int64_t* vpos,
-                            const RopeSpec& rope, float* dpre, int64_t ld_dpre, float* dalpha,
-                            cudaStream_t stream) {
-  check_shapes("mix_rope_backward_cuda", n_tok, H, d, P);
-  IHA_CHECK(0 <= h_begin && h_begin <= h_end && h_end <= H, "mix_rope_backward_cuda: head range [",
-            h_begin, ", ", h_end, ") outside [0, ", H, ")");
-  IHA_CHECK(!rope.on || d % 2 == 0, "RoPE needs an even head dim, got ", d);
-  if (n_tok == 0 || h_begin == h_end) return;
-  const int half = pair_half(d, rope.on);
-  const int64_t Hl = h_end - h_begin, E = H * Hl * P;
-  const int64_t nblocks = (n_tok + kTokensPerBlock - 1) / kTokensPerBlock;
-  const size_t smem = sizeof(float) * static_cast<size_t>(H * d + Hl * P * d);
-  cuda_allow_smem(reinterpret_cast<const void*>(mix_rope_backward_kernel<T>), smem,
-                  "mix_rope_backward_cuda (one token's rows)", " (reduce H, P or d)");
-  CudaScratch scratch(sizeof(float) * static_cast<size_t>(dalpha ? nblocks * E : 0), stream);
-  float* ws = scratch.as<float>();
-  mix_rope_backward_kernel<T><<<static_cast<unsigned>(nblocks), kThreads, smem, stream>>>(
-      dvirt, head_stride, pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d),
-      static_cast<int>(P), alpha, static_cast<int>(h_begin), static_cast<int>(h_end), vpos, rope, dpre, ld_dpre, ws, half);
-  IHA_CUDA_LAUNCH_CHECK("mix_rope_backward_kernel");
-  if (dalpha) {
-    reduce_blocks_kernel<<<static_cast<unsigned>((E + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-        ws, nblocks, static_cast<int>(E), dalpha, static_cast<int>(Hl * P), H * P, h_begin * P);
-    IHA_CUDA_LAUNCH_CHECK("reduce_blocks_kernel");
-  }
+void CudaBackend::mix_rope_backward(Buf dvirt_b, int64_t head_stride, CBuf pre_b, int64_t ld_pre, int64_t n_tok,
+                                    int64_t H, int64_t d, int64_t P, CBuf alpha_b, int64_t h_begin, int64_t h_end,
+                                    const RopeRows& rope, bool rotate, Buf dpre_b, int64_t ld_dpre,
+                                    Buf dalpha_b) const {
+  const char* op = "mix_rope_backward";
+  const RopeSpec spec = rope.spec(rotate);
+  const TokenBlockPlan plan = plan_mix_rope(op, n_tok, H, d, P, h_begin, h_end, spec.on);
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const A* pre = pre_b.as<A>(op);
+    const float *dvirt = dvirt_b.as<float>(op), *alpha = alpha_b.as<float>(op);
+    float *dpre = dpre_b.as<float>(op), *dalpha = dalpha_b.as_or_null<float>(op);
+    if (plan.elements == 0) return;
+    cuda_allow_smem(reinterpret_cast<const void*>(mix_rope_backward_kernel<A>), plan.smem,
+                    "mix_rope_backward (one token's rows)", " (reduce H, P or d)");
+    CudaScratch scratch(sizeof(float) * static_cast<size_t>(dalpha ? plan.blocks * plan.entries : 0), 0);
+    launch("mix_rope_backward_kernel", mix_rope_backward_kernel<A>, static_cast<unsigned>(plan.blocks), kThreads,
+           plan.smem, 0, dvirt, head_stride, pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d),
+           static_cast<int>(P), alpha, static_cast<int>(h_begin), static_cast<int>(h_end),
+           rope.positions().template data<int64_t>(), spec, dpre, ld_dpre, scratch.as<float>(),
+           mix_rope_pair_half(d, spec.on));
+    if (dalpha) reduce_blocks(scratch.as<float>(), plan, dalpha, (h_end - h_begin) * P, H * P, h_begin * P);
+  });
 }
 
-template <class T>
-void collapse_forward_cuda(const float* y, int64_t head_stride, int64_t n_tok, int64_t H,
-                           int64_t d, int64_t P, Collapse form, const float* C, T* out,
-                           int64_t ld_out, cudaStream_t stream) {
-  check_shapes("collapse_forward_cuda", n_tok, H, d, P);
-  const int64_t total = n_tok * H * d;
-  if (total == 0) return;
-  collapse_forward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
-      y, head_stride, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P),
-      form == Collapse::global, C, out, ld_out);
-  IHA_CUDA_LAUNCH_CHECK("collapse_forward_kernel");
+void CudaBackend::collapse_forward(CBuf y_b, int64_t head_stride, int64_t n_tok, int64_t H, int64_t d, int64_t P,
+                                   Collapse form, CBuf C_b, Buf out_b, int64_t ld_out) const {
+  const char* op = "collapse_forward";
+  const TokenBlockPlan plan = plan_collapse(op, n_tok, H, d, P, form == Collapse::global, false);
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const float *y = y_b.as<float>(op), *C = C_b.as<float>(op);
+    A* out = out_b.as<A>(op);
+    if (plan.elements == 0) return;
+    launch("collapse_forward_kernel", collapse_forward_kernel<A>, grid_for(plan.elements), kThreads, 0, 0, y,
+           head_stride, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), form == Collapse::global,
+           C, out, ld_out);
+  });
 }
 
-template <class T>
-void collapse_backward_cuda(const T* dout, int64_t ld_dout, const float* y, int64_t head_stride,
-                            int64_t n_tok, int64_t H, int64_t d, int64_t P, Collapse form,
-                            const float* C, T* dy, float* dC, cudaStream_t stream) {
-  check_shapes("collapse_backward_cuda", n_tok, H, d, P);
+void CudaBackend::collapse_backward(CBuf dout_b, int64_t ld_dout, CBuf y_b, int64_t head_stride, int64_t n_tok,
+                                    int64_t H, int64_t d, int64_t P, Collapse form, CBuf C_b, Buf dy_b,
+                                    Buf dC_b) const {
+  const char* op = "collapse_backward";
   const bool global = form == Collapse::global;
-  const int64_t total = H * n_tok * P * d;
-  if (total == 0) return;
-  collapse_backward_dy_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
-      dout, ld_dout, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), global, C,
-      dy, head_stride);
-  IHA_CUDA_LAUNCH_CHECK("collapse_backward_dy_kernel");
-  if (!dC) return;
-  const int64_t E = H * (global ? H * P : P);
-  const int64_t nblocks = (n_tok + kTokensPerBlock - 1) / kTokensPerBlock;
-  const size_t smem = sizeof(float) * static_cast<size_t>(H * d + H * P * d);
-  cuda_allow_smem(reinterpret_cast<const void*>(collapse_backward_dc_kernel<T>), smem,
-                  "collapse_backward_cuda (one token's rows)", " (reduce H, P or d)");
-  CudaScratch scratch(sizeof(float) * static_cast<size_t>(nblocks * E), stream);
-  float* ws = scratch.as<float>();
-  collapse_backward_dc_kernel<T><<<static_cast<unsigned>(nblocks), kThreads, smem, stream>>>(
-      dout, ld_dout, y, head_stride, n_tok, static_cast<int>(H), static_cast<int>(d),
-      static_cast<int>(P), global, ws);
-  IHA_CUDA_LAUNCH_CHECK("collapse_backward_dc_kernel");
-  reduce_blocks_kernel<<<static_cast<unsigned>((E + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      ws, nblocks, static_cast<int>(E), dC, static_cast<int>(E), 0, 0);
-  IHA_CUDA_LAUNCH_CHECK("reduce_blocks_kernel");
+  const TokenBlockPlan plan = plan_collapse(op, n_tok, H, d, P, global, true);
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const A* dout = dout_b.as<A>(op);
+    const float *y = y_b.as<float>(op), *C = C_b.as<float>(op);
+    A* dy = dy_b.as<A>(op);
+    float* dC = dC_b.as_or_null<float>(op);
+    if (plan.elements == 0) return;
+    launch("collapse_backward_dy_kernel", collapse_backward_dy_kernel<A>, grid_for(plan.elements), kThreads, 0, 0, dout,
+           ld_dout, n_tok, static_cast<int>(H), static_cast<int>(d), static_cast<int>(P), global, C, dy, head_stride);
+    if (!dC) return;
+    cuda_allow_smem(reinterpret_cast<const void*>(collapse_backward_dc_kernel<A>), plan.smem,
+                    "collapse_backward (one token's rows)", " (reduce H, P or d)");
+    CudaScratch scratch(sizeof(float) * static_cast<size_t>(plan.blocks * plan.entries), 0);
+    launch("collapse_backward_dc_kernel", collapse_backward_dc_kernel<A>, static_cast<unsigned>(plan.blocks), kThreads,
+           plan.smem, 0, dout, ld_dout, y, head_stride, n_tok, static_cast<int>(H), static_cast<int>(d),
+           static_cast<int>(P), global, scratch.as<float>());
+    reduce_blocks(scratch.as<float>(), plan, dC, plan.entries, 0, 0);
+  });
 }
-
-#define IHA_OPS_CUDA_INSTANTIATE(T)                                                              \
-  template void mix_rope_forward_cuda<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t,  \
-                                         const float*, int64_t, int64_t, const int64_t*,         \
-                                         const RopeSpec&, T*, int64_t, cudaStream_t);            \
-  template void mix_rope_backward_cuda<T>(const float*, int64_t, const T*, int64_t, int64_t,     \
-                                          int64_t, int64_t, int64_t, const float*, int64_t,      \
-                                          int64_t, const int64_t*, const RopeSpec&, float*,      \
-                                          int64_t, float*, cudaStream_t);                        \
-  template void collapse_forward_cuda<T>(const float*, int64_t, int64_t, int64_t, int64_t,       \
-                                         int64_t, Collapse, const float*, T*, int64_t,           \
-                                         cudaStream_t);                                          \
-  template void collapse_backward_cuda<T>(const T*, int64_t, const float*, int64_t, int64_t,     \
-                                          int64_t, int64_t, int64_t, Collapse, const float*, T*, \
-                                          float*, cudaStream_t);
-IHA_OPS_CUDA_INSTANTIATE(float)
-IHA_OPS_CUDA_INSTANTIATE(bf16)
-#undef IHA_OPS_CUDA_INSTANTIATE
 
 }  // namespace iha

@@ -21,10 +21,7 @@ void cuda_check(cudaError_t err, const char* what, const char* file, int line) {
 
 void cuda_launch_check(const char* kernel, const char* file, int line) {
   const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return;
-  detail::throw_error(file, line,
-                      detail::concat("CUDA error launching ", kernel, ": ", cudaGetErrorName(err),
-                                     " (", cudaGetErrorString(err), ")"));
+  if (err != cudaSuccess) cuda_check(err, detail::concat("launching ", kernel).c_str(), file, line);
 }
 
 int cuda_device_count() {
@@ -107,33 +104,14 @@ void cuda_allow_smem(const void* kernel, size_t bytes, const std::string& what, 
                                       static_cast<int>(bytes)));
 }
 
-CudaScratch::CudaScratch(size_t bytes, cudaStream_t stream) : bytes_(bytes), stream_(stream) {
-  if (bytes > 0) IHA_CUDA_CHECK(cudaMallocAsync(&p_, bytes, stream));
+CudaScratch::CudaScratch(size_t bytes, cudaStream_t stream) : p_(nullptr, Free{stream}) {
+  void* p = nullptr;
+  if (bytes > 0) IHA_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
+  p_.reset(p);
 }
 
-CudaScratch::~CudaScratch() { release(); }
-
-CudaScratch::CudaScratch(CudaScratch&& o) noexcept : p_(o.p_), bytes_(o.bytes_), stream_(o.stream_) {
-  o.p_ = nullptr;
-  o.bytes_ = 0;
-}
-
-CudaScratch& CudaScratch::operator=(CudaScratch&& o) noexcept {
-  if (this != &o) {
-    release();
-    p_ = o.p_;
-    bytes_ = o.bytes_;
-    stream_ = o.stream_;
-    o.p_ = nullptr;
-    o.bytes_ = 0;
-  }
-  return *this;
-}
-
-void CudaScratch::release() {
-  // Runs in destructors: never throws.
-  if (p_ && cudaFreeAsync(p_, stream_) != cudaSuccess) cudaGetLastError();
-  p_ = nullptr;
+void CudaScratch::Free::operator()(void* p) const {
+  if (cudaFreeAsync(p, stream) != cudaSuccess) cudaGetLastError();
 }
 
 void cuda_register_allocator() {

@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 namespace iha {
@@ -53,20 +54,15 @@ class CudaScratch {
  public:
   CudaScratch() = default;
   CudaScratch(size_t bytes, cudaStream_t stream);
-  ~CudaScratch();
-  CudaScratch(CudaScratch&& o) noexcept;
-  CudaScratch& operator=(CudaScratch&& o) noexcept;
-  CudaScratch(const CudaScratch&) = delete;
-  CudaScratch& operator=(const CudaScratch&) = delete;
   template <class T>
-  T* as() const { return static_cast<T*>(p_); }
-  size_t bytes() const { return bytes_; }
+  T* as() const { return static_cast<T*>(p_.get()); }
 
  private:
-  void release();
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-  cudaStream_t stream_ = 0;
+  struct Free {  // cudaFreeAsync on the stream of the allocation; never throws
+    cudaStream_t stream = 0;
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, Free> p_;
 };
 
 }  // namespace iha

@@ -1,6 +1,6 @@
 // The model-level ops of the backend interface (attention/backend.h): what the Transformer
 // and the Trainer run besides the IHA layer. A ModelBackend is a Backend (the same dtypes,
-// memory and kernels) plus these ops; CpuModelBackend<T> here, CudaModelBackend<A> in
+// memory and kernels) plus these ops; CpuModelBackend<T> here, CudaModelBackend in
 // backend_cuda.h (built only with IHA_CUDA).
 //
 // Dtypes as in attention/backend.h: "acc" buffers (residual stream, norm inputs, gains, logits,

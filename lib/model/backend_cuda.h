@@ -1,6 +1,8 @@
-// The CUDA model backend (built only with IHA_CUDA): the ops of model/backend.h with the
-// kernels of ops_cuda.h, on the CUDA backend of attention/backend_cuda.h (compute dtype A,
-// fp32 accumulation and masters).
+// The CUDA model backend (built only with IHA_CUDA): the ops of model/backend.h on the CUDA
+// backend of attention/backend_cuda.h, defined beside their kernels in ops_cuda.cu. fp32: the
+// residual stream, norm inputs, parameter gradients, logits, every reduction (fixed order, no
+// atomics); the compute dtype (bf16 or f32): what feeds a GEMM. The embedding gradient adds each
+// token's rows in ascending row order onto the old value, exactly as the CPU loop.
 // defines: iha::CudaModelBackend, iha::cuda_model_backend
 #pragma once
 
@@ -9,10 +11,10 @@
 
 namespace iha {
 
-template <class A>
-class CudaModelBackend final : public ModelBackend, public CudaBackend<A> {
+class CudaModelBackend final : public ModelBackend, public CudaBackend {
  public:
-  explicit CudaModelBackend(FlashCudaKernel kernel = FlashCudaKernel::automatic) : CudaBackend<A>(kernel) {}
+  explicit CudaModelBackend(DType compute, FlashCudaKernel kernel = FlashCudaKernel::automatic)
+      : CudaBackend(compute, kernel) {}
   IHA_MODEL_BACKEND_OP_OVERRIDES
   // Logit elements at a time: 2^26 (256 MiB of fp32).
   int64_t logit_rows(int64_t V) const override { return (int64_t(1) << 26) / V; }

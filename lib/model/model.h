@@ -18,7 +18,7 @@
 //   - model_math.h: the per-element formulas (SwiGLU, AdamW) shared by the CPU and GPU code.
 //   - backend.h: the model ops of the backend interface and the CPU backend; the same
 //     Transformer and Trainer run on the CUDA backend (CUDA builds only, not included here:
-//     backend_cuda.h, ops_cuda.h) with `train.device: cuda`.
+//     backend_cuda.h) with `train.device: cuda`.
 //
 // Invariants
 //   - Results do not depend on the mesh beyond summation order: float64 losses and parameters

@@ -1,6 +1,7 @@
 #include "model/ops.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -39,6 +40,22 @@ void embedding_slice_backward(const int32_t* tokens, int64_t rows, const T* dx, 
     const T* src = dx + r * D;
     for (int64_t c = 0; c < D; ++c) dst[c] += src[c];
   }
+}
+
+TokenRowGroups group_rows_by_token(const int32_t* tokens, int64_t rows, VocabSlice s) {
+  IHA_CHECK(rows >= 0 && rows <= INT32_MAX, "group_rows_by_token: ", rows, " rows");
+  TokenRowGroups g;
+  for (int64_t r = 0; r < rows; ++r)
+    if (s.holds(tokens[r])) g.order.push_back(static_cast<int32_t>(r));
+  std::stable_sort(g.order.begin(), g.order.end(), [&](int32_t a, int32_t b) { return tokens[a] < tokens[b]; });
+  const int64_t kept = static_cast<int64_t>(g.order.size());
+  for (int64_t k = 0; k < kept; ++k)
+    if (k == 0 || tokens[g.order[k]] != tokens[g.order[k - 1]]) {
+      g.seg_begin.push_back(static_cast<int32_t>(k));
+      g.seg_token.push_back(static_cast<int32_t>(tokens[g.order[k]] - s.first));
+    }
+  g.seg_begin.push_back(static_cast<int32_t>(kept));
+  return g;
 }
 
 template <class T>

@@ -9,10 +9,12 @@
 //          iha::rmsnorm_backward, iha::SwigluCache, iha::swiglu_forward, iha::swiglu_backward,
 //          iha::CrossEntropyStats, iha::cross_entropy_forward_backward, iha::VocabSlice,
 //          iha::vocab_slice, iha::embedding_slice_forward, iha::embedding_slice_backward,
-//          iha::vocab_slice_max, iha::vocab_slice_sums, iha::vocab_slice_grad
+//          iha::vocab_slice_max, iha::vocab_slice_sums, iha::vocab_slice_grad,
+//          iha::TokenRowGroups, iha::group_rows_by_token
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -36,6 +38,15 @@ void embedding_forward(const int32_t* tokens, int64_t rows, const T* table, int6
 // dtable[tokens[r]][:] += dx[r][:], rows in ascending order (a fixed summation order).
 template <class T>
 void embedding_backward(const int32_t* tokens, int64_t rows, const T* dx, int64_t D, T* dtable);
+// The rows whose token slice s holds, grouped by token, so a parallel embedding gradient (one
+// thread per distinct token and column) adds each token's rows in ascending row order, the order
+// of embedding_slice_backward: `order` is those row indices stably sorted by token; segment k is
+// order[seg_begin[k], seg_begin[k + 1]), all rows of the token at local row seg_token[k] of the
+// slice (ascending).
+struct TokenRowGroups {
+  std::vector<int32_t> order, seg_begin, seg_token;
+};
+TokenRowGroups group_rows_by_token(const int32_t* tokens, int64_t rows, VocabSlice s);
 
 // The same on a slice of the table: `table` holds the rows of slice s ([s.count, D]); a token
 // outside s (another rank's, or -1 for a padding row) gives a zero row, and adds nothing to

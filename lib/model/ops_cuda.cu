@@ -1,51 +1,28 @@
-// CUDA twins of ops.cpp and of AdamW's element loop. Row ops run one block per row with a
-// fixed-order tree reduction; column sums over rows (dg) run in two stages, chunks of rows and
+// CUDA twins of ops.cpp and of AdamW's element loop, and the CudaModelBackend ops that launch
+// them (model/backend.h semantics). Checks: token ids and targets are checked on the host before
+// they reach the device (the model does it); the kernels trust them. Row ops run one block per
+// row with a fixed-order tree reduction; column sums over rows (dg) run in two stages, chunks of rows and
 // then the chunks in ascending order, so every result is deterministic.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "core/cuda_device.h"
+#include "core/cuda_kernel.cuh"
 #include "core/error.h"
-#include "model/ops_cuda.h"
+#include "model/backend_cuda.h"
+#include "model/model_math.h"
 
 namespace iha {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int64_t kMaxGrid = 65535;
+using namespace cuda_kernel;
+
 constexpr int64_t kChunkRows = 128;  // rows per partial of a column sum
-
-unsigned grid_for(int64_t n) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(kMaxGrid, (n + kThreads - 1) / kThreads)));
-}
-
-#define IHA_GRID_STRIDE(i, n)                                                     \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
-       i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-template <class A> __device__ inline A from_f32(float x);
-template <> __device__ inline float from_f32<float>(float x) { return x; }
-template <> __device__ inline bf16 from_f32<bf16>(float x) { return bf16::from_float(x); }
-
-// Tree sum over the block (blockDim.x == kThreads), returned to every thread; `part` is
-// kThreads of shared memory. Fixed order, so the same inputs give the same bits.
-template <class T>
-__device__ T block_sum(T v, T* part) {
-  part[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
-    __syncthreads();
-  }
-  const T r = part[0];
-  __syncthreads();
-  return r;
-}
 
 __global__ void embedding_forward_kernel(const int32_t* tokens, int64_t rows, const float* table, int64_t first,
                                          int64_t count, int64_t D, float* x) {
@@ -295,164 +272,167 @@ void check_rows(const char* what, int64_t rows, int64_t D) {
 
 }  // namespace
 
-void embedding_forward_cuda(const int32_t* tokens, int64_t rows, const float* table, VocabSlice slice, int64_t D,
-                            float* x, cudaStream_t stream) {
-  check_rows("embedding_forward_cuda", rows, D);
+void CudaModelBackend::embedding_forward(CBuf tokens_b, int64_t rows, CBuf table_b, VocabSlice s, int64_t D,
+                                         Buf x_b) const {
+  const char* op = "embedding_forward";
+  check_rows(op, rows, D);
+  const int32_t* tokens = tokens_b.as<int32_t>(op);
+  const float* table = table_b.as<float>(op);
+  float* x = x_b.as<float>(op);
   if (rows == 0) return;
-  embedding_forward_kernel<<<grid_for(rows * D), kThreads, 0, stream>>>(tokens, rows, table, slice.first, slice.count,
-                                                                        D, x);
-  IHA_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
+  launch("embedding_forward_kernel", embedding_forward_kernel, grid_for(rows * D), kThreads, 0, 0, tokens, rows, table,
+         s.first, s.count, D, x);
 }
 
-EmbeddingGradPlan make_embedding_grad_plan(const int32_t* host_tokens, int64_t rows, VocabSlice slice) {
-  IHA_CHECK(rows >= 0 && rows <= INT32_MAX, "make_embedding_grad_plan: ", rows, " rows");
-  // Only the rows whose token the slice holds; segments name the slice's local row.
-  std::vector<int32_t> order;
-  for (int64_t r = 0; r < rows; ++r)
-    if (slice.holds(host_tokens[r])) order.push_back(static_cast<int32_t>(r));
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return host_tokens[a] < host_tokens[b]; });
-  const int64_t kept = static_cast<int64_t>(order.size());
-  std::vector<int32_t> begin, token;
-  for (int64_t k = 0; k < kept; ++k)
-    if (k == 0 || host_tokens[order[k]] != host_tokens[order[k - 1]]) {
-      begin.push_back(static_cast<int32_t>(k));
-      token.push_back(static_cast<int32_t>(host_tokens[order[k]] - slice.first));
-    }
-  begin.push_back(static_cast<int32_t>(kept));
-  auto upload = [](const std::vector<int32_t>& v) {
-    Tensor h({static_cast<int64_t>(v.size())}, DType::i32);
-    std::copy(v.begin(), v.end(), h.data<int32_t>());
-    return h.to(Device::cuda);
+// The rows grouped by token on the host (group_rows_by_token), uploaded once per batch: one
+// thread per (distinct token, column) then adds a token's rows in the CPU's order.
+void CudaModelBackend::embedding_backward(const int32_t* host_tokens, int64_t rows, CBuf dx_b, int64_t D,
+                                          VocabSlice s, Buf dtable_b) const {
+  const char* op = "embedding_backward";
+  check_rows(op, rows, D);
+  const float* dx = dx_b.as<float>(op);
+  float* dtable = dtable_b.as<float>(op);
+  const TokenRowGroups g = group_rows_by_token(host_tokens, rows, s);
+  const int64_t segments = static_cast<int64_t>(g.seg_token.size());
+  if (segments == 0) return;
+  auto upload = [this](std::vector<int32_t> v) {  // a copy of host memory on the device
+    return this->upload(Tensor::view(v.data(), {static_cast<int64_t>(v.size())}, DType::i32));
   };
-  EmbeddingGradPlan p;
-  p.rows = rows;
-  p.segments = static_cast<int64_t>(token.size());
-  p.order = upload(order);
-  p.seg_begin = upload(begin);
-  p.seg_token = upload(token);
-  return p;
+  const Tensor order = upload(g.order), seg_begin = upload(g.seg_begin), seg_token = upload(g.seg_token);
+  launch("embedding_backward_kernel", embedding_backward_kernel, grid_for(segments * D), kThreads, 0, 0,
+         order.data<int32_t>(), seg_begin.data<int32_t>(), seg_token.data<int32_t>(), segments, dx, D, dtable);
 }
 
-void embedding_backward_cuda(const EmbeddingGradPlan& plan, const float* dx, int64_t D, float* dtable,
-                             cudaStream_t stream) {
-  check_rows("embedding_backward_cuda", plan.rows, D);
-  if (plan.segments == 0) return;
-  embedding_backward_kernel<<<grid_for(plan.segments * D), kThreads, 0, stream>>>(
-      plan.order.data<int32_t>(), plan.seg_begin.data<int32_t>(), plan.seg_token.data<int32_t>(),
-      plan.segments, dx, D, dtable);
-  IHA_CUDA_LAUNCH_CHECK("embedding_backward_kernel");
+void CudaModelBackend::rmsnorm_forward(CBuf x_b, int64_t rows, int64_t D, CBuf g_b, double eps, Buf y_b,
+                                       Buf inv_b) const {
+  const char* op = "rmsnorm_forward";
+  check_rows(op, rows, D);
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const float *x = x_b.as<float>(op), *g = g_b.as<float>(op);
+    A* y = y_b.as<A>(op);
+    float* inv_rms = inv_b.as<float>(op);
+    if (rows == 0) return;
+    launch("rmsnorm_forward_kernel", rmsnorm_forward_kernel<A>, static_cast<unsigned>(rows), kThreads, 0, 0, x, D, g,
+           eps, y, inv_rms);
+  });
 }
 
-template <class A>
-void rmsnorm_forward_cuda(const float* x, int64_t rows, int64_t D, const float* g, double eps, A* y,
-                          float* inv_rms, cudaStream_t stream) {
-  check_rows("rmsnorm_forward_cuda", rows, D);
+void CudaModelBackend::rmsnorm_backward(CBuf x_b, CBuf dy_b, int64_t rows, int64_t D, CBuf g_b, CBuf inv_b, Buf dx_b,
+                                        Buf dg_b) const {
+  const char* op = "rmsnorm_backward";
+  check_rows(op, rows, D);
+  const float *x = x_b.as<float>(op), *dy = dy_b.as<float>(op), *g = g_b.as<float>(op), *inv = inv_b.as<float>(op);
+  float *dx = dx_b.as<float>(op), *dg = dg_b.as<float>(op);
   if (rows == 0) return;
-  rmsnorm_forward_kernel<A><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, D, g, eps, y, inv_rms);
-  IHA_CUDA_LAUNCH_CHECK("rmsnorm_forward_kernel");
-}
-
-void rmsnorm_backward_cuda(const float* x, const float* dy, int64_t rows, int64_t D, const float* g,
-                           const float* inv_rms, float* dx, float* dg, cudaStream_t stream) {
-  check_rows("rmsnorm_backward_cuda", rows, D);
-  if (rows == 0) return;
-  rmsnorm_backward_dx_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, dy, D, g, inv_rms, dx);
-  IHA_CUDA_LAUNCH_CHECK("rmsnorm_backward_dx_kernel");
+  launch("rmsnorm_backward_dx_kernel", rmsnorm_backward_dx_kernel, static_cast<unsigned>(rows), kThreads, 0, 0, x, dy,
+         D, g, inv, dx);
   // Chunks small enough for the grid's y limit; the chunk size depends on rows only.
   const int64_t chunk_rows = std::max(kChunkRows, (rows + kMaxGrid - 1) / kMaxGrid);
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
-  CudaScratch ws(static_cast<size_t>(chunks * D) * sizeof(float), stream);
+  CudaScratch ws(static_cast<size_t>(chunks * D) * sizeof(float), 0);
   const dim3 grid(static_cast<unsigned>((D + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
-  rmsnorm_dg_partial_kernel<<<grid, kThreads, 0, stream>>>(x, dy, rows, D, inv_rms, chunk_rows, ws.as<float>());
-  IHA_CUDA_LAUNCH_CHECK("rmsnorm_dg_partial_kernel");
-  reduce_chunks_kernel<<<grid_for(D), kThreads, 0, stream>>>(ws.as<float>(), chunks, D, dg);
-  IHA_CUDA_LAUNCH_CHECK("reduce_chunks_kernel");
+  launch("rmsnorm_dg_partial_kernel", rmsnorm_dg_partial_kernel, grid, kThreads, 0, 0, x, dy, rows, D, inv,
+         chunk_rows, ws.as<float>());
+  launch("reduce_chunks_kernel", reduce_chunks_kernel, grid_for(D), kThreads, 0, 0, ws.as<float>(), chunks, D, dg);
 }
 
-template <class A>
-void swiglu_act_forward_cuda(const float* gate, const float* up, int64_t n, A* h, cudaStream_t stream) {
-  if (n <= 0) return;
-  swiglu_act_forward_kernel<A><<<grid_for(n), kThreads, 0, stream>>>(gate, up, n, h);
-  IHA_CUDA_LAUNCH_CHECK("swiglu_act_forward_kernel");
+void CudaModelBackend::swiglu_act_forward(CBuf gate_b, CBuf up_b, int64_t n, Buf h_b) const {
+  const char* op = "swiglu_act_forward";
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const float *gate = gate_b.as<float>(op), *up = up_b.as<float>(op);
+    A* h = h_b.as<A>(op);
+    if (n <= 0) return;
+    launch("swiglu_act_forward_kernel", swiglu_act_forward_kernel<A>, grid_for(n), kThreads, 0, 0, gate, up, n, h);
+  });
 }
 
-template <class A>
-void swiglu_act_backward_cuda(const float* gate, const float* up, const float* dh, int64_t n, A* dgate, A* dup,
-                              cudaStream_t stream) {
-  if (n <= 0) return;
-  swiglu_act_backward_kernel<A><<<grid_for(n), kThreads, 0, stream>>>(gate, up, dh, n, dgate, dup);
-  IHA_CUDA_LAUNCH_CHECK("swiglu_act_backward_kernel");
+void CudaModelBackend::swiglu_act_backward(CBuf gate_b, CBuf up_b, CBuf dh_b, int64_t n, Buf dgate_b,
+                                           Buf dup_b) const {
+  const char* op = "swiglu_act_backward";
+  with_compute_type(compute_, [&](auto* tag) {
+    using A = std::remove_pointer_t<decltype(tag)>;
+    const float *gate = gate_b.as<float>(op), *up = up_b.as<float>(op), *dh = dh_b.as<float>(op);
+    A *dgate = dgate_b.as<A>(op), *dup = dup_b.as<A>(op);
+    if (n <= 0) return;
+    launch("swiglu_act_backward_kernel", swiglu_act_backward_kernel<A>, grid_for(n), kThreads, 0, 0, gate, up, dh,
+           n, dgate, dup);
+  });
 }
 
-void cross_entropy_cuda(float* logits, int64_t rows, int64_t V, const int32_t* targets, const uint8_t* answer,
-                        double grad_scale, double* row_loss, int32_t* row_flags, cudaStream_t stream) {
-  check_rows("cross_entropy_cuda", rows, V);
-  if (rows == 0) return;
-  cross_entropy_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, V, targets, answer,
-                                                                            grad_scale, row_loss, row_flags);
-  IHA_CUDA_LAUNCH_CHECK("cross_entropy_kernel");
-}
-
-CrossEntropyStats cross_entropy_stats_cuda(const double* row_loss, const int32_t* row_flags, int64_t rows,
-                                           cudaStream_t stream) {
-  CrossEntropyStats s;
-  if (rows == 0) return s;
-  CudaScratch out(6 * sizeof(double), stream);
-  cross_entropy_stats_kernel<<<1, kThreads, 0, stream>>>(row_loss, row_flags, rows, out.as<double>());
-  IHA_CUDA_LAUNCH_CHECK("cross_entropy_stats_kernel");
+// Per row the kernel writes the loss and flags (bit 0 has a target, bit 1 arg-max hit, bit 2
+// answer row); the statistics kernel sums them in ascending row order.
+CrossEntropyStats CudaModelBackend::cross_entropy(Buf logits_b, int64_t rows, int64_t V, CBuf targets_b,
+                                                  CBuf answer_b, double grad_scale) const {
+  const char* op = "cross_entropy";
+  check_rows(op, rows, V);
+  float* logits = logits_b.as<float>(op);
+  const int32_t* targets = targets_b.as<int32_t>(op);
+  const uint8_t* answer = answer_b ? answer_b.as<uint8_t>(op) : nullptr;
+  if (rows == 0) return {};
+  Tensor row_loss = alloc({rows}, DType::f64), row_flags = alloc({rows}, DType::i32);
+  launch("cross_entropy_kernel", cross_entropy_kernel, static_cast<unsigned>(rows), kThreads, 0, 0, logits, V, targets,
+         answer, grad_scale, row_loss.data<double>(), row_flags.data<int32_t>());
+  CudaScratch out(6 * sizeof(double), 0);
+  launch("cross_entropy_stats_kernel", cross_entropy_stats_kernel, 1, kThreads, 0, 0, row_loss.data<double>(),
+         row_flags.data<int32_t>(), rows, out.as<double>());
   double h[6];
-  IHA_CUDA_CHECK(cudaMemcpyAsync(h, out.as<double>(), sizeof h, cudaMemcpyDeviceToHost, stream));
-  IHA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  s.loss_sum = h[0];
-  s.count = static_cast<int64_t>(h[1]);
-  s.correct = static_cast<int64_t>(h[2]);
-  s.answer_loss_sum = h[3];
-  s.answer_count = static_cast<int64_t>(h[4]);
-  s.answer_correct = static_cast<int64_t>(h[5]);
-  return s;
+  IHA_CUDA_CHECK(cudaMemcpyAsync(h, out.as<double>(), sizeof h, cudaMemcpyDeviceToHost, 0));
+  IHA_CUDA_CHECK(cudaStreamSynchronize(0));
+  const auto n = [&](int k) { return static_cast<int64_t>(h[k]); };
+  return {h[0], n(1), n(2), h[3], n(4), n(5)};
 }
 
-void vocab_slice_max_cuda(const float* logits, int64_t rows, int64_t count, double* row_max, cudaStream_t stream) {
-  check_rows("vocab_slice_max_cuda", rows, count);
+// The parallel cross-entropy's passes on a vocabulary slice's logits [rows, count] (fp32, sums in
+// f64): twins of vocab_slice_max, vocab_slice_sums, vocab_slice_grad (ops.h).
+void CudaModelBackend::vocab_slice_max(CBuf logits_b, int64_t rows, int64_t count, Buf row_max_b) const {
+  const char* op = "vocab_slice_max";
+  check_rows(op, rows, count);
+  const float* logits = logits_b.as<float>(op);
+  double* row_max = row_max_b.as<double>(op);
   if (rows == 0) return;
-  vocab_slice_max_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, count, row_max);
-  IHA_CUDA_LAUNCH_CHECK("vocab_slice_max_kernel");
+  launch("vocab_slice_max_kernel", vocab_slice_max_kernel, static_cast<unsigned>(rows), kThreads, 0, 0, logits, count,
+         row_max);
 }
 
-void vocab_slice_sums_cuda(const float* logits, int64_t rows, VocabSlice slice, const int32_t* targets,
-                           const double* row_max, double* sums, double* first, cudaStream_t stream) {
-  check_rows("vocab_slice_sums_cuda", rows, slice.count);
+void CudaModelBackend::vocab_slice_sums(CBuf logits_b, int64_t rows, VocabSlice s, CBuf targets_b, CBuf row_max_b,
+                                        Buf sums_b, Buf first_b) const {
+  const char* op = "vocab_slice_sums";
+  check_rows(op, rows, s.count);
+  const float* logits = logits_b.as<float>(op);
+  const int32_t* targets = targets_b.as<int32_t>(op);
+  const double* row_max = row_max_b.as<double>(op);
+  double *sums = sums_b.as<double>(op), *first = first_b.as<double>(op);
   if (rows == 0) return;
-  vocab_slice_sums_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, slice.first, slice.count,
-                                                                               targets, row_max, sums, first);
-  IHA_CUDA_LAUNCH_CHECK("vocab_slice_sums_kernel");
+  launch("vocab_slice_sums_kernel", vocab_slice_sums_kernel, static_cast<unsigned>(rows), kThreads, 0, 0, logits,
+         s.first, s.count, targets, row_max, sums, first);
 }
 
-void vocab_slice_grad_cuda(float* logits, int64_t rows, VocabSlice slice, const int32_t* targets, const double* lse,
-                           double grad_scale, cudaStream_t stream) {
-  check_rows("vocab_slice_grad_cuda", rows, slice.count);
+void CudaModelBackend::vocab_slice_grad(Buf logits_b, int64_t rows, VocabSlice s, CBuf targets_b, CBuf lse_b,
+                                        double grad_scale) const {
+  const char* op = "vocab_slice_grad";
+  check_rows(op, rows, s.count);
+  float* logits = logits_b.as<float>(op);
+  const int32_t* targets = targets_b.as<int32_t>(op);
+  const double* lse = lse_b.as<double>(op);
   if (rows == 0) return;
-  vocab_slice_grad_kernel<<<grid_for(rows * slice.count), kThreads, 0, stream>>>(logits, rows, slice.first,
-                                                                                 slice.count, targets, lse, grad_scale);
-  IHA_CUDA_LAUNCH_CHECK("vocab_slice_grad_kernel");
+  launch("vocab_slice_grad_kernel", vocab_slice_grad_kernel, grid_for(rows * s.count), kThreads, 0, 0, logits, rows,
+         s.first, s.count, targets, lse, grad_scale);
 }
 
-void adamw_update_cuda(const AdamWStep<float>& step, bool decay, float* p, const float* g, float* m, float* v,
-                       int64_t n, cudaStream_t stream) {
+void CudaModelBackend::adamw(const OptimConfig& c, int64_t t, double lr, bool decay, Buf p_b, CBuf g_b, Buf m_b,
+                             Buf v_b, int64_t n) const {
+  const char* op = "adamw";
+  float *p = p_b.as<float>(op), *m = m_b.as<float>(op), *v = v_b.as<float>(op);
+  const float* g = g_b.as<float>(op);
   if (n <= 0) return;
-  adamw_kernel<<<grid_for(n), kThreads, 0, stream>>>(step, decay, p, g, m, v, n);
-  IHA_CUDA_LAUNCH_CHECK("adamw_kernel");
+  launch("adamw_kernel", adamw_kernel, grid_for(n), kThreads, 0, 0, adamw_step<float>(c, t, lr), decay, p, g, m, v,
+         n);
 }
 
-#define IHA_MODEL_OPS_CUDA(A)                                                                     \
-  template void rmsnorm_forward_cuda<A>(const float*, int64_t, int64_t, const float*, double, A*, \
-                                        float*, cudaStream_t);                                    \
-  template void swiglu_act_forward_cuda<A>(const float*, const float*, int64_t, A*, cudaStream_t); \
-  template void swiglu_act_backward_cuda<A>(const float*, const float*, const float*, int64_t, A*, \
-                                            A*, cudaStream_t);
-IHA_MODEL_OPS_CUDA(float)
-IHA_MODEL_OPS_CUDA(bf16)
-#undef IHA_MODEL_OPS_CUDA
+std::shared_ptr<const ModelBackend> cuda_model_backend(DType compute, FlashCudaKernel kernel) {
+  return std::make_shared<const CudaModelBackend>(compute, kernel);
+}
 
 }  // namespace iha

@@ -1,18 +1,18 @@
 // NCCL implementation of the Communicator over device memory (see nccl_comm.h).
 #include "parallel/nccl_comm.h"
-#include "parallel/staged_comm.h"
 
-#include <mpi.h>
 #include <nccl.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/cuda_device.h"
 #include "core/error.h"
-#include "parallel/mpi_handle.h"
+#include "parallel/host_staging.h"
+#include "parallel/placement.h"
 
 namespace iha {
 
@@ -46,28 +46,43 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-bool is_device_pointer(const void* p) {
+cudaMemoryType memory_type(const void* p) {
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
+    cudaGetLastError();  // a plain host pointer is an answer, not a sticky error
+    return cudaMemoryTypeUnregistered;
   }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  return a.type;
 }
 
-class Event {
- public:
-  Event() { IHA_CUDA_CHECK(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming)); }
-  ~Event() {
-    if (cudaEventDestroy(ev_) != cudaSuccess) cudaGetLastError();
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return ev_; }
+bool is_device_pointer(const void* p) {
+  const cudaMemoryType t = memory_type(p);
+  return t == cudaMemoryTypeDevice || t == cudaMemoryTypeManaged;
+}
 
- private:
-  cudaEvent_t ev_ = nullptr;
+// Host staging's view of CUDA memory: device (not managed) buffers are copied, synchronously
+// after the work queued on the legacy default stream.
+DeviceMemory cuda_memory() {
+  DeviceMemory m;
+  m.device = Device::cuda;
+  m.is_device = [](const void* p) { return memory_type(p) == cudaMemoryTypeDevice; };
+  m.to_host = [](void* h, const void* d, size_t n) { IHA_CUDA_CHECK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); };
+  m.to_device = [](void* d, const void* h, size_t n) { IHA_CUDA_CHECK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)); };
+  return m;
+}
+
+struct EventDestroy {
+  void operator()(cudaEvent_t e) const {
+    if (cudaEventDestroy(e) != cudaSuccess) cudaGetLastError();  // runs in destructors
+  }
 };
+using Event = std::unique_ptr<CUevent_st, EventDestroy>;
+
+Event make_event() {
+  cudaEvent_t e = nullptr;
+  IHA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return Event(e);
+}
 
 // Waits for `done` while watching the communicator for asynchronous NCCL errors (a failed peer
 // must not leave this rank blocked in cudaEventSynchronize forever).
@@ -104,7 +119,7 @@ class NcclGroup {
 
 class NcclPending final : public PendingExchange {
  public:
-  NcclPending(std::unique_ptr<Event> done, cudaStream_t compute, ncclComm_t comm,
+  NcclPending(Event done, cudaStream_t compute, ncclComm_t comm,
               std::shared_ptr<CommCounters> counters, std::string site)
       : done_(std::move(done)), compute_(compute), comm_(comm), counters_(std::move(counters)),
         site_(std::move(site)) {}
@@ -119,14 +134,14 @@ class NcclPending final : public PendingExchange {
   void wait() override {
     if (finished_) return;
     const auto t0 = std::chrono::steady_clock::now();
-    wait_event(done_->get(), comm_, site_.c_str());
+    wait_event(done_.get(), comm_, site_.c_str());
     // Host time blocked here: communication the caller's work did not hide (as MPI counts it).
     counters_->add_wait(site_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     finish();
   }
   bool test() override {
     if (finished_) return true;
-    const cudaError_t q = cudaEventQuery(done_->get());
+    const cudaError_t q = cudaEventQuery(done_.get());
     if (q == cudaErrorNotReady) return false;
     IHA_CUDA_CHECK(q);
     finish();
@@ -135,10 +150,10 @@ class NcclPending final : public PendingExchange {
 
  private:
   void finish() {
-    IHA_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_->get(), 0));
+    IHA_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_.get(), 0));
     finished_ = true;
   }
-  std::unique_ptr<Event> done_;
+  Event done_;
   cudaStream_t compute_;
   ncclComm_t comm_;
   std::shared_ptr<CommCounters> counters_;
@@ -169,7 +184,6 @@ class NcclComm final : public NcclCommunicator {
   int size() const override { return size_; }
   void set_compute_stream(cudaStream_t s) override { compute_ = s; }
   cudaStream_t compute_stream() const override { return compute_; }
-  cudaStream_t comm_stream() const override { return comm_stream_; }
   int cuda_device() const override { return dev_; }
 
   std::unique_ptr<PendingExchange> start_exchange(const std::vector<SendOp>& sends,
@@ -213,75 +227,47 @@ class NcclComm final : public NcclCommunicator {
     return pending(site);
   }
 
+  // The reductions and gathers exist blocking (host buffers staged) and non-blocking (device
+  // buffers only); each posts the one NCCL call below and counts the same bus bytes.
+  void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, const std::string& site) override {
+    check_reducible(dt, "all_reduce");
+    const size_t bytes = checked_bytes(count, dt, site);
+    blocking(buf, bytes, buf, bytes, site, post_all_reduce(count, dt, op));
+    counters_->add(site, bus_bytes(2, static_cast<int64_t>(bytes)));
+  }
   std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count, DType dt, ReduceOp op,
                                                     const std::string& site) override {
     check_reducible(dt, "all_reduce");
     const size_t bytes = checked_bytes(count, dt, site);
-    check_device_buffer(buf, bytes, site, "all-reduce");
-    wait_for_compute();
-    if (count > 0)
-      nccl_check(ncclAllReduce(buf, buf, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), comm_,
-                               comm_stream_), "ncclAllReduce");
+    auto done = nonblocking(buf, bytes, buf, bytes, site, post_all_reduce(count, dt, op));
     counters_->add(site, bus_bytes(2, static_cast<int64_t>(bytes)));
-    return pending(site);
+    return done;
   }
-
-  void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, const std::string& site) override {
-    check_reducible(dt, "all_reduce");
-    const size_t bytes = checked_bytes(count, dt, site);
-    blocking(buf, bytes, buf, bytes, site, [&](void* in, void* out) {
-      nccl_check(ncclAllReduce(in, out, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), comm_,
-                               comm_stream_), "ncclAllReduce");
-    });
-    counters_->add(site, bus_bytes(2, static_cast<int64_t>(bytes)));
-  }
-
   void all_gather(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
     const size_t bytes = checked_bytes(count, dt, site);
-    blocking(send, bytes, recv, bytes * size_, site, [&](void* in, void* out) {
-      nccl_check(ncclAllGather(in, out, static_cast<size_t>(count), nccl_type(dt), comm_, comm_stream_),
-                 "ncclAllGather");
-    });
+    blocking(send, bytes, recv, bytes * size_, site, post_all_gather(count, dt));
     counters_->add(site, bus_bytes(1, static_cast<int64_t>(bytes) * size_));
   }
-
+  std::unique_ptr<PendingExchange> start_all_gather(const void* send, void* recv, int64_t count, DType dt,
+                                                    const std::string& site) override {
+    const size_t bytes = checked_bytes(count, dt, site);
+    auto done = nonblocking(send, bytes, recv, bytes * size_, site, post_all_gather(count, dt));
+    counters_->add(site, bus_bytes(1, static_cast<int64_t>(bytes) * size_));
+    return done;
+  }
   void reduce_scatter(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
     check_reducible(dt, "reduce_scatter");
     const size_t bytes = checked_bytes(count, dt, site);
-    blocking(send, bytes * size_, recv, bytes, site, [&](void* in, void* out) {
-      nccl_check(ncclReduceScatter(in, out, static_cast<size_t>(count), nccl_type(dt), ncclSum, comm_,
-                                   comm_stream_), "ncclReduceScatter");
-    });
+    blocking(send, bytes * size_, recv, bytes, site, post_reduce_scatter(count, dt));
     counters_->add(site, bus_bytes(1, static_cast<int64_t>(bytes) * size_));
   }
-
-  std::unique_ptr<PendingExchange> start_all_gather(const void* send, void* recv, int64_t count, DType dt,
-                                                    const std::string& site) override {
-    IHA_CHECK(count >= 0, site, ": negative element count ", count);
-    const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
-    check_device_buffer(send, bytes, site, "all-gather send");
-    check_device_buffer(recv, bytes * size_, site, "all-gather receive");
-    wait_for_compute();
-    if (count > 0)
-      nccl_check(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(dt), comm_, comm_stream_),
-                 "ncclAllGather");
-    counters_->add(site, bus_bytes(1, static_cast<int64_t>(bytes) * size_));
-    return pending(site);
-  }
-
   std::unique_ptr<PendingExchange> start_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
                                                         const std::string& site) override {
-    IHA_CHECK(dt != DType::bf16, "reduce_scatter on bf16 is not supported (reduce in f32)");
-    IHA_CHECK(count >= 0, site, ": negative element count ", count);
-    const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
-    check_device_buffer(send, bytes * size_, site, "reduce-scatter send");
-    check_device_buffer(recv, bytes, site, "reduce-scatter receive");
-    wait_for_compute();
-    if (count > 0)
-      nccl_check(ncclReduceScatter(send, recv, static_cast<size_t>(count), nccl_type(dt), ncclSum, comm_,
-                                   comm_stream_), "ncclReduceScatter");
+    check_reducible(dt, "reduce_scatter");
+    const size_t bytes = checked_bytes(count, dt, site);
+    auto done = nonblocking(send, bytes * size_, recv, bytes, site, post_reduce_scatter(count, dt));
     counters_->add(site, bus_bytes(1, static_cast<int64_t>(bytes) * size_));
-    return pending(site);
+    return done;
   }
 
   void all_to_all(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
@@ -394,10 +380,41 @@ class NcclComm final : public NcclCommunicator {
     finish_sync(site);
   }
 
+  // A non-blocking collective from `send` (in_bytes) to `recv` (out_bytes), device buffers only:
+  // post(in, out) is enqueued after the compute stream's work; wait() on the handle completes it.
+  template <class Post>
+  std::unique_ptr<PendingExchange> nonblocking(const void* send, size_t in_bytes, void* recv, size_t out_bytes,
+                                               const std::string& site, Post post) {
+    check_device_buffer(send, in_bytes, site, "send");
+    check_device_buffer(recv, out_bytes, site, "receive");
+    wait_for_compute();
+    if (in_bytes > 0 || out_bytes > 0) post(const_cast<void*>(send), recv);
+    return pending(site);
+  }
+
+  std::function<void(void*, void*)> post_all_reduce(int64_t count, DType dt, ReduceOp op) {
+    return [=](void* in, void* out) {
+      nccl_check(ncclAllReduce(in, out, static_cast<size_t>(count), nccl_type(dt), nccl_op(op), comm_, comm_stream_),
+                 "ncclAllReduce");
+    };
+  }
+  std::function<void(void*, void*)> post_all_gather(int64_t count, DType dt) {
+    return [=](void* in, void* out) {
+      nccl_check(ncclAllGather(in, out, static_cast<size_t>(count), nccl_type(dt), comm_, comm_stream_),
+                 "ncclAllGather");
+    };
+  }
+  std::function<void(void*, void*)> post_reduce_scatter(int64_t count, DType dt) {
+    return [=](void* in, void* out) {
+      nccl_check(ncclReduceScatter(in, out, static_cast<size_t>(count), nccl_type(dt), ncclSum, comm_, comm_stream_),
+                 "ncclReduceScatter");
+    };
+  }
+
   // Completion handle of what was just enqueued on the communication stream.
   std::unique_ptr<PendingExchange> pending(const std::string& site) {
-    auto done = std::make_unique<Event>();
-    IHA_CUDA_CHECK(cudaEventRecord(done->get(), comm_stream_));
+    Event done = make_event();
+    IHA_CUDA_CHECK(cudaEventRecord(done.get(), comm_stream_));
     return std::make_unique<NcclPending>(std::move(done), compute_, comm_, counters_, site);
   }
 
@@ -423,34 +440,15 @@ class NcclComm final : public NcclCommunicator {
   int dev_ = 0, rank_ = 0, size_ = 1;
   cudaStream_t comm_stream_ = nullptr;
   cudaStream_t compute_ = 0;
-  Event compute_ready_, comm_done_;
+  Event compute_ready_ = make_event(), comm_done_ = make_event();
   void* stage_ = nullptr;
   size_t stage_bytes_ = 0;
 };
 
-struct NodePlacement {
-  int local_rank = 0, local_size = 1;
-};
-
-NodePlacement node_placement(Communicator& mpi_world) {
-  MPI_Comm world = mpi_handle(mpi_world);
-  MPI_Comm node;
-  IHA_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, mpi_world.rank(), MPI_INFO_NULL, &node) ==
-                MPI_SUCCESS, "MPI_Comm_split_type failed");
-  NodePlacement p;
-  MPI_Comm_rank(node, &p.local_rank);
-  MPI_Comm_size(node, &p.local_size);
-  MPI_Comm_free(&node);
-  return p;
-}
-
 }  // namespace
 
 bool every_rank_has_own_gpu(Communicator& mpi_world) {
-  const NodePlacement p = node_placement(mpi_world);
-  int64_t ok = p.local_size <= cuda_device_count() ? 1 : 0;
-  mpi_world.all_reduce(&ok, 1, DType::i64, ReduceOp::min, "nccl.placement");
-  return ok == 1;
+  return every_rank_has_own_device(mpi_world, cuda_device_count());
 }
 
 std::shared_ptr<NcclCommunicator> make_nccl_world(Communicator& mpi_world) {
@@ -474,14 +472,10 @@ std::shared_ptr<NcclCommunicator> make_nccl_world(Communicator& mpi_world) {
 }
 
 std::shared_ptr<Communicator> make_device_world(std::shared_ptr<Communicator> mpi_world) {
-  const int gpus = cuda_device_count();
-  collective_check(*mpi_world, [&] {
-    IHA_CONFIG_CHECK(gpus > 0, "device cuda: rank ", mpi_world->rank(), " sees no usable GPU");
-  });
-  if (every_rank_has_own_gpu(*mpi_world)) return make_nccl_world(*mpi_world);
-  const NodePlacement p = node_placement(*mpi_world);
-  collective_check(*mpi_world, [&] { IHA_CUDA_CHECK(cudaSetDevice(p.local_rank % gpus)); });
-  return make_host_staged_communicator(std::move(mpi_world));
+  const DevicePlacement p = place_on_devices(*mpi_world, cuda_device_count());
+  if (p.own) return make_nccl_world(*mpi_world);
+  collective_check(*mpi_world, [&] { IHA_CUDA_CHECK(cudaSetDevice(p.device)); });
+  return make_host_staged_communicator(std::move(mpi_world), cuda_memory());
 }
 
 }  // namespace iha

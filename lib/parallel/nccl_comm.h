@@ -46,7 +46,6 @@ class NcclCommunicator : public Communicator {
   // The stream whose work a transfer must wait for, and that waits for a transfer's end.
   virtual void set_compute_stream(cudaStream_t stream) = 0;
   virtual cudaStream_t compute_stream() const = 0;
-  virtual cudaStream_t comm_stream() const = 0;
   // The CUDA device of this rank.
   virtual int cuda_device() const = 0;
 };
@@ -62,7 +61,7 @@ bool every_rank_has_own_gpu(Communicator& mpi_world);
 
 // The device communicator of a GPU run (collective over mpi_world, which must be MPI-backed):
 // NCCL when every node has a GPU per rank, else host staging over mpi_world
-// (staged_comm.h) with GPU = node-local rank mod the node's GPU count, so tests and small runs
+// (host_staging.h) with GPU = node-local rank mod the node's GPU count, so tests and small runs
 // work with several ranks on one GPU. Selects this rank's GPU. Throws on every rank if any
 // rank sees no GPU.
 std::shared_ptr<Communicator> make_device_world(std::shared_ptr<Communicator> mpi_world);

@@ -13,9 +13,12 @@
 //   - shard_layout.h: how sharded state (optim.zero) splits a flat buffer of tensors into
 //     per-rank shards (ShardLayout).
 //   - mpi_handle.h (not included here): the raw MPI_Comm of a communicator, for parallel HDF5.
-//   - nccl_comm.h, staged_comm.h (CUDA builds only, not included here): the NCCL Communicator
-//     over device memory, a drop-in for the MPI one, one rank per GPU; and MPI with host
-//     staging for device buffers when ranks share a GPU.
+//   - placement.h (not included here): node-local ranks and their devices (one each, or shared).
+//   - host_staging.h (not included here): a communicator of device buffers over a host one
+//     (copies around each call), for ranks that share a GPU.
+//   - nccl_comm.h (CUDA builds only, not included here): the NCCL Communicator over device
+//     memory, a drop-in for the MPI one, one rank per GPU; make_device_world picks NCCL or
+//     host staging.
 //
 // Invariants
 //   - Every rank of a group calls the same collectives in the same order.

@@ -470,11 +470,6 @@ TEST_P(BackendOps, FlashGroupedQueryHeads) {
     const Tensor Q = put(q, ct()), K = put(k, ct()), V = put(v, ct()), G = put(dout, ct());
     const Tensor qp = put_i64(qpos), kp = put_i64(kpos);
     Tensor O = be_->alloc_acc({Hh * nq * d}), L = be_->alloc_acc({Hh * nq});
-    if (be_->device() != Device::cpu) {
-      // The CUDA kernels pair query head h with key/value head h: grouped heads are refused.
-      EXPECT_THROW(be_->flash_forward(mask, d, Hh, Q, qp, nq, K, V, kp, nk, O, L, group), Error);
-      continue;
-    }
     be_->flash_forward(mask, d, Hh, Q, qp, nq, K, V, kp, nk, O, L, group);
     EXPECT_TRUE(close_normwise(get(O), o_ref, tau(at()), "grouped flash o"));
     Tensor drow = be_->alloc_acc({Hh * nq});

@@ -9,7 +9,7 @@
 #include <numeric>
 #include <string>
 
-#include "attention/flash_cuda.h"
+#include "attention/backend_cuda.h"
 #include "attention/merge.h"
 #include "cuda_test_util.h"
 #include "reference/naive_attention.h"
@@ -103,14 +103,10 @@ DeviceResult run_device(const Problem& p, FlashCudaKernel kernel, const std::vec
   Tensor dqd = test::to_device(std::vector<double>(H * nq * d, grad_init), DType::f32);
   Tensor dkd = test::to_device(std::vector<double>(H * nk * d, grad_init), DType::f32);
   Tensor dvd = test::to_device(std::vector<double>(H * nk * d, grad_init), DType::f32);
-  flash_forward_cuda<T>(p.mask, d, H, qd.data<T>(), qpd.data<int64_t>(), nq, kd.data<T>(),
-                        vd.data<T>(), kpd.data<int64_t>(), nk, od.data<float>(), lsed.data<float>(),
-                        0, kernel);
-  flash_drow_cuda<T>(od.data<float>(), gd.data<T>(), H * nq, d, drowd.data<float>());
-  flash_backward_cuda<T>(p.mask, d, H, qd.data<T>(), qpd.data<int64_t>(), nq, kd.data<T>(),
-                         vd.data<T>(), kpd.data<int64_t>(), nk, gd.data<T>(), lsed.data<float>(),
-                         drowd.data<float>(), dqd.data<float>(), dkd.data<float>(), dvd.data<float>(),
-                         0, kernel);
+  const CudaBackend be(dt, kernel);
+  be.flash_forward(p.mask, d, H, qd, qpd, nq, kd, vd, kpd, nk, od, lsed);
+  be.flash_drow(od, gd, H * nq, d, drowd);
+  be.flash_backward(p.mask, d, H, qd, qpd, nq, kd, vd, kpd, nk, gd, lsed, drowd, dqd, dkd, dvd);
   IHA_CUDA_CHECK(cudaDeviceSynchronize());
   DeviceResult r{test::from_device(od), test::from_device(lsed), test::from_device(drowd),
                  test::from_device(dqd), test::from_device(dkd), test::from_device(dvd)};
@@ -249,7 +245,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, FlashCudaSweep, ::testing::ValuesIn(sweep_para
                            return std::string(info.param.variant.name) + "_" + mask_name(info.param.mask);
                          });
 
-// Attention over K1 merged with attention over K2 (merge_partial_cuda) equals attention over
+// Attention over K1 merged with attention over K2 (merge_partial) equals attention over
 // K1 u K2; the backward over the two blocks with the merged lse equals the full backward.
 // Rows empty in one block, in the other, and in both occur.
 TEST(FlashCuda, MergedPartialsEqualUnion) {
@@ -298,33 +294,17 @@ TEST(FlashCuda, MergedPartialsEqualUnion) {
       Tensor drow({H * nq}, DType::f32, Device::cuda), dq({H * nq * d}, DType::f32, Device::cuda);
       Tensor dk1({H * n1 * d}, DType::f32, Device::cuda), dv1({H * n1 * d}, DType::f32, Device::cuda);
       Tensor dk2({H * n2 * d}, DType::f32, Device::cuda), dv2({H * n2 * d}, DType::f32, Device::cuda);
+      const CudaBackend be(dt, var.kernel);
       auto fwd = [&](const Tensor& kk, const Tensor& vv, const Tensor& kp, int64_t nk, Tensor& oo, Tensor& ll) {
-        if (dt == DType::f32)
-          flash_forward_cuda<float>(mask, d, H, qd.data<float>(), qpd.data<int64_t>(), nq, kk.data<float>(),
-                                    vv.data<float>(), kp.data<int64_t>(), nk, oo.data<float>(),
-                                    ll.data<float>(), 0, var.kernel);
-        else
-          flash_forward_cuda<bf16>(mask, d, H, qd.data<bf16>(), qpd.data<int64_t>(), nq, kk.data<bf16>(),
-                                   vv.data<bf16>(), kp.data<int64_t>(), nk, oo.data<float>(),
-                                   ll.data<float>(), 0, var.kernel);
+        be.flash_forward(mask, d, H, qd, qpd, nq, kk, vv, kp, nk, oo, ll);
       };
       auto bwd = [&](const Tensor& kk, const Tensor& vv, const Tensor& kp, int64_t nk, Tensor& dkk, Tensor& dvv) {
-        if (dt == DType::f32)
-          flash_backward_cuda<float>(mask, d, H, qd.data<float>(), qpd.data<int64_t>(), nq, kk.data<float>(),
-                                     vv.data<float>(), kp.data<int64_t>(), nk, gd.data<float>(),
-                                     lse.data<float>(), drow.data<float>(), dq.data<float>(),
-                                     dkk.data<float>(), dvv.data<float>(), 0, var.kernel);
-        else
-          flash_backward_cuda<bf16>(mask, d, H, qd.data<bf16>(), qpd.data<int64_t>(), nq, kk.data<bf16>(),
-                                    vv.data<bf16>(), kp.data<int64_t>(), nk, gd.data<bf16>(),
-                                    lse.data<float>(), drow.data<float>(), dq.data<float>(),
-                                    dkk.data<float>(), dvv.data<float>(), 0, var.kernel);
+        be.flash_backward(mask, d, H, qd, qpd, nq, kk, vv, kp, nk, gd, lse, drow, dq, dkk, dvv);
       };
       fwd(k1d, v1d, k1pd, n1, o, lse);
       fwd(k2d, v2d, k2pd, n2, o2, lse2);
-      merge_partial_cuda(o.data<float>(), lse.data<float>(), o2.data<float>(), lse2.data<float>(), H * nq, d);
-      if (dt == DType::f32) flash_drow_cuda<float>(o.data<float>(), gd.data<float>(), H * nq, d, drow.data<float>());
-      else flash_drow_cuda<bf16>(o.data<float>(), gd.data<bf16>(), H * nq, d, drow.data<float>());
+      be.merge_partial(o, lse, o2, lse2, H * nq, d);
+      be.flash_drow(o, gd, H * nq, d, drow);
       bwd(k1d, v1d, k1pd, n1, dk1, dv1);
       bwd(k2d, v2d, k2pd, n2, dk2, dv2);
       IHA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -350,7 +330,7 @@ TEST(FlashCuda, MergedPartialsEqualUnion) {
   }
 }
 
-// merge_partial_cuda row by row equals merge.h's merge_partial_row on the host, including
+// merge_partial row by row equals merge.h's merge_partial_row on the host, including
 // rows where either side or both are empty (-inf).
 TEST(FlashCuda, MergeKernelMatchesHostMergeWithEmptyRows) {
   IHA_SKIP_WITHOUT_GPU();
@@ -367,7 +347,7 @@ TEST(FlashCuda, MergeKernelMatchesHostMergeWithEmptyRows) {
     }
   Tensor oa = test::to_device(o_a, DType::f32), la = test::to_device(lse_a, DType::f32);
   Tensor ob = test::to_device(o_b, DType::f32), lb = test::to_device(lse_b, DType::f32);
-  merge_partial_cuda(oa.data<float>(), la.data<float>(), ob.data<float>(), lb.data<float>(), rows, d);
+  CudaBackend(DType::f32).merge_partial(oa, la, ob, lb, rows, d);
   IHA_CUDA_CHECK(cudaDeviceSynchronize());
   const auto o_dev = test::from_device(oa), l_dev = test::from_device(la);
   for (int64_t r = 0; r < rows; ++r) {
@@ -411,16 +391,6 @@ TEST(FlashCuda, Deterministic) {
     EXPECT_EQ(a.dk, b.dk);
     EXPECT_EQ(a.dv, b.dv);
   }
-}
-
-// Requests the kernels cannot serve are errors before any launch (no GPU needed).
-TEST(FlashCuda, KernelChoice) {
-  EXPECT_EQ(flash_cuda_kernel_for<bf16>(128, FlashCudaKernel::automatic), FlashCudaKernel::tensor_core);
-  EXPECT_EQ(flash_cuda_kernel_for<bf16>(129, FlashCudaKernel::automatic), FlashCudaKernel::simt);
-  EXPECT_EQ(flash_cuda_kernel_for<float>(64, FlashCudaKernel::automatic), FlashCudaKernel::simt);
-  EXPECT_THROW(flash_cuda_kernel_for<float>(64, FlashCudaKernel::tensor_core), Error);
-  EXPECT_THROW(flash_cuda_kernel_for<bf16>(160, FlashCudaKernel::tensor_core), Error);
-  EXPECT_THROW(flash_cuda_kernel_for<float>(300, FlashCudaKernel::simt), Error);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// GPU model ops (lib/model/ops_cuda.h), the cuBLAS wrapper and the small device kernels
+// GPU model ops (CudaModelBackend, lib/model/backend_cuda.h), the cuBLAS wrapper and the small device kernels
 // (lib/core/cuda_blas.h, cuda_ops.h) against the CPU float64 ops and plain float64 loops
 // (normwise: fp32 1e-4, bf16 2e-2). bf16 inputs are rounded before the reference sees them, so
 // a comparison measures the GPU path, not the input rounding. Sizes cross the kernels' block and
@@ -12,8 +12,8 @@
 #include "core/cuda_blas.h"
 #include "core/cuda_ops.h"
 #include "cuda_test_util.h"
+#include "model/backend_cuda.h"
 #include "model/ops.h"
-#include "model/ops_cuda.h"
 #include "model/optim.h"
 
 namespace iha {
@@ -180,10 +180,10 @@ TEST(ModelOpsCuda, EmbeddingForwardAndBackwardMatchCpuOrder) {
   std::copy(tokens.begin(), tokens.end(), tok_h.data<int32_t>());
   Tensor tok_d = tok_h.to(Device::cuda);
   Tensor table_d = to_device(table, DType::f32), x_d({rows * D}, DType::f32, Device::cuda);
-  embedding_forward_cuda(tok_d.data<int32_t>(), rows, table_d.data<float>(), VocabSlice{0, V}, D, x_d.data<float>());
-  const EmbeddingGradPlan plan = make_embedding_grad_plan(tokens.data(), rows, VocabSlice{0, V});
+  const CudaModelBackend be(DType::f32);
+  be.embedding_forward(tok_d, rows, table_d, VocabSlice{0, V}, D, x_d);
   Tensor dx_d = to_device(dx, DType::f32), dt_d = to_device(dtable0, DType::f32);
-  embedding_backward_cuda(plan, dx_d.data<float>(), D, dt_d.data<float>());
+  be.embedding_backward(tokens.data(), rows, dx_d, D, VocabSlice{0, V}, dt_d);
   IHA_CUDA_CHECK(cudaDeviceSynchronize());
   // The CPU float ops give the same bits: same gather, same order of additions.
   std::vector<float> tf(table.begin(), table.end()), xf(rows * D), dxf(dx.begin(), dx.end()),
@@ -212,19 +212,16 @@ TEST(ModelOpsCuda, RmsnormForwardAndBackward) {
     for (const Precision& p : kPrecisions) {
       SCOPED_TRACE(std::string(p.name) + " D=" + std::to_string(D));
       Tensor y_d({rows * D}, p.dtype, Device::cuda), inv_d({rows}, DType::f32, Device::cuda);
-      if (p.dtype == DType::f32)
-        rmsnorm_forward_cuda<float>(x_d.data<float>(), rows, D, g_d.data<float>(), eps, y_d.data<float>(), inv_d.data<float>());
-      else
-        rmsnorm_forward_cuda<bf16>(x_d.data<float>(), rows, D, g_d.data<float>(), eps, y_d.data<bf16>(), inv_d.data<float>());
+      CudaModelBackend(p.dtype).rmsnorm_forward(x_d, rows, D, g_d, eps, y_d, inv_d);
       IHA_CUDA_CHECK(cudaDeviceSynchronize());
       EXPECT_TRUE(close_normwise(from_device(y_d), y_ref, p.tau, "y"));
       EXPECT_TRUE(close_normwise(from_device(inv_d), inv_ref, 1e-5, "inv_rms"));
     }
     Tensor inv_d({rows}, DType::f32, Device::cuda), y_d({rows * D}, DType::f32, Device::cuda);
-    rmsnorm_forward_cuda<float>(x_d.data<float>(), rows, D, g_d.data<float>(), eps, y_d.data<float>(), inv_d.data<float>());
+    const CudaModelBackend be(DType::f32);
+    be.rmsnorm_forward(x_d, rows, D, g_d, eps, y_d, inv_d);
     Tensor dx_d({rows * D}, DType::f32, Device::cuda), dg_d = to_device(std::vector<double>(D, dg0), DType::f32);
-    rmsnorm_backward_cuda(x_d.data<float>(), dy_d.data<float>(), rows, D, g_d.data<float>(), inv_d.data<float>(),
-                          dx_d.data<float>(), dg_d.data<float>());
+    be.rmsnorm_backward(x_d, dy_d, rows, D, g_d, inv_d, dx_d, dg_d);
     IHA_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_TRUE(close_normwise(from_device(dx_d), dx_ref, 1e-4, "dx"));
     EXPECT_TRUE(close_normwise(minus(from_device(dg_d), dg0), minus(dg_ref, dg0), 1e-4, "dg"));
@@ -256,10 +253,7 @@ TEST(ModelOpsCuda, CrossEntropyLossStatsAndGradient) {
     std::copy(targets.begin(), targets.end(), t_h.data<int32_t>());
     std::copy(answer.begin(), answer.end(), a_h.data<uint8_t>());
     Tensor t_d = t_h.to(Device::cuda), a_d = a_h.to(Device::cuda);
-    Tensor loss_d({rows}, DType::f64, Device::cuda), flags_d({rows}, DType::i32, Device::cuda);
-    cross_entropy_cuda(l_d.data<float>(), rows, V, t_d.data<int32_t>(), a_d.data<uint8_t>(), scale,
-                       loss_d.data<double>(), flags_d.data<int32_t>());
-    const CrossEntropyStats s = cross_entropy_stats_cuda(loss_d.data<double>(), flags_d.data<int32_t>(), rows);
+    const CrossEntropyStats s = CudaModelBackend(DType::f32).cross_entropy(l_d, rows, V, t_d, a_d, scale);
     EXPECT_TRUE(close_normwise(from_device(l_d), ref, 1e-4, "dlogits"));
     EXPECT_NEAR(s.loss_sum, s_ref.loss_sum, 1e-5 * std::fabs(s_ref.loss_sum));
     EXPECT_NEAR(s.answer_loss_sum, s_ref.answer_loss_sum, 1e-5 * std::fabs(s_ref.answer_loss_sum));
@@ -292,11 +286,10 @@ TEST(ModelOpsCuda, AdamWMatchesCpuOverSteps) {
     const double lr = learning_rate(c, t - 1, 10);
     opt.update(c, t, lr, p, g);
     Tensor g_d = to_device(gv, DType::f32);
-    const AdamWStep<float> st = adamw_step<float>(c, t, lr);
     for (const ParamSpec& s : layout->specs())
-      adamw_update_cuda(st, s.decay && c.weight_decay > 0, p_d.data<float>() + s.offset,
-                        g_d.data<float>() + s.offset, m_d.data<float>() + s.offset, v_d.data<float>() + s.offset,
-                        s.numel());
+      CudaModelBackend(DType::f32).adamw(c, t, lr, s.decay && c.weight_decay > 0, p_d.data<float>() + s.offset,
+                                         g_d.data<float>() + s.offset, m_d.data<float>() + s.offset,
+                                         v_d.data<float>() + s.offset, s.numel());
     IHA_CUDA_CHECK(cudaDeviceSynchronize());
   }
   const std::vector<double> p_ref(p.data(), p.data() + n);

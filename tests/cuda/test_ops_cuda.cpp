@@ -7,7 +7,7 @@
 #include <cmath>
 #include <string>
 
-#include "attention/ops_cuda.h"
+#include "attention/backend_cuda.h"
 #include "cuda_test_util.h"
 
 namespace iha {
@@ -87,16 +87,15 @@ void check_mix(const MixCase& c, const OpsVariant& var) {
           }
 
   Tensor pre_d = test::to_device(pre, dt), alpha_d = test::to_device(alpha, DType::f32);
-  Tensor vpos_d = test::positions_to_device(vpos);
+  const CudaBackend be(dt);
+  const auto rope = be.rope_rows(c.rope, d, vpos);
   Tensor virt_d({Hl * hs}, dt, Device::cuda);
-  mix_rope_forward_cuda<T>(pre_d.data<T>(), ld_pre, n, H, d, P, alpha_d.data<float>(), c.h_begin,
-                           c.h_end, vpos_d.data<int64_t>(), c.rope, virt_d.data<T>(), hs);
+  be.mix_rope_forward(pre_d, ld_pre, n, H, d, P, alpha_d, c.h_begin, c.h_end, *rope, true, virt_d, hs);
   Tensor dvirt_d = test::to_device(dvirt, DType::f32);
   Tensor dpre_d = test::to_device(std::vector<double>(n * ld_dpre, init), DType::f32);
   Tensor dalpha_d = test::to_device(std::vector<double>(H * H * P, init), DType::f32);
-  mix_rope_backward_cuda<T>(dvirt_d.data<float>(), hs, pre_d.data<T>(), ld_pre, n, H, d, P,
-                            alpha_d.data<float>(), c.h_begin, c.h_end, vpos_d.data<int64_t>(), c.rope,
-                            dpre_d.data<float>(), ld_dpre, dalpha_d.data<float>());
+  be.mix_rope_backward(dvirt_d, hs, pre_d, ld_pre, n, H, d, P, alpha_d, c.h_begin, c.h_end, *rope, true, dpre_d,
+                       ld_dpre, dalpha_d);
   IHA_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_TRUE(close_normwise(test::from_device(virt_d), virt_ref, var.tau, "virtual rows"));
   auto minus_init = [&](std::vector<double> v) {
@@ -164,13 +163,13 @@ void check_collapse(int64_t H, int64_t d, int64_t P, Collapse form, const OpsVar
           }
 
   Tensor y_d = test::to_device(y, DType::f32), C_d = test::to_device(C, DType::f32);
+  const CudaBackend be(dt);
   Tensor out_d({n * ld}, dt, Device::cuda);
-  collapse_forward_cuda<T>(y_d.data<float>(), hs, n, H, d, P, form, C_d.data<float>(), out_d.data<T>(), ld);
+  be.collapse_forward(y_d, hs, n, H, d, P, form, C_d, out_d, ld);
   Tensor dout_d = test::to_device(dout, dt);
   Tensor dy_d({H * hs}, dt, Device::cuda);
   Tensor dC_d = test::to_device(std::vector<double>(H * cols, init), DType::f32);
-  collapse_backward_cuda<T>(dout_d.data<T>(), ld, y_d.data<float>(), hs, n, H, d, P, form,
-                            C_d.data<float>(), dy_d.data<T>(), dC_d.data<float>());
+  be.collapse_backward(dout_d, ld, y_d, hs, n, H, d, P, form, C_d, dy_d, dC_d);
   IHA_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_TRUE(close_normwise(test::from_device(out_d), out_ref, var.tau, "collapsed out"));
   EXPECT_TRUE(close_normwise(test::from_device(dy_d), dy_ref, var.tau, "dy"));
@@ -201,15 +200,16 @@ TEST(OpsCuda, ParameterGradientsOverManyTokenBlocks) {
   check_mix<bf16>({4, 32, 2, 1, 3, RopeSpec{}, tokens}, kOpsVariants[1]);
 }
 
-// Bad arguments are errors before any launch (no GPU needed).
+// Bad arguments are errors before any launch (no GPU needed; the RoPE rows come from the CPU
+// backend, the checks never read them).
 TEST(OpsCuda, ArgumentErrors) {
-  const RopeSpec rope;
-  EXPECT_THROW(mix_rope_forward_cuda<float>(nullptr, 10, 1, 2, 5, 1, nullptr, 0, 2, nullptr, rope, nullptr, 5),
-               Error);  // odd d with RoPE
-  EXPECT_THROW(mix_rope_forward_cuda<float>(nullptr, 10, 1, 2, 4, 1, nullptr, 1, 3, nullptr, rope, nullptr, 4),
-               Error);  // head range beyond H
-  EXPECT_THROW(collapse_forward_cuda<float>(nullptr, 4, 1, 0, 4, 1, Collapse::global, nullptr, nullptr, 4),
-               Error);  // H = 0
+  const CudaBackend be(DType::f32);
+  const auto rope = cpu_backend<float>()->rope_rows(RopeSpec{}, 4, {0});
+  const CBuf none(nullptr, DType::f32);
+  const Buf out(nullptr, DType::f32);
+  EXPECT_THROW(be.mix_rope_forward(none, 10, 1, 2, 5, 1, none, 0, 2, *rope, true, out, 5), Error);  // odd d
+  EXPECT_THROW(be.mix_rope_forward(none, 10, 1, 2, 4, 1, none, 1, 3, *rope, true, out, 4), Error);  // h_end > H
+  EXPECT_THROW(be.collapse_forward(none, 4, 1, 0, 4, 1, Collapse::global, none, out, 4), Error);    // H = 0
 }
 
 }  // namespace

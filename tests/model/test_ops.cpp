@@ -65,6 +65,52 @@ TEST(Ops, EmbeddingGathersAndScattersRows) {
   EXPECT_THROW(embedding_forward<double>(bad.data(), 2, table.data(), kV, kD, x.data()), Error);
 }
 
+// The token groups of the device embedding gradient: for the whole table and for a slice of it,
+// a stable selection of the slice's rows grouped by ascending token, and adding each segment's
+// rows in its order onto the old values gives the bits of embedding_slice_backward<float> (the
+// same additions in the same order).
+TEST(Ops, RowsGroupedByTokenKeepTheCpuOrderOfAdditions) {
+  const int64_t rows = 300, V = 11, D = 7;
+  std::vector<int32_t> tokens(rows);
+  for (int64_t r = 0; r < rows; ++r) tokens[r] = static_cast<int32_t>((r * 7 + r / 5) % V);
+  tokens[3] = 10;
+  tokens[4] = -1;  // a padding row: no slice holds it
+  const std::vector<double> dxd = randn(rows * D, 3, "dx"), t0 = randn(V * D, 4, "table");
+  const std::vector<float> dx(dxd.begin(), dxd.end());
+  for (const VocabSlice slice : {VocabSlice{0, V}, VocabSlice{3, 5}}) {
+    SCOPED_TRACE("slice " + std::to_string(slice.first) + "+" + std::to_string(slice.count));
+    const TokenRowGroups g = group_rows_by_token(tokens.data(), rows, slice);
+    ASSERT_EQ(g.seg_begin.size(), g.seg_token.size() + 1);
+    EXPECT_EQ(g.seg_begin.front(), 0);
+    EXPECT_EQ(g.seg_begin.back(), static_cast<int32_t>(g.order.size()));
+    std::vector<int> seen(rows, 0);
+    for (size_t k = 0; k < g.seg_token.size(); ++k) {
+      if (k > 0) {
+        EXPECT_LT(g.seg_token[k - 1], g.seg_token[k]);
+      }
+      EXPECT_LT(g.seg_begin[k], g.seg_begin[k + 1]) << "empty segment " << k;
+      for (int32_t i = g.seg_begin[k]; i < g.seg_begin[k + 1]; ++i) {
+        EXPECT_EQ(tokens[g.order[i]] - slice.first, g.seg_token[k]);
+        if (i > g.seg_begin[k]) {
+          EXPECT_LT(g.order[i - 1], g.order[i]) << "rows of a token out of order";
+        }
+        ++seen[g.order[i]];
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(seen[r], slice.holds(tokens[r]) ? 1 : 0) << "row " << r;
+    std::vector<float> cpu(t0.begin(), t0.begin() + slice.count * D), grouped = cpu;
+    embedding_slice_backward<float>(tokens.data(), rows, dx.data(), D, slice, cpu.data());
+    for (size_t k = 0; k < g.seg_token.size(); ++k)
+      for (int64_t c = 0; c < D; ++c) {
+        float acc = grouped[g.seg_token[k] * D + c];
+        for (int32_t i = g.seg_begin[k]; i < g.seg_begin[k + 1]; ++i) acc += dx[g.order[i] * D + c];
+        grouped[g.seg_token[k] * D + c] = acc;
+      }
+    EXPECT_EQ(grouped, cpu);
+  }
+  EXPECT_TRUE(group_rows_by_token(tokens.data(), 0, VocabSlice{0, V}).seg_token.empty());
+}
+
 // <w, y> of the float64 references, so a backward can be checked by finite differences.
 double dot_ref(const std::vector<double>& y, const std::vector<double>& w, std::vector<double>* y_out) {
   if (y_out) *y_out = y;
