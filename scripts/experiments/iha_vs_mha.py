@@ -95,7 +95,14 @@ MODELS = [
     ("iha-global", "IHA P=2, GGGGG (matched parameters)", [("model.pattern", "GGGGG")]),
     ("mha-global", "MHA, GGGGG (baseline)", [("model.pattern", "GGGGG"), ("model.global_kind", "mha"),
                                              ("model.window_kind", "mha")]),
+    # Control: the 4:1 schedule with MHA blocks, to tell what the schedule's sliding windows do
+    # from what IHA does.
+    ("mha-4:1", "MHA, LLLLG (control: the schedule without IHA)",
+     [("model.pattern", "LLLLG"), ("model.global_kind", "mha"), ("model.window_kind", "mha")]),
 ]
+
+
+COPY_MARGIN = 0.15
 
 
 def band_floor(cand, lo):
@@ -104,7 +111,7 @@ def band_floor(cand, lo):
     plateau before retrieval is learned) does not qualify; 0.15 is 5 binomial standard errors
     of one 256-answer evaluation near 0.3."""
     pairs = dict(cand["sets"]).get("data.pairs")
-    return max(lo, 1.0 / int(pairs) + 0.15) if pairs else lo
+    return max(lo, 1.0 / int(pairs) + COPY_MARGIN) if pairs else lo
 
 
 def qualifying_budget(curve, lo, hi):
@@ -173,7 +180,7 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
             return list(pool.map(fn, items))
 
-    mha = MODELS[2]
+    mha = MODELS[2]  # the baseline: calibration and the differences are MHA global's
 
     def calibrate(c, continued=False):
         """MHA, seed 1, on candidate c for c["steps"] steps; continued: then on (bit-identically,
@@ -268,8 +275,10 @@ def main():
                 ", ".join("%.3f" % x["accuracy"] for x in m["runs"]), m["mean"], m["sd"], m["se"], diff))
     wall = time.time() - t_start
     ran = [t for _, _, t in r.commands if t is not None]
-    lines += ["", "Wall time of this invocation: %.0f s (%d stages run, %.0f s of stage time; skipped stages: %d)."
-              % (wall, len(ran), sum(ran), len(r.commands) - len(ran))]
+    recorded = [r.seconds(st) for st, _, _ in r.commands]
+    lines += ["", "Stage time: %.0f s over all %d stages, as recorded when each ran (with --jobs J, J run at a time);"
+              " this invocation: %.0f s of wall time, %d stages run, %d skipped as done before."
+              % (sum(t for t in recorded if t), len(recorded), wall, len(ran), len(r.commands) - len(ran))]
     md = "\n".join(lines) + "\n"
     out = {"machine": expkit.machine(), "smoke": a.smoke, "steps": steps, "batch": a.batch, "length": a.length,
            "seeds": a.seeds, "band": [lo, hi], "calibration": calib, "note": note, "results": results,
@@ -288,6 +297,10 @@ def main():
     return 0
 
 
+def results_task_sets(name):
+    return [c for c in CANDIDATES if c["name"] == name][0]["sets"]
+
+
 def plot(out_dir, calib, results, lo, hi, a, tag):
     """Left: the calibration curves of MHA with the band and the chosen budget; right: the
     comparison (one dot per seed, mean +- sd) with FLOPs per step under each model."""
@@ -295,9 +308,12 @@ def plot(out_dir, calib, results, lo, hi, a, tag):
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), dpi=90, gridspec_kw={"width_ratios": [1.2, 1]})
     ax = axes[0]
     ax.axhspan(lo, hi, color="green", alpha=0.08, label="calibration band %.0f-%.0f%%" % (100 * lo, 100 * hi))
+    xmax = max(s for c in calib.values() for s, _ in c["curve"])
     for f in sorted({c["floor"] for c in calib.values() if c["floor"] > lo and not c["diagnostic"]}):
         ax.axhline(f, color="green", linestyle="--", linewidth=0.8)
-        ax.text(0, f + 0.01, "floor %.2f = copying a context value + 0.15" % f, fontsize=7, color="green")
+        pairs = round(1 / (f - COPY_MARGIN))
+        ax.text(xmax, f + 0.01, "band floor for %d pairs: copy level 1/%d + %.2f" % (pairs, pairs, COPY_MARGIN),
+                fontsize=7, color="green", ha="right")
     for i, (name, c) in enumerate(calib.items()):
         ax.plot([s for s, _ in c["curve"]], [v for _, v in c["curve"]], marker=".", color="C%d" % (i % 10),
                 linestyle=":" if c["diagnostic"] else "-",
@@ -305,12 +321,14 @@ def plot(out_dir, calib, results, lo, hi, a, tag):
         if c["budget"]:
             ax.plot([c["budget"][0]], [c["budget"][1]], marker="*", markersize=14, color="C%d" % (i % 10),
                     linestyle="none", label="chosen budget: %d steps" % c["budget"][0])
+    ax.axvline(a.max_budget, color="black", linestyle="--", linewidth=0.8)
+    ax.text(a.max_budget, 0.02, " budget cap: later steps inform, never choose", fontsize=7)
     ax.set_xlabel("training steps")
     ax.set_ylabel("MHA held-out answer accuracy")
     ax.set_ylim(0, 1.05)
     ax.set_title("1. calibration: MHA baseline (seed 1) on each candidate task", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=6.5, loc="upper left", ncol=2)
     ax = axes[1]
     if not results:
         ax.text(0.5, 0.5, "no candidate task qualified:\nnothing compared", ha="center", va="center",
@@ -332,6 +350,11 @@ def plot(out_dir, calib, results, lo, hi, a, tag):
         ax.set_title("2. comparison on %s, %d steps, %d seeds each%s" % (
             tname, res["steps"], len(res["models"][names[0]]["runs"]),
             "" if res["calibrated"] else "\nUNCALIBRATED: no candidate put MHA in the band; fallback task"), fontsize=9)
+        pairs = dict(results_task_sets(tname)).get("data.pairs")
+        if pairs:
+            ax.axhline(1 / int(pairs), color="gray", linestyle="--", linewidth=0.8,
+                       label="copying one of the %s context values (1/%s)" % (pairs, pairs))
+        ax.axhline(1 / 16, color="gray", linestyle=":", linewidth=0.8, label="chance (1/16 value ids)")
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("IHA vs MHA: held-out answer accuracy (calibration aimed at MHA %.0f-%.0f%%)%s"
