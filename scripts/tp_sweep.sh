@@ -2,7 +2,9 @@
 # The full tensor-parallel equivalence sweep (outside CI): every mesh with tp > 1 of 2, 3 and 4
 # ranks x every (global, window) scheme pair x iha/mha global layer x global/per-head collapse x
 # recomputation on/off x ZeRO-1 on/off, 5 float64 training steps each against one process (losses and
-# parameters within 1e-10), through tests/model/test_tensor_parallel.cpp with IHA_TP_SWEEP=1.
+# parameters within 1e-10), through tests/model/test_tensor_parallel.cpp with IHA_TP_SWEEP=1. The
+# vocabulary (31) divides by none of the tp degrees: every run has uneven embedding and LM-head
+# slices.
 #   bash scripts/tp_sweep.sh [build-dir]     (from the repository root, after building
 #                                             test_model_tensor_parallel)
 set -euo pipefail

@@ -9,11 +9,14 @@
 // The config's checkpoints, logging file and evaluation are switched off. Reported (rank 0, a
 // table line and with --json one JSON object): step_s (median wall time of the steps after
 // the first), per family (train.grad: gradient reduction, train.params: ZeRO all-gather, a2a,
-// ring, halo, pring, phalo, mlp: the tensor-parallel MLP) the bytes sent per step by the
+// ring, halo, pring, phalo, mlp: the tensor-parallel MLP, embed, head, vocab: the
+// vocabulary-parallel embedding, LM head and cross-entropy) the bytes sent per step by the
 // busiest rank and its seconds blocked per step, the resident state of one rank
 // (Trainer::state_bytes: parameters, gradients, optimizer; param_mib, grad_mib, optimizer_mib),
-// the parameters a rank holds by kind (mlp, embed, lm_head, other; elements) and the peak RSS
-// of the busiest rank. grad_bucket_kib large enough for one bucket starts the all-reduce (or
+// the parameters a rank holds by kind (mlp, embed, lm_head, other; elements), the peak RSS of
+// the busiest rank and how far the steps raised it above the RSS right after init
+// (step_rss_growth_mib: activations and workspaces, the state excluded). grad_bucket_kib
+// large enough for one bucket starts the all-reduce (or
 // the level-2 reduce-scatter) only after the whole backward: the exposed train.grad time then
 // shows what the overlap hides.
 #include <cstdio>
@@ -55,7 +58,9 @@ int main(int argc, char** argv) {
     IHA_CONFIG_CHECK(cfg.dtype == DType::f32, "bench_mesh_step runs float32 configs");
     Trainer<float> t(cfg, world);
     t.init();
-    const char* families[] = {"train.grad", "train.params", "a2a.", "ring.", "halo.", "pring.", "phalo.", "mlp."};
+    const double rss_init = app::memory_use().rss_mib;
+    const char* families[] = {"train.grad", "train.params", "a2a.", "ring.", "halo.", "pring.", "phalo.",
+                              "mlp.",       "embed.",       "head.", "vocab."};
     std::vector<double> times;
     std::map<std::string, double> bytes, wait;
     for (int64_t s = 0; s < steps; ++s) {
@@ -82,9 +87,10 @@ int main(int argc, char** argv) {
       }
     }
     const StateBytes sb = t.state_bytes();
-    double mib[4] = {static_cast<double>(sb.params) / (1 << 20), static_cast<double>(sb.grads) / (1 << 20),
-                     static_cast<double>(sb.optimizer) / (1 << 20), app::memory_use().peak_rss_mib};
-    world->all_reduce(mib, 4, DType::f64, ReduceOp::max, "bench");
+    const app::MemoryUse mem = app::memory_use();
+    double mib[5] = {static_cast<double>(sb.params) / (1 << 20), static_cast<double>(sb.grads) / (1 << 20),
+                     static_cast<double>(sb.optimizer) / (1 << 20), mem.peak_rss_mib, mem.peak_rss_mib - rss_init};
+    world->all_reduce(mib, 5, DType::f64, ReduceOp::max, "bench");
     const double opt_mib = mib[2];
     // Parameters held by this rank, by kind (tensor parallelism splits the MLP's).
     std::map<std::string, double> held = {{"mlp", 0}, {"embed", 0}, {"lm_head", 0}, {"other", 0}};
@@ -114,6 +120,7 @@ int main(int argc, char** argv) {
             << ", \"grad_bucket_kib\": " << cfg.grad_bucket_kib << ", \"seq_len\": " << cfg.seq_len
             << ", \"step_s\": " << step_s << ", \"param_mib\": " << mib[0] << ", \"grad_mib\": " << mib[1]
             << ", \"optimizer_mib\": " << opt_mib << ", \"peak_rss_mib\": " << mib[3]
+            << ", \"step_rss_growth_mib\": " << mib[4] << ", \"vocab\": " << cfg.model.vocab
             << ", \"layers\": " << cfg.model.layers << ", \"tp\": " << cfg.mesh.tp;
         for (const auto& kv : held) out << ", \"params_" << kv.first << "\": " << kv.second;
         for (const char* f : families) {

@@ -5,10 +5,14 @@
 # = T(1 rank) / (2 T(2 ranks)), every time a median over the steps after the first, the
 # meshes interleaved ROUNDS times so slow moments of a shared machine spread over all.
 # Also the parameters a rank holds by kind and its peak resident memory.
+# Then the memory table: the two-block model with a 4096-entry vocabulary on tp = 1, 2, 4 ranks
+# (MEM_TP; time is not the point there): MLP, embedding and LM-head parameter bytes a rank holds
+# x tp / tp = 1, and the activation memory per rank (how far the steps raise the peak RSS above
+# the RSS right after init: activations and workspaces, the state excluded).
 #   bash bench/mesh/run_tp.sh [ROUNDS=2] [STEPS=4]   (from the repository root, after building
 #                                                     bench_mesh_step)
-# Output: ${OUT:-/tmp/iha_tp}.jsonl (one JSON line a run) and ${OUT}.md (the tables).
-# EXTRA adds --set options to every run.
+# Output: ${OUT:-/tmp/iha_tp}.jsonl (one JSON line a run) and ${OUT}.md (the tables);
+# ${OUT}_memory.jsonl and ${OUT}_memory.md. EXTRA adds --set options to every run.
 set -euo pipefail
 ROUNDS=${1:-2}
 STEPS=${2:-4}
@@ -21,6 +25,7 @@ WORK="--set model.D=128 --set model.H=8 --set model.d=16 --set model.ffn=1024 --
 models=("--set model.layers=1 --set model.pattern=G" "--set model.layers=2 --set model.pattern=LG")
 meshes=("1|--set mesh.sp=1" "2|--set mesh.sp=2" "2|--set mesh.sp=1 --set mesh.hp=2" "2|--set mesh.sp=1 --set mesh.tp=2")
 rm -f "$OUT.jsonl"
+touch "$OUT.jsonl"
 for round in $(seq "$ROUNDS"); do
   for model in "${models[@]}"; do
     for m in "${meshes[@]}"; do
@@ -58,3 +63,31 @@ for layers in sorted({k[0] for k in runs}):
               f"{med(rs, 'peak_rss_mib'):.1f} | {med(rs, 'bytes_mlp') / 2**20:.2f} | {comm / 2**20:.2f} |")
 PY
 cat "$OUT.md"
+
+# The memory table over tp.
+MEM_TP=${MEM_TP-1 2 4}
+[ -n "$MEM_TP" ] || exit 0
+rm -f "$OUT"_memory.jsonl
+for tp in $MEM_TP; do
+  # shellcheck disable=SC2086
+  "$MPIEXEC" -n "$tp" "$BIN" --steps 3 --json "$OUT.one.json" $WORK --set model.vocab_size=4096 \
+    --set model.layers=2 --set model.pattern=LG --set mesh.sp=1 --set mesh.tp="$tp" ${EXTRA:-} | sed -n 1p
+  cat "$OUT.one.json" >> "$OUT"_memory.jsonl
+done
+rm -f "$OUT.one.json"
+python3 - "$OUT"_memory.jsonl > "$OUT"_memory.md <<'PY'
+import json, sys
+runs = sorted((json.loads(l) for l in open(sys.argv[1])), key=lambda r: r["tp"])
+base = next((r for r in runs if r["tp"] == 1), None)
+B = 4  # float32 bytes
+print("| tp | MLP bytes/rank | x tp / tp=1 | embed+head bytes/rank | x tp / tp=1 | other bytes/rank | activation MiB/rank (peak RSS growth in steps) | peak RSS MiB/rank | embed+head+vocab MiB/step | mlp MiB/step |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for r in runs:
+    mlp, vocab = r["params_mlp"], r["params_embed"] + r["params_lm_head"]
+    rel = lambda x, k: f"{x * r['tp'] / k:.3f}" if base else "-"
+    vb = sum(r.get(f"bytes_{f}", 0) for f in ("embed", "head", "vocab"))
+    print(f"| {r['tp']} | {mlp * B:.0f} | {rel(mlp, base['params_mlp']) if base else '-'} | {vocab * B:.0f} | "
+          f"{rel(vocab, base['params_embed'] + base['params_lm_head']) if base else '-'} | {r['params_other'] * B:.0f} | "
+          f"{r['step_rss_growth_mib']:.1f} | {r['peak_rss_mib']:.1f} | {vb / 2**20:.2f} | {r['bytes_mlp'] / 2**20:.2f} |")
+PY
+cat "$OUT"_memory.md

@@ -127,6 +127,8 @@ class Backend {
   Tensor alloc_acc(Shape shape) const { return alloc(std::move(shape), acc_dtype()); }
   // A host tensor on the backend's device (the tensor itself when it is already there).
   Tensor upload(const Tensor& host) const { return host.device() == device() ? host : host.to(device()); }
+  // A tensor of this backend on the host (the tensor itself on the CPU).
+  Tensor download(const Tensor& t) const { return t.device() == Device::cpu ? t : t.to(Device::cpu); }
   // An i64 tensor of positions (or other indices) on the device.
   Tensor positions(const std::vector<int64_t>& pos) const;
   virtual std::shared_ptr<const RopeRows> rope_rows(const RopeSpec& spec, int64_t d,

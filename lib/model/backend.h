@@ -19,12 +19,15 @@ namespace iha {
 
 class ModelBackend : public virtual Backend {
  public:
-  // x[r][:] = table[tokens[r]][:] (tokens i32 on the device, checked by the caller; table, x acc).
-  virtual void embedding_forward(CBuf tokens, int64_t rows, CBuf table, int64_t vocab, int64_t D,
+  // x[r][:] = table[tokens[r] - s.first][:] where slice s holds tokens[r], else zero (tokens i32
+  // on the device, checked by the caller; table [s.count, D], x acc; ops.h
+  // embedding_slice_forward).
+  virtual void embedding_forward(CBuf tokens, int64_t rows, CBuf table, VocabSlice s, int64_t D,
                                  Buf x) const = 0;
-  // dtable[tokens[r]][:] += dx[r][:], rows of a token in ascending order (host token ids).
+  // dtable[tokens[r] - s.first][:] += dx[r][:] for the rows whose token s holds, rows of a token
+  // in ascending order (host token ids).
   virtual void embedding_backward(const int32_t* host_tokens, int64_t rows, CBuf dx, int64_t D,
-                                  Buf dtable) const = 0;
+                                  VocabSlice s, Buf dtable) const = 0;
   // y = x r g (y compute, inv_rms acc) and its backward (ops.h formulas; dx written, dg +=).
   virtual void rmsnorm_forward(CBuf x, int64_t rows, int64_t D, CBuf g, double eps, Buf y,
                                Buf inv_rms) const = 0;
@@ -40,6 +43,14 @@ class ModelBackend : public virtual Backend {
   // the host, summed in ascending row order.
   virtual CrossEntropyStats cross_entropy(Buf logits, int64_t rows, int64_t V, CBuf targets,
                                           CBuf answer, double grad_scale) const = 0;
+  // The passes of the parallel cross-entropy on logits [rows, s.count] of slice s (acc; ops.h
+  // vocab_slice_max, vocab_slice_sums, vocab_slice_grad): row_max, sums, first and lse are f64
+  // on the device, targets i32.
+  virtual void vocab_slice_max(CBuf logits, int64_t rows, int64_t count, Buf row_max) const = 0;
+  virtual void vocab_slice_sums(CBuf logits, int64_t rows, VocabSlice s, CBuf targets, CBuf row_max, Buf sums,
+                                Buf first) const = 0;
+  virtual void vocab_slice_grad(Buf logits, int64_t rows, VocabSlice s, CBuf targets, CBuf lse,
+                                double grad_scale) const = 0;
   // AdamW step t (1-based) at lr on n elements (optim.h; p, g, m, v acc).
   virtual void adamw(const OptimConfig& c, int64_t t, double lr, bool decay, Buf p, CBuf g, Buf m,
                      Buf v, int64_t n) const = 0;
@@ -50,10 +61,10 @@ class ModelBackend : public virtual Backend {
 // The ops of ModelBackend as an implementation declares them (CpuModelBackend,
 // CudaModelBackend), listed once.
 #define IHA_MODEL_BACKEND_OP_OVERRIDES                                                              \
-  void embedding_forward(CBuf tokens, int64_t rows, CBuf table, int64_t vocab, int64_t D,           \
+  void embedding_forward(CBuf tokens, int64_t rows, CBuf table, VocabSlice s, int64_t D,          \
                          Buf x) const override;                                                     \
   void embedding_backward(const int32_t* host_tokens, int64_t rows, CBuf dx, int64_t D,             \
-                          Buf dtable) const override;                                               \
+                          VocabSlice s, Buf dtable) const override;                                 \
   void rmsnorm_forward(CBuf x, int64_t rows, int64_t D, CBuf g, double eps, Buf y,                  \
                        Buf inv_rms) const override;                                                 \
   void rmsnorm_backward(CBuf x, CBuf dy, int64_t rows, int64_t D, CBuf g, CBuf inv_rms, Buf dx,     \
@@ -62,6 +73,11 @@ class ModelBackend : public virtual Backend {
   void swiglu_act_backward(CBuf gate, CBuf up, CBuf dh, int64_t n, Buf dgate, Buf dup) const override;\
   CrossEntropyStats cross_entropy(Buf logits, int64_t rows, int64_t V, CBuf targets, CBuf answer,   \
                                   double grad_scale) const override;                                \
+  void vocab_slice_max(CBuf logits, int64_t rows, int64_t count, Buf row_max) const override;        \
+  void vocab_slice_sums(CBuf logits, int64_t rows, VocabSlice s, CBuf targets, CBuf row_max, Buf sums,\
+                        Buf first) const override;                                                  \
+  void vocab_slice_grad(Buf logits, int64_t rows, VocabSlice s, CBuf targets, CBuf lse,             \
+                        double grad_scale) const override;                                          \
   void adamw(const OptimConfig& c, int64_t t, double lr, bool decay, Buf p, CBuf g, Buf m, Buf v,   \
              int64_t n) const override;
 

@@ -5,16 +5,17 @@
 namespace iha {
 
 template <class T>
-void CpuModelBackend<T>::embedding_forward(CBuf tokens, int64_t rows, CBuf table, int64_t vocab, int64_t D,
+void CpuModelBackend<T>::embedding_forward(CBuf tokens, int64_t rows, CBuf table, VocabSlice s, int64_t D,
                                            Buf x) const {
-  iha::embedding_forward<T>(tokens.as<int32_t>("embedding_forward"), rows, table.as<T>("embedding_forward"), vocab, D,
-                            x.as<T>("embedding_forward"));
+  const char* op = "embedding_forward";
+  embedding_slice_forward<T>(tokens.as<int32_t>(op), rows, table.as<T>(op), s, D, x.as<T>(op));
 }
 
 template <class T>
 void CpuModelBackend<T>::embedding_backward(const int32_t* host_tokens, int64_t rows, CBuf dx, int64_t D,
-                                            Buf dtable) const {
-  iha::embedding_backward<T>(host_tokens, rows, dx.as<T>("embedding_backward"), D, dtable.as<T>("embedding_backward"));
+                                            VocabSlice s, Buf dtable) const {
+  const char* op = "embedding_backward";
+  embedding_slice_backward<T>(host_tokens, rows, dx.as<T>(op), D, s, dtable.as<T>(op));
 }
 
 template <class T>
@@ -63,6 +64,27 @@ CrossEntropyStats CpuModelBackend<T>::cross_entropy(Buf logits, int64_t rows, in
   const char* op = "cross_entropy";
   return cross_entropy_forward_backward<T>(logits.as<T>(op), rows, V, targets.as<int32_t>(op),
                                            answer ? answer.as<uint8_t>(op) : nullptr, grad_scale);
+}
+
+template <class T>
+void CpuModelBackend<T>::vocab_slice_max(CBuf logits, int64_t rows, int64_t count, Buf row_max) const {
+  const char* op = "vocab_slice_max";
+  iha::vocab_slice_max<T>(logits.as<T>(op), rows, count, row_max.as<double>(op));
+}
+
+template <class T>
+void CpuModelBackend<T>::vocab_slice_sums(CBuf logits, int64_t rows, VocabSlice s, CBuf targets, CBuf row_max,
+                                          Buf sums, Buf first) const {
+  const char* op = "vocab_slice_sums";
+  iha::vocab_slice_sums<T>(logits.as<T>(op), rows, s, targets.as<int32_t>(op), row_max.as<double>(op),
+                           sums.as<double>(op), first.as<double>(op));
+}
+
+template <class T>
+void CpuModelBackend<T>::vocab_slice_grad(Buf logits, int64_t rows, VocabSlice s, CBuf targets, CBuf lse,
+                                          double grad_scale) const {
+  const char* op = "vocab_slice_grad";
+  iha::vocab_slice_grad<T>(logits.as<T>(op), rows, s, targets.as<int32_t>(op), lse.as<double>(op), grad_scale);
 }
 
 template <class T>

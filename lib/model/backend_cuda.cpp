@@ -7,17 +7,17 @@
 namespace iha {
 
 template <class A>
-void CudaModelBackend<A>::embedding_forward(CBuf tokens, int64_t rows, CBuf table, int64_t vocab, int64_t D,
+void CudaModelBackend<A>::embedding_forward(CBuf tokens, int64_t rows, CBuf table, VocabSlice s, int64_t D,
                                             Buf x) const {
   const char* op = "embedding_forward";
-  embedding_forward_cuda(tokens.as<int32_t>(op), rows, table.as<float>(op), D, x.as<float>(op));
+  embedding_forward_cuda(tokens.as<int32_t>(op), rows, table.as<float>(op), s, D, x.as<float>(op));
 }
 
 template <class A>
 void CudaModelBackend<A>::embedding_backward(const int32_t* host_tokens, int64_t rows, CBuf dx, int64_t D,
-                                             Buf dtable) const {
+                                             VocabSlice s, Buf dtable) const {
   const char* op = "embedding_backward";
-  const EmbeddingGradPlan plan = make_embedding_grad_plan(host_tokens, rows);
+  const EmbeddingGradPlan plan = make_embedding_grad_plan(host_tokens, rows, s);
   embedding_backward_cuda(plan, dx.as<float>(op), D, dtable.as<float>(op));
 }
 
@@ -59,6 +59,27 @@ CrossEntropyStats CudaModelBackend<A>::cross_entropy(Buf logits, int64_t rows, i
                      answer ? answer.as<uint8_t>(op) : nullptr, grad_scale, row_loss.data<double>(),
                      row_flags.data<int32_t>());
   return cross_entropy_stats_cuda(row_loss.data<double>(), row_flags.data<int32_t>(), rows);
+}
+
+template <class A>
+void CudaModelBackend<A>::vocab_slice_max(CBuf logits, int64_t rows, int64_t count, Buf row_max) const {
+  const char* op = "vocab_slice_max";
+  vocab_slice_max_cuda(logits.as<float>(op), rows, count, row_max.as<double>(op));
+}
+
+template <class A>
+void CudaModelBackend<A>::vocab_slice_sums(CBuf logits, int64_t rows, VocabSlice s, CBuf targets, CBuf row_max,
+                                           Buf sums, Buf first) const {
+  const char* op = "vocab_slice_sums";
+  vocab_slice_sums_cuda(logits.as<float>(op), rows, s, targets.as<int32_t>(op), row_max.as<double>(op),
+                        sums.as<double>(op), first.as<double>(op));
+}
+
+template <class A>
+void CudaModelBackend<A>::vocab_slice_grad(Buf logits, int64_t rows, VocabSlice s, CBuf targets, CBuf lse,
+                                           double grad_scale) const {
+  const char* op = "vocab_slice_grad";
+  vocab_slice_grad_cuda(logits.as<float>(op), rows, s, targets.as<int32_t>(op), lse.as<double>(op), grad_scale);
 }
 
 template <class A>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/blas.h"
 #include "core/error.h"
@@ -10,24 +11,48 @@
 
 namespace iha {
 
+VocabSlice vocab_slice(int64_t V, int64_t ranks, int64_t r) {
+  IHA_CHECK(ranks >= 1 && r >= 0 && r < ranks && V >= ranks, "vocabulary of ", V, " entries split over ", ranks,
+            " ranks (rank ", r, ")");
+  const int64_t first = r * V / ranks;
+  return {first, (r + 1) * V / ranks - first};
+}
+
 template <class T>
-void embedding_forward(const int32_t* tokens, int64_t rows, const T* table, int64_t vocab,
-                       int64_t D, T* x) {
+void embedding_slice_forward(const int32_t* tokens, int64_t rows, const T* table, VocabSlice s, int64_t D,
+                             T* x) {
   for (int64_t r = 0; r < rows; ++r) {
-    const int32_t t = tokens[r];
-    IHA_CHECK(t >= 0 && t < vocab, "token id ", t, " at row ", r, " is outside the vocabulary [0, ",
-              vocab, ")");
-    std::memcpy(x + r * D, table + static_cast<int64_t>(t) * D, sizeof(T) * D);
+    const int64_t t = tokens[r];
+    if (s.holds(t))
+      std::memcpy(x + r * D, table + (t - s.first) * D, sizeof(T) * D);
+    else
+      std::fill(x + r * D, x + (r + 1) * D, T(0));
   }
 }
 
 template <class T>
-void embedding_backward(const int32_t* tokens, int64_t rows, const T* dx, int64_t D, T* dtable) {
+void embedding_slice_backward(const int32_t* tokens, int64_t rows, const T* dx, int64_t D, VocabSlice s,
+                              T* dtable) {
   for (int64_t r = 0; r < rows; ++r) {
-    T* dst = dtable + static_cast<int64_t>(tokens[r]) * D;
+    if (!s.holds(tokens[r])) continue;
+    T* dst = dtable + (tokens[r] - s.first) * D;
     const T* src = dx + r * D;
     for (int64_t c = 0; c < D; ++c) dst[c] += src[c];
   }
+}
+
+template <class T>
+void embedding_forward(const int32_t* tokens, int64_t rows, const T* table, int64_t vocab,
+                       int64_t D, T* x) {
+  for (int64_t r = 0; r < rows; ++r)
+    IHA_CHECK(tokens[r] >= 0 && tokens[r] < vocab, "token id ", tokens[r], " at row ", r,
+              " is outside the vocabulary [0, ", vocab, ")");
+  embedding_slice_forward(tokens, rows, table, VocabSlice{0, vocab}, D, x);
+}
+
+template <class T>
+void embedding_backward(const int32_t* tokens, int64_t rows, const T* dx, int64_t D, T* dtable) {
+  embedding_slice_backward(tokens, rows, dx, D, VocabSlice{0, std::numeric_limits<int32_t>::max()}, dtable);
 }
 
 template <class T>
@@ -104,6 +129,16 @@ void swiglu_backward(const T* x, const T* dy, int64_t rows, int64_t D, int64_t F
   gemm<T>(false, true, rows, D, F, T(1), hp, F, w_up, F, T(1), dx, D);
 }
 
+void CrossEntropyStats::add_row(double loss, bool hit, bool answer_row) {
+  loss_sum += loss;
+  count += 1;
+  correct += hit;
+  if (!answer_row) return;
+  answer_loss_sum += loss;
+  answer_count += 1;
+  answer_correct += hit;
+}
+
 void CrossEntropyStats::add(const CrossEntropyStats& o) {
   loss_sum += o.loss_sum;
   count += o.count;
@@ -134,15 +169,7 @@ CrossEntropyStats cross_entropy_forward_backward(T* logits, int64_t rows, int64_
     for (int64_t c = 0; c < V; ++c) sum += std::exp(static_cast<double>(l[c]) - mx);
     const double lse = mx + std::log(sum);
     const double loss = lse - static_cast<double>(l[t]);
-    const bool hit = arg == t;
-    s.loss_sum += loss;
-    s.count += 1;
-    s.correct += hit;
-    if (answer && answer[r]) {
-      s.answer_loss_sum += loss;
-      s.answer_count += 1;
-      s.answer_correct += hit;
-    }
+    s.add_row(loss, arg == t, answer && answer[r]);
     if (grad_scale != 0) {
       for (int64_t c = 0; c < V; ++c)
         l[c] = static_cast<T>(grad_scale * std::exp(static_cast<double>(l[c]) - lse));
@@ -150,6 +177,47 @@ CrossEntropyStats cross_entropy_forward_backward(T* logits, int64_t rows, int64_
     }
   }
   return s;
+}
+
+template <class T>
+void vocab_slice_max(const T* logits, int64_t rows, int64_t count, double* row_max) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* l = logits + r * count;
+    row_max[r] = static_cast<double>(*std::max_element(l, l + count));
+  }
+}
+
+template <class T>
+void vocab_slice_sums(const T* logits, int64_t rows, VocabSlice s, const int32_t* targets,
+                      const double* row_max, double* sums, double* first) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* l = logits + r * s.count;
+    double sum = 0;
+    first[r] = std::numeric_limits<double>::infinity();
+    for (int64_t c = 0; c < s.count; ++c) {
+      const double v = static_cast<double>(l[c]);
+      sum += std::exp(v - row_max[r]);
+      if (v == row_max[r] && first[r] > static_cast<double>(s.first + c)) first[r] = static_cast<double>(s.first + c);
+    }
+    sums[2 * r] = sum;
+    sums[2 * r + 1] = s.holds(targets[r]) ? static_cast<double>(l[targets[r] - s.first]) : 0.0;
+  }
+}
+
+template <class T>
+void vocab_slice_grad(T* logits, int64_t rows, VocabSlice s, const int32_t* targets, const double* lse,
+                      double grad_scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* l = logits + r * s.count;
+    const int32_t t = targets[r];
+    if (t < 0) {
+      std::fill(l, l + s.count, T(0));
+      continue;
+    }
+    for (int64_t c = 0; c < s.count; ++c)
+      l[c] = static_cast<T>(grad_scale * std::exp(static_cast<double>(l[c]) - lse[r]));
+    if (s.holds(t)) l[t - s.first] -= static_cast<T>(grad_scale);
+  }
 }
 
 #define IHA_MODEL_OPS(T)                                                                         \
@@ -164,7 +232,13 @@ CrossEntropyStats cross_entropy_forward_backward(T* logits, int64_t rows, int64_
                                    const T*, const T*, const SwigluCache&, T*, T*, T*, T*);      \
   template CrossEntropyStats cross_entropy_forward_backward<T>(T*, int64_t, int64_t,             \
                                                                const int32_t*, const uint8_t*,   \
-                                                               double);
+                                                               double);                          \
+  template void embedding_slice_forward<T>(const int32_t*, int64_t, const T*, VocabSlice, int64_t, T*); \
+  template void embedding_slice_backward<T>(const int32_t*, int64_t, const T*, int64_t, VocabSlice, T*); \
+  template void vocab_slice_max<T>(const T*, int64_t, int64_t, double*);                         \
+  template void vocab_slice_sums<T>(const T*, int64_t, VocabSlice, const int32_t*, const double*, \
+                                    double*, double*);                                           \
+  template void vocab_slice_grad<T>(T*, int64_t, VocabSlice, const int32_t*, const double*, double);
 IHA_MODEL_OPS(float)
 IHA_MODEL_OPS(double)
 #undef IHA_MODEL_OPS

@@ -7,7 +7,9 @@
 // Threads: plain functions without shared state; BLAS products use set_num_threads() threads.
 // defines: iha::embedding_forward, iha::embedding_backward, iha::rmsnorm_forward,
 //          iha::rmsnorm_backward, iha::SwigluCache, iha::swiglu_forward, iha::swiglu_backward,
-//          iha::CrossEntropyStats, iha::cross_entropy_forward_backward
+//          iha::CrossEntropyStats, iha::cross_entropy_forward_backward, iha::VocabSlice,
+//          iha::vocab_slice, iha::embedding_slice_forward, iha::embedding_slice_backward,
+//          iha::vocab_slice_max, iha::vocab_slice_sums, iha::vocab_slice_grad
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,17 @@
 
 namespace iha {
 
+// The vocabulary entries [first, first + count): the whole vocabulary, or under tensor
+// parallelism one rank's rows of the embedding and columns of the LM head.
+struct VocabSlice {
+  int64_t first = 0, count = 0;
+  int64_t end() const { return first + count; }
+  bool holds(int64_t id) const { return id >= first && id < first + count; }
+};
+// Rank r's slice of V entries split over `ranks`: [floor(r V / ranks), floor((r + 1) V / ranks)),
+// so shares differ by at most one entry and add up to V (no padding). Needs V >= ranks.
+VocabSlice vocab_slice(int64_t V, int64_t ranks, int64_t r);
+
 // x[r][:] = table[tokens[r]][:] for r < rows; table is [vocab, D]. Token ids are checked.
 template <class T>
 void embedding_forward(const int32_t* tokens, int64_t rows, const T* table, int64_t vocab,
@@ -23,6 +36,16 @@ void embedding_forward(const int32_t* tokens, int64_t rows, const T* table, int6
 // dtable[tokens[r]][:] += dx[r][:], rows in ascending order (a fixed summation order).
 template <class T>
 void embedding_backward(const int32_t* tokens, int64_t rows, const T* dx, int64_t D, T* dtable);
+
+// The same on a slice of the table: `table` holds the rows of slice s ([s.count, D]); a token
+// outside s (another rank's, or -1 for a padding row) gives a zero row, and adds nothing to
+// dtable. Ids are the caller's to check.
+template <class T>
+void embedding_slice_forward(const int32_t* tokens, int64_t rows, const T* table, VocabSlice s, int64_t D,
+                             T* x);
+template <class T>
+void embedding_slice_backward(const int32_t* tokens, int64_t rows, const T* dx, int64_t D, VocabSlice s,
+                              T* dtable);
 
 // y = x * r * g with r = 1 / sqrt(mean(x^2) + eps) per row; inv_rms[r] keeps r for backward.
 template <class T>
@@ -58,6 +81,8 @@ struct CrossEntropyStats {
   int64_t answer_count = 0;
   int64_t answer_correct = 0;
   void add(const CrossEntropyStats& o);
+  // One row with a target: its loss, whether its arg-max hit the target, whether it is an answer row.
+  void add_row(double loss, bool hit, bool answer_row);
 };
 // In place: when grad_scale != 0, logits are overwritten with
 // grad_scale * (softmax(logits) - onehot(target)) (zero rows where target < 0), the gradient
@@ -66,5 +91,24 @@ template <class T>
 CrossEntropyStats cross_entropy_forward_backward(T* logits, int64_t rows, int64_t V,
                                                  const int32_t* targets, const uint8_t* answer,
                                                  double grad_scale);
+
+// The parallel cross-entropy (DESIGN.md section 12) is three passes over one rank's logits
+// [rows, s.count] of the entries of slice s, with all-reduces over the slices between them
+// (model/vocab_parallel.h puts them together); sums are float64 and in ascending column order.
+// row_max[r] = max_c logits[r][c].
+template <class T>
+void vocab_slice_max(const T* logits, int64_t rows, int64_t count, double* row_max);
+// Against the row maxima over all slices (row_max): sums[2 r] = sum_c exp(logits - row_max),
+// sums[2 r + 1] = the target's logit when s holds it, else 0; first[r] = the smallest global
+// index whose logit equals row_max (the first arg-max), +infinity when none of s's does.
+template <class T>
+void vocab_slice_sums(const T* logits, int64_t rows, VocabSlice s, const int32_t* targets,
+                      const double* row_max, double* sums, double* first);
+// In place, with lse[r] the log-sum-exp over all slices: logits become
+// grad_scale * (exp(logits - lse) - onehot(target)) on the slice (the one-hot only where s
+// holds the target); zero rows where target < 0.
+template <class T>
+void vocab_slice_grad(T* logits, int64_t rows, VocabSlice s, const int32_t* targets, const double* lse,
+                      double grad_scale);
 
 }  // namespace iha

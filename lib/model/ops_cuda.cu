@@ -47,11 +47,11 @@ __device__ T block_sum(T v, T* part) {
   return r;
 }
 
-__global__ void embedding_forward_kernel(const int32_t* tokens, int64_t rows, const float* table, int64_t D,
-                                         float* x) {
+__global__ void embedding_forward_kernel(const int32_t* tokens, int64_t rows, const float* table, int64_t first,
+                                         int64_t count, int64_t D, float* x) {
   IHA_GRID_STRIDE(idx, rows * D) {
-    const int64_t r = idx / D, c = idx % D;
-    x[idx] = table[static_cast<int64_t>(tokens[r]) * D + c];
+    const int64_t r = idx / D, c = idx % D, t = static_cast<int64_t>(tokens[r]) - first;
+    x[idx] = t >= 0 && t < count ? table[t * D + c] : 0.f;
   }
 }
 
@@ -222,6 +222,67 @@ __global__ void cross_entropy_stats_kernel(const double* row_loss, const int32_t
   }
 }
 
+// Block per row of a vocabulary slice's logits [rows, count].
+__global__ void vocab_slice_max_kernel(const float* logits, int64_t count, double* row_max) {
+  __shared__ float part[kThreads];
+  const float* l = logits + static_cast<int64_t>(blockIdx.x) * count;
+  float best = -INFINITY;
+  for (int64_t c = threadIdx.x; c < count; c += kThreads) best = fmaxf(best, l[c]);
+  part[threadIdx.x] = best;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) part[threadIdx.x] = fmaxf(part[threadIdx.x], part[threadIdx.x + s]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) row_max[blockIdx.x] = static_cast<double>(part[0]);
+}
+
+// sums[2r] = sum of exp(l - max) (double, as cross_entropy_kernel), sums[2r+1] = the target's
+// logit if the slice holds it, first[r] = the smallest global column at the maximum (+inf: none).
+__global__ void vocab_slice_sums_kernel(const float* logits, int64_t first_col, int64_t count,
+                                        const int32_t* targets, const double* row_max, double* sums,
+                                        double* first) {
+  __shared__ double sum_s[kThreads];
+  __shared__ int64_t arg_s[kThreads];
+  const int64_t r = blockIdx.x;
+  const float* l = logits + r * count;
+  const float mx = static_cast<float>(row_max[r]);
+  double sum = 0;
+  int64_t arg = count;
+  for (int64_t c = threadIdx.x; c < count; c += kThreads) {
+    sum += static_cast<double>(expf(l[c] - mx));
+    if (l[c] == mx && c < arg) arg = c;
+  }
+  arg_s[threadIdx.x] = arg;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) arg_s[threadIdx.x] = min(arg_s[threadIdx.x], arg_s[threadIdx.x + s]);
+    __syncthreads();
+  }
+  sum = block_sum(sum, sum_s);
+  if (threadIdx.x == 0) {
+    const int64_t t = static_cast<int64_t>(targets[r]) - first_col;
+    sums[2 * r] = sum;
+    sums[2 * r + 1] = t >= 0 && t < count ? static_cast<double>(l[t]) : 0.0;
+    first[r] = arg_s[0] < count ? static_cast<double>(first_col + arg_s[0]) : INFINITY;
+  }
+}
+
+// logits = grad_scale (exp(l - lse) - onehot(target)) on the slice; zero rows without a target.
+__global__ void vocab_slice_grad_kernel(float* logits, int64_t rows, int64_t first_col, int64_t count,
+                                        const int32_t* targets, const double* lse, double grad_scale) {
+  IHA_GRID_STRIDE(idx, rows * count) {
+    const int64_t r = idx / count, c = idx % count;
+    const int32_t t = targets[r];
+    float v = 0.f;
+    if (t >= 0) {
+      v = static_cast<float>(grad_scale * static_cast<double>(expf(logits[idx] - static_cast<float>(lse[r]))));
+      if (first_col + c == t) v -= static_cast<float>(grad_scale);
+    }
+    logits[idx] = v;
+  }
+}
+
 __global__ void adamw_kernel(AdamWStep<float> step, bool decay, float* p, const float* g, float* m, float* v,
                              int64_t n) {
   IHA_GRID_STRIDE(i, n) adamw_element(step, decay, p[i], g[i], m[i], v[i]);
@@ -234,27 +295,31 @@ void check_rows(const char* what, int64_t rows, int64_t D) {
 
 }  // namespace
 
-void embedding_forward_cuda(const int32_t* tokens, int64_t rows, const float* table, int64_t D, float* x,
-                            cudaStream_t stream) {
+void embedding_forward_cuda(const int32_t* tokens, int64_t rows, const float* table, VocabSlice slice, int64_t D,
+                            float* x, cudaStream_t stream) {
   check_rows("embedding_forward_cuda", rows, D);
   if (rows == 0) return;
-  embedding_forward_kernel<<<grid_for(rows * D), kThreads, 0, stream>>>(tokens, rows, table, D, x);
+  embedding_forward_kernel<<<grid_for(rows * D), kThreads, 0, stream>>>(tokens, rows, table, slice.first, slice.count,
+                                                                        D, x);
   IHA_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
 }
 
-EmbeddingGradPlan make_embedding_grad_plan(const int32_t* host_tokens, int64_t rows) {
+EmbeddingGradPlan make_embedding_grad_plan(const int32_t* host_tokens, int64_t rows, VocabSlice slice) {
   IHA_CHECK(rows >= 0 && rows <= INT32_MAX, "make_embedding_grad_plan: ", rows, " rows");
-  std::vector<int32_t> order(static_cast<size_t>(rows));
-  std::iota(order.begin(), order.end(), 0);
+  // Only the rows whose token the slice holds; segments name the slice's local row.
+  std::vector<int32_t> order;
+  for (int64_t r = 0; r < rows; ++r)
+    if (slice.holds(host_tokens[r])) order.push_back(static_cast<int32_t>(r));
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return host_tokens[a] < host_tokens[b]; });
+  const int64_t kept = static_cast<int64_t>(order.size());
   std::vector<int32_t> begin, token;
-  for (int64_t k = 0; k < rows; ++k)
+  for (int64_t k = 0; k < kept; ++k)
     if (k == 0 || host_tokens[order[k]] != host_tokens[order[k - 1]]) {
       begin.push_back(static_cast<int32_t>(k));
-      token.push_back(host_tokens[order[k]]);
+      token.push_back(static_cast<int32_t>(host_tokens[order[k]] - slice.first));
     }
-  begin.push_back(static_cast<int32_t>(rows));
+  begin.push_back(static_cast<int32_t>(kept));
   auto upload = [](const std::vector<int32_t>& v) {
     Tensor h({static_cast<int64_t>(v.size())}, DType::i32);
     std::copy(v.begin(), v.end(), h.data<int32_t>());
@@ -346,6 +411,31 @@ CrossEntropyStats cross_entropy_stats_cuda(const double* row_loss, const int32_t
   s.answer_count = static_cast<int64_t>(h[4]);
   s.answer_correct = static_cast<int64_t>(h[5]);
   return s;
+}
+
+void vocab_slice_max_cuda(const float* logits, int64_t rows, int64_t count, double* row_max, cudaStream_t stream) {
+  check_rows("vocab_slice_max_cuda", rows, count);
+  if (rows == 0) return;
+  vocab_slice_max_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, count, row_max);
+  IHA_CUDA_LAUNCH_CHECK("vocab_slice_max_kernel");
+}
+
+void vocab_slice_sums_cuda(const float* logits, int64_t rows, VocabSlice slice, const int32_t* targets,
+                           const double* row_max, double* sums, double* first, cudaStream_t stream) {
+  check_rows("vocab_slice_sums_cuda", rows, slice.count);
+  if (rows == 0) return;
+  vocab_slice_sums_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, slice.first, slice.count,
+                                                                               targets, row_max, sums, first);
+  IHA_CUDA_LAUNCH_CHECK("vocab_slice_sums_kernel");
+}
+
+void vocab_slice_grad_cuda(float* logits, int64_t rows, VocabSlice slice, const int32_t* targets, const double* lse,
+                           double grad_scale, cudaStream_t stream) {
+  check_rows("vocab_slice_grad_cuda", rows, slice.count);
+  if (rows == 0) return;
+  vocab_slice_grad_kernel<<<grid_for(rows * slice.count), kThreads, 0, stream>>>(logits, rows, slice.first,
+                                                                                 slice.count, targets, lse, grad_scale);
+  IHA_CUDA_LAUNCH_CHECK("vocab_slice_grad_kernel");
 }
 
 void adamw_update_cuda(const AdamWStep<float>& step, bool decay, float* p, const float* g, float* m, float* v,

@@ -19,7 +19,8 @@
 // defines: iha::embedding_forward_cuda, iha::EmbeddingGradPlan, iha::make_embedding_grad_plan,
 //          iha::embedding_backward_cuda, iha::rmsnorm_forward_cuda, iha::rmsnorm_backward_cuda,
 //          iha::swiglu_act_forward_cuda, iha::swiglu_act_backward_cuda,
-//          iha::cross_entropy_cuda, iha::cross_entropy_stats_cuda, iha::adamw_update_cuda
+//          iha::cross_entropy_cuda, iha::cross_entropy_stats_cuda, iha::vocab_slice_max_cuda,
+//          iha::vocab_slice_sums_cuda, iha::vocab_slice_grad_cuda, iha::adamw_update_cuda
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -34,9 +35,10 @@
 
 namespace iha {
 
-// x[r][:] = table[tokens[r]][:] (fp32 table and rows).
-void embedding_forward_cuda(const int32_t* tokens, int64_t rows, const float* table, int64_t D,
-                            float* x, cudaStream_t stream = 0);
+// x[r][:] = table[tokens[r] - slice.first][:] where the slice holds tokens[r], else zero (fp32
+// table of the slice's rows, and rows; embedding_slice_forward).
+void embedding_forward_cuda(const int32_t* tokens, int64_t rows, const float* table, VocabSlice slice,
+                            int64_t D, float* x, cudaStream_t stream = 0);
 
 // The rows of a batch grouped by token (built on the host from the host token ids, uploaded
 // once per batch): the embedding gradient then runs one thread per (distinct token, column).
@@ -46,8 +48,9 @@ struct EmbeddingGradPlan {
   Tensor seg_begin;  // i32 [segments + 1]: segment s is order[seg_begin[s], seg_begin[s+1])
   Tensor seg_token;  // i32 [segments]: the token of segment s
 };
-EmbeddingGradPlan make_embedding_grad_plan(const int32_t* host_tokens, int64_t rows);
-// dtable[tokens[r]][:] += dx[r][:], rows of a token in ascending order (the CPU's order).
+// Only the rows whose token `slice` holds; their tokens relative to slice.first.
+EmbeddingGradPlan make_embedding_grad_plan(const int32_t* host_tokens, int64_t rows, VocabSlice slice);
+// dtable[tokens[r] - slice.first][:] += dx[r][:], rows of a token in ascending order (the CPU's order).
 void embedding_backward_cuda(const EmbeddingGradPlan& plan, const float* dx, int64_t D,
                              float* dtable, cudaStream_t stream = 0);
 
@@ -80,6 +83,16 @@ void cross_entropy_cuda(float* logits, int64_t rows, int64_t V, const int32_t* t
 // Sums per-row results in ascending row order into CrossEntropyStats (synchronises).
 CrossEntropyStats cross_entropy_stats_cuda(const double* row_loss, const int32_t* row_flags,
                                            int64_t rows, cudaStream_t stream = 0);
+
+// The parallel cross-entropy's passes on a vocabulary slice's logits [rows, count] (fp32; sums in
+// f64): twins of vocab_slice_max, vocab_slice_sums, vocab_slice_grad (ops.h). One block per row
+// for the first two.
+void vocab_slice_max_cuda(const float* logits, int64_t rows, int64_t count, double* row_max,
+                          cudaStream_t stream = 0);
+void vocab_slice_sums_cuda(const float* logits, int64_t rows, VocabSlice slice, const int32_t* targets,
+                           const double* row_max, double* sums, double* first, cudaStream_t stream = 0);
+void vocab_slice_grad_cuda(float* logits, int64_t rows, VocabSlice slice, const int32_t* targets,
+                           const double* lse, double grad_scale, cudaStream_t stream = 0);
 
 // AdamW on n elements of fp32 master weights p, gradients g and moments m, v (adamw_element).
 void adamw_update_cuda(const AdamWStep<float>& step, bool decay, float* p, const float* g,

@@ -248,9 +248,10 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
   const S per_layer = S(4) * D * H * d + S(3) * D * F + S(2) * D + S(4) * H * P * P;
   const S params = S(2) * V * D + L * per_layer + D;
   e.params = params.value();
-  // What one rank holds: tensor parallelism splits the MLP's 3 D F per layer over tp.
+  // What one rank holds: tensor parallelism splits the MLP's 3 D F per layer and the
+  // vocabulary (embedding rows, LM head columns) over tp.
   const S held =
-      S(2) * V * D + L * (S(4) * D * H * d + ceil_div(S(3) * D * F, tp) + S(2) * D + S(4) * H * P * P) + D;
+      S(2) * ceil_div(V, tp) * D + L * (S(4) * D * H * d + ceil_div(S(3) * D * F, tp) + S(2) * D + S(4) * H * P * P) + D;
   const S es(static_cast<int64_t>(dtype_size(c.dtype)));
   // Parameters and gradients on every rank, moments on every rank or 1/R of them (optim.zero,
   // R the holders of the same weights: the world over tp), which then adds a parameter and a

@@ -53,6 +53,8 @@ void check_mesh_fits_model(const RunConfig& cfg) {
   if (tp > 1) {
     IHA_CONFIG_CHECK(cfg.model.ffn % tp == 0, "config key 'mesh.tp': the tensor-parallel degree ", tp,
                      " must divide model.ffn = ", cfg.model.ffn, " (the MLP's hidden units are split over tp)");
+    IHA_CONFIG_CHECK(cfg.model.vocab >= tp, "config key 'mesh.tp': the tensor-parallel degree ", tp,
+                     " exceeds model.vocab_size = ", cfg.model.vocab, " (the vocabulary is split over tp)");
     // Level 2 reduce-scatters buckets over the holders during backward; the replicated
     // tensors would first need their sum over tp, which only level 1 does.
     IHA_CONFIG_CHECK(cfg.optim.zero < 2, "config key 'optim.zero': level ", cfg.optim.zero,

@@ -3,8 +3,8 @@
 // scheme over the tp x hp x sp replica), AdamW moments (replicated, or sharded), the step
 // count, the data cursor and the RNG. Without tensor parallelism parameters are replicated on
 // every rank, so every rank of the world holds a share of every parameter gradient and they
-// are summed over all ranks; sharded state spans the whole world. With mesh.tp > 1 the MLP
-// weights are sharded over each tp group (Transformer's TensorParallel): a shard's gradient is
+// are summed over all ranks; sharded state spans the whole world. With mesh.tp > 1 the MLP,
+// embedding and LM head weights are sharded over each tp group (Transformer's TensorParallel): a shard's gradient is
 // summed over the ranks holding that shard (ProcessMesh::same_shard), every other gradient
 // over the world; sharded state spans the holders of the same weights (same_shard()).
 //
@@ -132,7 +132,8 @@ struct NamedTensor {
 
 // Throws ConfigError naming the config key at fault when the mesh does not fit the model: mesh.hp
 // (or mesh.tp), model.H and the mesh.schemes key when a layer kind uses the head scheme and the
-// head group does not divide H; mesh.tp when it does not divide model.ffn, or with optim.zero 2.
+// head group does not divide H; mesh.tp when it does not divide model.ffn, exceeds
+// model.vocab_size, or with optim.zero 2.
 // Local; the Trainer runs it on every rank.
 void check_mesh_fits_model(const RunConfig& cfg);
 

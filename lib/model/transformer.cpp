@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/rng.h"
+#include "model/vocab_parallel.h"
 
 namespace iha {
 
@@ -32,11 +33,16 @@ Tensor host_tensor(const std::vector<uint8_t>& v) {
 std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c, int64_t tp, int64_t tp_rank) {
   IHA_CONFIG_CHECK(tp >= 1 && c.ffn % tp == 0, "config key 'mesh.tp': the tensor-parallel degree ", tp,
                    " must divide model.ffn = ", c.ffn, " (the MLP's hidden units are split over tp)");
+  IHA_CONFIG_CHECK(c.vocab >= tp, "config key 'mesh.tp': the tensor-parallel degree ", tp,
+                   " exceeds model.vocab_size = ", c.vocab, " (the vocabulary is split over tp)");
   IHA_CHECK(tp_rank >= 0 && tp_rank < tp, "tensor-parallel rank ", tp_rank, " outside [0, ", tp, ")");
   auto L = std::make_shared<ParamLayout>();
   const int64_t Floc = c.ffn / tp, f0 = tp_rank * Floc;
   const int64_t Hd = c.H * c.d, Hkv = c.kv_heads_or_H(), Kd = Hkv * c.d;
-  L->add("embed", {c.vocab, c.D}, true);
+  // Vocabulary-parallel: rank tp_rank's rows of the embedding and columns of the LM head.
+  const VocabSlice v = vocab_slice(c.vocab, tp, tp_rank);
+  if (tp == 1) L->add("embed", {c.vocab, c.D}, true);
+  else L->add_split("embed", {v.count, c.D}, true, {c.vocab, c.D}, {v.first, 0});
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string p = block_prefix(i);
     L->add(p + "norm1", {c.D}, false);
@@ -63,7 +69,8 @@ std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c, int64_t tp,
     }
   }
   L->add("norm_f", {c.D}, false);
-  L->add("lm_head", {c.D, c.vocab}, true);
+  if (tp == 1) L->add("lm_head", {c.D, c.vocab}, true);
+  else L->add_split("lm_head", {c.D, v.count}, true, {c.D, c.vocab}, {0, v.first});
   return L;
 }
 
@@ -116,6 +123,7 @@ Transformer<T>::Transformer(const ModelConfig& cfg, const CoreFactory& make_core
   embed_ = layout_->index("embed");
   norm_f_ = layout_->index("norm_f");
   lm_head_ = layout_->index("lm_head");
+  vocab_ = iha::vocab_slice(cfg_.vocab, tp_.size(), tp_.rank());
   // GradientsReady ranges rely on the schema order: embed, blocks, norm_f, lm_head.
   IHA_CHECK(embed_ == 0 && norm_f_ + 1 == lm_head_ && lm_head_ + 1 == layout_->specs().size(),
             "parameter layout is not in schema order");
@@ -252,11 +260,49 @@ void Transformer<T>::check_batch(const TokenBatch& b) const {
 }
 
 template <class T>
-Tensor Transformer<T>::embed(const TokenBatch& b) {
-  Tensor x = be_->alloc_acc({b.B, b.n, cfg_.D});
-  const Tensor tokens = be_->upload(host_tensor(b.tokens));
-  be_->embedding_forward(tokens, b.B * b.n, params_.view(embed_), cfg_.vocab, cfg_.D, x);
-  return x;
+typename Transformer<T>::VocabRows Transformer<T>::vocab_rows(const TokenBatch& b) const {
+  VocabRows v;
+  const int64_t own = b.B * n_local_;
+  if (tp_.size() == 1) {
+    v.tokens = b.tokens;
+    v.targets = b.targets;
+    v.answer = b.answer;
+    v.own_end = own;
+    return v;
+  }
+  // One all-gather of each rank's tokens, targets and answer flags (i32, padded rows -1/-1/0).
+  const int64_t tp = tp_.size(), block = b.B * tp_tokens_max_;
+  Tensor mine({3, block}, DType::i32);
+  int32_t* m = mine.data<int32_t>();
+  std::fill(m, m + 2 * block, -1);
+  std::fill(m + 2 * block, m + 3 * block, 0);
+  std::copy(b.tokens.begin(), b.tokens.end(), m);
+  std::copy(b.targets.begin(), b.targets.end(), m + block);
+  std::copy(b.answer.begin(), b.answer.end(), m + 2 * block);
+  const Tensor sent = be_->upload(mine);
+  Tensor all = be_->alloc({tp, 3, block}, DType::i32);
+  tp_.comm->all_gather(sent.raw(), all.raw(), 3 * block, DType::i32, "vocab.rows");
+  const Tensor host = be_->download(all);
+  const int32_t* a = host.data<int32_t>();
+  for (int64_t q = 0; q < tp; ++q) {
+    const int32_t* r = a + q * 3 * block;
+    v.tokens.insert(v.tokens.end(), r, r + block);
+    v.targets.insert(v.targets.end(), r + block, r + 2 * block);
+    v.answer.insert(v.answer.end(), r + 2 * block, r + 3 * block);
+  }
+  v.own_begin = tp_.rank() * block;
+  v.own_end = v.own_begin + own;
+  return v;
+}
+
+template <class T>
+Tensor Transformer<T>::embed(const VocabRows& rows, int64_t B) {
+  // Each rank looks the rows' tokens up in its slice (zero rows for the others' tokens); the
+  // partial sums go to the tokens' owners.
+  Tensor part = be_->alloc_acc({rows.rows(), cfg_.D});
+  const Tensor tokens = be_->upload(host_tensor(rows.tokens));
+  be_->embedding_forward(tokens, rows.rows(), params_.view(embed_), vocab_, cfg_.D, part);
+  return scatter_rows(part, B, "embed.scatter");
 }
 
 template <class T>
@@ -354,24 +400,34 @@ Tensor Transformer<T>::scatter_rows(const Tensor& group, int64_t B, const char* 
 }
 
 template <class T>
-CrossEntropyStats Transformer<T>::head(const Tensor& f, const TokenBatch& batch, double grad_scale, Tensor* df) {
+CrossEntropyStats Transformer<T>::head(const Tensor& f, const VocabRows& vr, int64_t B, double grad_scale,
+                                       Tensor* df) {
   const ModelBackend& be = *be_;
-  const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
-  const Tensor targets = be.upload(host_tensor(batch.targets)), answer = be.upload(host_tensor(batch.answer));
+  const int64_t D = cfg_.D, V = vocab_.count, rows = vr.rows();
+  const Tensor fg = gather_rows(f, B, be.compute_dtype(), "head.gather");  // the rows' inputs
+  const Tensor targets = be.upload(host_tensor(vr.targets)), answer = be.upload(host_tensor(vr.answer));
   const Tensor w_head = weight(lm_head_), g_head = grads_.view(lm_head_);
   const int64_t slab = std::max<int64_t>(1, std::min(rows, be.logit_rows(V)));
+  const double gs = df ? grad_scale : 0.0;
   CrossEntropyStats stats;
-  Tensor logits = be.alloc_acc({slab, V});
+  Tensor logits = be.alloc_acc({slab, V}), dfg = df ? be.alloc_acc({rows, D}) : Tensor();
   for (int64_t r0 = 0; r0 < rows; r0 += slab) {
     const int64_t m = std::min(slab, rows - r0);
-    const CBuf fr = CBuf(f).at(r0 * D);
+    const CBuf fr = CBuf(fg).at(r0 * D);
     be.gemm(false, false, m, V, D, fr, D, w_head, V, 0, logits, V);
-    stats.add(be.cross_entropy(logits, m, V, CBuf(targets).at(r0), CBuf(answer).at(r0), df ? grad_scale : 0.0));
+    if (tp_.size() == 1)
+      stats.add(be.cross_entropy(logits, m, V, CBuf(targets).at(r0), CBuf(answer).at(r0), gs));
+    else
+      stats.add(vocab_parallel_cross_entropy(be, *tp_.comm, logits, m, vocab_, CBuf(targets).at(r0),
+                                             vr.targets.data() + r0, vr.answer.data() + r0, vr.own_begin - r0,
+                                             vr.own_end - r0, gs, "head.ce"));
     if (!df) continue;
     const Tensor dl = be.to_compute(logits.slice(0, m));
     be.gemm(true, false, D, V, m, fr, D, dl, V, 1, g_head, V);
-    be.gemm(false, true, m, D, V, dl, V, w_head, V, 0, Buf(*df).at(r0 * D), D);
+    be.gemm(false, true, m, D, V, dl, V, w_head, V, 0, Buf(dfg).at(r0 * D), D);
   }
+  // The slices' partial input gradients summed for this rank's rows.
+  if (df) *df = scatter_rows(dfg, B, "head.scatter_grad");
   return stats;
 }
 
@@ -384,7 +440,8 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
   const int64_t rows = batch.B * batch.n, D = cfg_.D;
   std::vector<BlockActs> acts(blocks_.size());
   use_segments(batch);
-  Tensor x = embed(batch);
+  const VocabRows vr = vocab_rows(batch);
+  Tensor x = embed(vr, batch.B);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Tensor out;
     block_forward(*blocks_[i], x, out, acts[i]);
@@ -392,9 +449,9 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
     x = out;
   }
   // Final norm, LM head and cross-entropy, a slab of rows at a time.
-  Tensor f = be.alloc_compute({rows, D}), inv_f = be.alloc_acc({rows}), df = be.alloc_acc({rows, D});
+  Tensor f = be.alloc_compute({rows, D}), inv_f = be.alloc_acc({rows}), df;
   be.rmsnorm_forward(x, rows, D, params_.view(norm_f_), cfg_.norm_eps, f, inv_f);
-  const CrossEntropyStats stats = head(f, batch, grad_scale, &df);
+  const CrossEntropyStats stats = head(f, vr, batch.B, grad_scale, &df);
   Tensor dx = be.alloc_acc({batch.B, batch.n, D});
   be.rmsnorm_backward(x, df, rows, D, params_.view(norm_f_), inv_f, dx, grads_.view(norm_f_));
   f = df = Tensor();
@@ -411,18 +468,17 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
     acts[i] = BlockActs();
     dx = dxi;
   }
-  be.embedding_backward(batch.tokens.data(), rows, dx, D, grads_.view(embed_));
+  const Tensor dxg = gather_rows(dx, batch.B, be.acc_dtype(), "embed.gather_grad");  // the rows' gradients
+  be.embedding_backward(vr.tokens.data(), vr.rows(), dxg, D, vocab_, grads_.view(embed_));
   if (ready) ready(embed_, embed_ + 1);
   return stats;
 }
 
 template <class T>
-Tensor Transformer<T>::final_hidden(const TokenBatch& batch) {
-  check_batch(batch);
-  refresh_compute_weights();
+Tensor Transformer<T>::final_hidden(const TokenBatch& batch, const VocabRows& vr) {
   const int64_t rows = batch.B * batch.n, D = cfg_.D;
   use_segments(batch);
-  Tensor x = embed(batch);
+  Tensor x = embed(vr, batch.B);
   for (auto& blk : blocks_) {
     BlockActs acts;
     Tensor out;
@@ -436,16 +492,39 @@ Tensor Transformer<T>::final_hidden(const TokenBatch& batch) {
 
 template <class T>
 Tensor Transformer<T>::logits(const TokenBatch& batch) {
+  check_batch(batch);
+  refresh_compute_weights();
+  const ModelBackend& be = *be_;
   const int64_t rows = batch.B * batch.n, D = cfg_.D, V = cfg_.vocab;
-  const Tensor f = final_hidden(batch);
-  Tensor out = be_->alloc_acc({rows, V});
-  be_->gemm(false, false, rows, V, D, f, D, weight(lm_head_), V, 0, out, V);
-  return out;
+  const VocabRows vr = vocab_rows(batch);
+  const Tensor fg = gather_rows(final_hidden(batch, vr), batch.B, be.compute_dtype(), "head.gather");
+  if (tp_.size() == 1) {
+    Tensor out = be.alloc_acc({rows, V});
+    be.gemm(false, false, rows, V, D, fg, D, weight(lm_head_), V, 0, out, V);
+    return out;
+  }
+  // Each rank's slice of the group's logits, padded to the widest slice, all-gathered; this
+  // rank's rows assembled on the host.
+  const int64_t G = vr.rows(), tp = tp_.size(), wide = (V + tp - 1) / tp;
+  Tensor mine = be.alloc_acc({G, wide}), all = be.alloc_acc({tp, G, wide});
+  be.gemm(false, false, G, vocab_.count, D, fg, D, weight(lm_head_), vocab_.count, 0, mine, wide);
+  tp_.comm->all_gather(mine.raw(), all.raw(), G * wide, be.acc_dtype(), "head.logits");
+  const Tensor a = be.download(all);
+  Tensor out({rows, V}, be.acc_dtype());
+  for (int64_t q = 0; q < tp; ++q) {
+    const VocabSlice s = iha::vocab_slice(V, tp, q);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(a.data<T>() + (q * G + vr.own_begin + r) * wide, s.count, out.data<T>() + r * V + s.first);
+  }
+  return be.upload(out);
 }
 
 template <class T>
 CrossEntropyStats Transformer<T>::evaluate(const TokenBatch& batch) {
-  return head(final_hidden(batch), batch, 0.0, nullptr);
+  check_batch(batch);
+  refresh_compute_weights();
+  const VocabRows vr = vocab_rows(batch);
+  return head(final_hidden(batch, vr), vr, batch.B, 0.0, nullptr);
 }
 
 template void init_model_params<float>(const ModelConfig&, const ParamLayout&, float*, uint64_t);

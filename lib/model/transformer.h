@@ -28,10 +28,15 @@
 // w_up and the same rows of w_down. Between blocks the residual stream stays sequence-sharded
 // (each rank its own tokens); the MLP all-gathers the normed input of the group's tokens,
 // computes its slice of the hidden units and reduce-scatters the down projection's partial
-// sums back to the tokens' owners (backward: the mirror). Norms, attention (whose cores split
-// heads over the tp group), embedding and LM head are replicated in tp: their gradients are
-// this rank's share, to be summed over the world like the data-parallel ones; the MLP shards'
-// over the ranks holding the same shard.
+// sums back to the tokens' owners (backward: the mirror). The embedding and the LM head are
+// split over the vocabulary: rank t holds the entries vocab_slice(V, tp, t) (embedding rows, LM
+// head columns). The embedding looks up the group's tokens in its rows (zero for the others')
+// and reduce-scatters the partial sums to the tokens' owners; the LM head all-gathers the
+// final norm's output of the group's tokens, computes its slice of their logits and runs the
+// parallel cross-entropy (model/vocab_parallel.h): no rank holds whole logits. Norms and
+// attention (whose cores split heads over the tp group) are replicated in tp: their gradients
+// are this rank's share, to be summed over the world like the data-parallel ones; the shards'
+// (MLP, embedding, LM head) over the ranks holding the same shard.
 //
 // Threads: one thread drives a model; BLAS and attention kernels may use set_num_threads().
 // defines: iha::make_param_layout, iha::init_model_params, iha::TensorParallel, iha::Transformer
@@ -52,7 +57,7 @@
 namespace iha {
 
 // The parameter layout of a model (names, shapes, weight-decay flags), in schema order; with
-// tp > 1 the MLP weights are rank tp_rank's shards (ParamSpec::split).
+// tp > 1 the MLP, embedding and LM head weights are rank tp_rank's shards (ParamSpec::split).
 std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& cfg, int64_t tp = 1, int64_t tp_rank = 0);
 
 // The tensor-parallel group of a model: its communicator (ordered by tp index; on the
@@ -123,8 +128,11 @@ class Transformer {
   void set_token_map(const std::vector<std::vector<int64_t>>& parts);
 
   // Forward only, returning the logits [B * n, V] (T, on the backend's device; tests and
-  // inspection).
+  // inspection). With tp the group's logit slices are all-gathered (site head.logits): the one
+  // place whole logits exist, not used by training or evaluation.
   Tensor logits(const TokenBatch& batch);
+  // This rank's vocabulary entries (the whole vocabulary when tp = 1).
+  VocabSlice vocab_slice() const { return vocab_; }
 
  private:
   struct Block;
@@ -136,9 +144,19 @@ class Transformer {
   Tensor gather_rows(const Tensor& own, int64_t B, DType dt, const char* site) const;
   // The inverse: sums the group's partial rows and keeps this rank's [B * n, D] (acc).
   Tensor scatter_rows(const Tensor& group, int64_t B, const char* site) const;
-  Tensor embed(const TokenBatch& batch);
+  // The rows the embedding and the LM head work on: with tp every tp rank's rows of the batch,
+  // rank-major, each rank's B n_q rows padded to B n_max (token and target -1: the layout of
+  // gather_rows); the batch's own rows when tp = 1. [own_begin, own_end): this rank's.
+  struct VocabRows {
+    std::vector<int32_t> tokens, targets;
+    std::vector<uint8_t> answer;
+    int64_t own_begin = 0, own_end = 0;
+    int64_t rows() const { return static_cast<int64_t>(tokens.size()); }
+  };
+  VocabRows vocab_rows(const TokenBatch& batch) const;
+  Tensor embed(const VocabRows& rows, int64_t B);
   // Forward without activations through the final RMSNorm: [B * n, D] (logits, evaluate).
-  Tensor final_hidden(const TokenBatch& batch);
+  Tensor final_hidden(const TokenBatch& batch, const VocabRows& rows);
   void check_batch(const TokenBatch& batch) const;
   // Hands the batch's document segments to every layer's core.
   void use_segments(const TokenBatch& batch);
@@ -146,9 +164,10 @@ class Transformer {
   Tensor weight(size_t i) const;
   Tensor weight(const std::string& name) const { return weight(layout_->index(name)); }
   void refresh_compute_weights();
-  // The LM head on f rows [rows, D]: logits a slab at a time, cross-entropy, and with
-  // `backward` the head's gradient and df (written).
-  CrossEntropyStats head(const Tensor& f, const TokenBatch& batch, double grad_scale, Tensor* df);
+  // The LM head on this rank's f rows [B * n, D]: logits of the rows' (with tp, the group's)
+  // vocabulary slice a slab at a time, cross-entropy, and with df the head's gradient and df
+  // (this rank's rows, set).
+  CrossEntropyStats head(const Tensor& f, const VocabRows& rows, int64_t B, double grad_scale, Tensor* df);
 
   ModelConfig cfg_;
   std::shared_ptr<const ModelBackend> be_;
@@ -161,6 +180,7 @@ class Transformer {
   Tensor compute_;  // the weights in the compute dtype (only when it is not T)
   std::vector<std::unique_ptr<Block>> blocks_;
   size_t embed_, norm_f_, lm_head_;  // parameter indices
+  VocabSlice vocab_;                 // this rank's vocabulary entries
 };
 
 }  // namespace iha

@@ -7,6 +7,7 @@
 // with stubs (or wrong strides, dtypes, accumulation) fails here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <ostream>
@@ -552,7 +553,7 @@ TEST_P(BackendOps, EmbeddingCrossEntropyAdamW) {
   std::copy(ans.begin(), ans.end(), ans_h.data<uint8_t>());
   const auto table = rounded(randn(V * D, 29), at()), dx = rounded(randn(rows * D, 30), at());
   Tensor T = put(table, at()), X = be_->alloc_acc({rows * D});
-  be_->embedding_forward(be_->upload(tok_h), rows, T, V, D, X);
+  be_->embedding_forward(be_->upload(tok_h), rows, T, VocabSlice{0, V}, D, X);
   std::vector<double> want(rows * D), dtable = table;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < D; ++c) {
@@ -560,7 +561,7 @@ TEST_P(BackendOps, EmbeddingCrossEntropyAdamW) {
       dtable[tok[r] * D + c] += dx[r * D + c];
     }
   EXPECT_TRUE(close_normwise(get(X), want, 0, "embedding_forward"));
-  be_->embedding_backward(tok.data(), rows, put(dx, at()), D, T);
+  be_->embedding_backward(tok.data(), rows, put(dx, at()), D, VocabSlice{0, V}, T);
   EXPECT_TRUE(close_normwise(get(T), dtable, tau(at()), "embedding_backward"));
 
   const auto logits = rounded(randn(rows * V, 31, 3.0), at());
@@ -616,6 +617,73 @@ TEST_P(BackendOps, EmbeddingCrossEntropyAdamW) {
     EXPECT_TRUE(close_normwise(get(M), m, tau(at()), "adamw m"));
     EXPECT_TRUE(close_normwise(get(Vv), v, tau(at()), "adamw v"));
   }
+}
+
+// The vocabulary-slice ops of tensor parallelism: the embedding on rows [4, 9) of a 13-entry
+// vocabulary (other tokens and the padding id -1 give zero rows and no gradient), and the
+// parallel cross-entropy's three passes on a slice's logits against row maxima larger than the
+// slice's own (as after the all-reduce over the slices).
+TEST_P(BackendOps, VocabSliceEmbeddingAndCrossEntropyPasses) {
+  const int64_t V = 13, D = 5, rows = 7;
+  const VocabSlice s{4, 5};
+  const std::vector<int32_t> tok = {4, 0, 8, -1, 6, 4, 12};
+  ASSERT_LE(s.end(), V);
+  for (int32_t t : tok) ASSERT_LT(t, V);
+  Tensor tok_h({rows}, DType::i32);
+  std::copy(tok.begin(), tok.end(), tok_h.data<int32_t>());
+  const auto table = rounded(randn(s.count * D, 41), at()), dx = rounded(randn(rows * D, 42), at());
+  Tensor T = put(table, at()), X = be_->alloc_acc({rows * D});
+  be_->embedding_forward(be_->upload(tok_h), rows, T, s, D, X);
+  std::vector<double> want(rows * D, 0.0), dtable = table;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < D; ++c)
+      if (s.holds(tok[r])) {
+        want[r * D + c] = table[(tok[r] - s.first) * D + c];
+        dtable[(tok[r] - s.first) * D + c] += dx[r * D + c];
+      }
+  EXPECT_TRUE(close_normwise(get(X), want, 0, "embedding_forward on a slice"));
+  be_->embedding_backward(tok.data(), rows, put(dx, at()), D, s, T);
+  EXPECT_TRUE(close_normwise(get(T), dtable, tau(at()), "embedding_backward on a slice"));
+
+  auto logits = rounded(randn(rows * s.count, 43, 3.0), at());
+  logits[1 * s.count + 3] = logits[1 * s.count + 1] = 7.0;  // a tie: the first column wins
+  const std::vector<int32_t> tgt = {5, -1, 4, 0, 8, 12, 6};
+  Tensor tgt_h({rows}, DType::i32);
+  std::copy(tgt.begin(), tgt.end(), tgt_h.data<int32_t>());
+  const Tensor tgt_d = be_->upload(tgt_h);
+  Tensor Lg = put(logits, at()), mx = be_->alloc({rows}, DType::f64);
+  be_->vocab_slice_max(Lg, rows, s.count, mx);
+  std::vector<double> mx_ref(rows), global(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    mx_ref[r] = *std::max_element(logits.begin() + r * s.count, logits.begin() + (r + 1) * s.count);
+    global[r] = r % 2 ? mx_ref[r] : mx_ref[r] + 0.5;  // odd rows: this slice holds the maximum
+  }
+  EXPECT_TRUE(close_normwise(get(mx), mx_ref, 0, "vocab_slice_max"));
+  Tensor sums = be_->alloc({rows, 2}, DType::f64), first = be_->alloc({rows}, DType::f64);
+  be_->vocab_slice_sums(Lg, rows, s, tgt_d, put(global, DType::f64), sums, first);
+  std::vector<double> sums_ref(2 * rows), first_ref(rows), lse(rows), grad(rows * s.count, 0.0);
+  const double scale = 0.5;
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    first_ref[r] = std::numeric_limits<double>::infinity();
+    for (int64_t c = 0; c < s.count; ++c) {
+      sum += std::exp(logits[r * s.count + c] - global[r]);
+      if (logits[r * s.count + c] == global[r] && first_ref[r] > static_cast<double>(s.first + c))
+        first_ref[r] = static_cast<double>(s.first + c);
+    }
+    sums_ref[2 * r] = sum;
+    sums_ref[2 * r + 1] = s.holds(tgt[r]) ? logits[r * s.count + tgt[r] - s.first] : 0.0;
+    lse[r] = global[r] + std::log(sum + 2.0);  // as if other slices added 2
+    if (tgt[r] < 0) continue;
+    for (int64_t c = 0; c < s.count; ++c) grad[r * s.count + c] = scale * std::exp(logits[r * s.count + c] - lse[r]);
+    if (s.holds(tgt[r])) grad[r * s.count + tgt[r] - s.first] -= scale;
+  }
+  EXPECT_TRUE(close_normwise(get(sums), sums_ref, tau(at()), "vocab_slice_sums"));
+  const std::vector<double> got_first = get(first);
+  for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(got_first[r], first_ref[r]) << "row " << r;
+  EXPECT_EQ(got_first[1], static_cast<double>(s.first + 1));
+  be_->vocab_slice_grad(Lg, rows, s, tgt_d, put(lse, DType::f64), scale);
+  EXPECT_TRUE(close_normwise(get(Lg), grad, tau(at()), "vocab_slice_grad"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackendOps, ::testing::ValuesIn(backend_cases()),

@@ -180,8 +180,8 @@ TEST(ModelOpsCuda, EmbeddingForwardAndBackwardMatchCpuOrder) {
   std::copy(tokens.begin(), tokens.end(), tok_h.data<int32_t>());
   Tensor tok_d = tok_h.to(Device::cuda);
   Tensor table_d = to_device(table, DType::f32), x_d({rows * D}, DType::f32, Device::cuda);
-  embedding_forward_cuda(tok_d.data<int32_t>(), rows, table_d.data<float>(), D, x_d.data<float>());
-  const EmbeddingGradPlan plan = make_embedding_grad_plan(tokens.data(), rows);
+  embedding_forward_cuda(tok_d.data<int32_t>(), rows, table_d.data<float>(), VocabSlice{0, V}, D, x_d.data<float>());
+  const EmbeddingGradPlan plan = make_embedding_grad_plan(tokens.data(), rows, VocabSlice{0, V});
   Tensor dx_d = to_device(dx, DType::f32), dt_d = to_device(dtable0, DType::f32);
   embedding_backward_cuda(plan, dx_d.data<float>(), D, dt_d.data<float>());
   IHA_CUDA_CHECK(cudaDeviceSynchronize());

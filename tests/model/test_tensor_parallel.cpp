@@ -1,15 +1,22 @@
 // Tensor parallelism (mesh.tp) against one process: a pairwise-covering set of meshes (tp with
 // sp, hp, dp; both attention schemes over the tp group; global and per-head collapse, an mha
-// global layer; recomputation on and off; ZeRO-1 on and off) trains 5 float64 steps to the single-process losses
-// and parameters within 1e-10; the block outputs' consequence at the first step (loss and
-// every gradient, gathered into global tensors) within 1e-12. Checkpoints hold global tensors:
-// a run saved with one tp (ZeRO-1 or not) resumes with another (either). The MLP's per-rank parameters are 1/tp of the
-// whole; the MLP's collectives move the bytes of docs/parallel.md. Bad meshes stop every rank
-// with a ConfigError naming the keys.
+// global layer; recomputation on and off; ZeRO-1 on and off; vocabularies that tp divides and
+// that it does not) trains 5 float64 steps to the single-process losses and parameters within
+// 1e-10; the block outputs' consequence at the first step (loss and every gradient, gathered
+// into global tensors) within 1e-12. Held-out loss and accuracy and the logits match one
+// process. The parallel cross-entropy matches the whole-vocabulary one and finite
+// differences. Checkpoints hold global tensors: a run saved with one tp (ZeRO-1 or not)
+// resumes with another (either). The MLP's, embedding's and LM head's per-rank parameters are
+// 1/tp of the whole; their collectives move the bytes of docs/parallel.md. Bad meshes stop
+// every rank with a ConfigError naming the keys.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <functional>
+#include <limits>
+#include <random>
+
+#include "model/vocab_parallel.h"
 
 #include "model/train_checkpoint.h"
 #include "model_fixtures.h"
@@ -31,10 +38,11 @@ struct TpSetup {
   bool recompute = true, zero = false;
   int64_t H = 8, ffn = 24;
   int64_t kv_heads = 0;  // grouped-query attention when > 0 (DESIGN.md section 13)
+  int64_t vocab = 32;    // 31, 30: uneven vocabulary slices
   std::string str() const {
     return mesh.str() + " schemes " + global + "/" + window + " " + global_kind + " " + collapse +
            (recompute ? " recompute" : "") + (zero ? " zero" : "") +
-           (kv_heads ? " kv_heads=" + std::to_string(kv_heads) : std::string());
+           (kv_heads ? " kv_heads=" + std::to_string(kv_heads) : std::string()) + " V=" + std::to_string(vocab);
   }
 };
 
@@ -47,7 +55,7 @@ RunConfig config(const TpSetup& s) {
       std::to_string(s.mesh.hp) + ", sp: " + std::to_string(s.mesh.sp) + ", schemes: {global: " + s.global +
       ", window: " + s.window + "}, grad_bucket_kib: 1}\n"
       "sequence: {length: 23, layout: zigzag, tile_q: 4, tile_k: 8}\n"
-      "model: {vocab_size: 32, D: 16, H: " + std::to_string(s.H) + ", d: 2, P: 2, layers: 2, ffn: " +
+      "model: {vocab_size: " + std::to_string(s.vocab) + ", D: 16, H: " + std::to_string(s.H) + ", d: 2, P: 2, layers: 2, ffn: " +
       std::to_string(s.ffn) + ",\n"
       "        pattern: LG, rope_base: 100, init_std: 0.2, window: 3, collapse: " + s.collapse +
       ", global_kind: " + s.global_kind +
@@ -60,21 +68,28 @@ RunConfig config(const TpSetup& s) {
   return test::run_config_from(yaml);
 }
 
-// One named state tensor as its global tensor: tensor-parallel shards gathered over the tp group.
+// One named state tensor as its global tensor: tensor-parallel shards gathered over the tp group
+// (blocks of different sizes where the vocabulary slices are uneven).
 std::vector<double> global_tensor(Trainer<double>& t, const NamedTensor& nt) {
   std::vector<double> local = test::as_f64(nt.tensor);
   if (nt.slab.empty()) return local;
   Communicator& tpc = t.mesh().tensor();
-  const int64_t tp = tpc.size(), n = static_cast<int64_t>(local.size());
-  std::vector<double> all(static_cast<size_t>(n * tp));
-  tpc.all_gather(local.data(), all.data(), n, DType::f64, "test");
-  std::vector<int64_t> offsets(2 * tp);
-  tpc.all_gather(nt.slab.data(), offsets.data(), 2, DType::i64, "test");
-  const int64_t cols = nt.tensor.shape()[1], G1 = nt.shape[1];
+  const int64_t tp = tpc.size();
+  const int64_t mine[4] = {nt.slab[0], nt.slab[1], nt.tensor.shape()[0], nt.tensor.shape()[1]};
+  std::vector<int64_t> geo(static_cast<size_t>(4 * tp));  // per rank: row, column, rows, columns
+  tpc.all_gather(mine, geo.data(), 4, DType::i64, "test");
+  int64_t most = 0;
+  for (int64_t q = 0; q < tp; ++q) most = std::max(most, geo[4 * q + 2] * geo[4 * q + 3]);
+  local.resize(static_cast<size_t>(most));
+  std::vector<double> all(static_cast<size_t>(most * tp));
+  tpc.all_gather(local.data(), all.data(), most, DType::f64, "test");
+  const int64_t G1 = nt.shape[1];
   std::vector<double> g(static_cast<size_t>(shape_numel(nt.shape)), 0.0);
-  for (int64_t q = 0; q < tp; ++q)
-    for (int64_t i = 0; i < n; ++i)
-      g[(i / cols + offsets[2 * q]) * G1 + i % cols + offsets[2 * q + 1]] = all[q * n + i];
+  for (int64_t q = 0; q < tp; ++q) {
+    const int64_t cols = geo[4 * q + 3];
+    for (int64_t i = 0; i < geo[4 * q + 2] * cols; ++i)
+      g[(i / cols + geo[4 * q]) * G1 + i % cols + geo[4 * q + 1]] = all[q * most + i];
+  }
   return g;
 }
 
@@ -149,13 +164,14 @@ std::vector<TpSetup> full_sweep(int64_t R) {
                   for (bool zero : {false, true})
                     out.push_back(make_setup(m, g, w, kind, collapse, rc, zero, 12));  // 12: any tp * hp of 2-4 ranks
       }
+  for (TpSetup& s : out) s.vocab = 31;  // uneven vocabulary slices for every tp of 2-4
   return out;
 }
 
 // The meshes of this world size: every tp > 1 that divides it, paired with the other degrees
 // and the model and scheme variants so that each pair of (mesh, scheme, model kind, collapse,
 // recompute, ZeRO-1) values meets at least once over the 2- and 4-rank runs; two of them use
-// grouped-query attention.
+// grouped-query attention, three a vocabulary that tp does not divide.
 std::vector<TpSetup> setups(int64_t R) {
   if (const char* e = std::getenv("IHA_TP_SWEEP"); e && std::string(e) == "1") return full_sweep(R);
   std::vector<TpSetup> out;
@@ -166,13 +182,16 @@ std::vector<TpSetup> setups(int64_t R) {
     add({1, 1, 1, 2}, "sequence", "sequence", "iha", "per_head", false, true);
     add({1, 1, 1, 2}, "head", "sequence", "mha", "global", true, true);
     out.back().kv_heads = 2;  // grouped-query attention, kv heads split over tp
+    out.back().vocab = 31;    // slices of 15 and 16
   } else if (R == 4) {
     add({1, 1, 2, 2}, "head", "sequence", "iha", "per_head", true, true);     // tp x sp
+    out.back().vocab = 31;
     add({1, 2, 1, 2}, "head", "head", "mha", "global", false, false);         // tp x hp
     add({2, 1, 1, 2}, "sequence", "sequence", "iha", "global", true, true);   // dp x tp
     add({1, 1, 1, 4}, "head", "head", "iha", "global", false, true);          // tp = 4
     out.back().kv_heads = 4;
     add({1, 1, 1, 4}, "sequence", "head", "mha", "per_head", true, false);
+    out.back().vocab = 30;  // slices of 7, 8, 7, 8
   }
   return out;
 }
@@ -230,40 +249,191 @@ TEST(TensorParallel, Float64GradientsMatchOneProcess) {
   }
 }
 
-TEST(TensorParallel, MlpShardsAreOneTpthAndTheirCollectivesMoveTheDocumentedBytes) {
+// Held-out loss and accuracy (the arg-max over the vocabulary slices) and the logits of the
+// rank's rows (the one place whole logits are gathered) against one process.
+TEST(TensorParallel, EvaluationAndLogitsMatchOneProcess) {
+  const int64_t R = world().size();
+  const std::vector<TpSetup> all = setups(R);
+  if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
+  for (const TpSetup& s : {all.front(), all.back()}) {
+    SCOPED_TRACE(s.str());
+    TpSetup one = s;
+    one.mesh = {1, 1, 1, 1};
+    RunConfig c1 = config(one), c = config(s);
+    c1.eval.sequences = c.eval.sequences = 6;
+    c1.eval.batch = c.eval.batch = 3;
+    Trainer<double> ref(c1, self_comm()), got(c, test::world_ptr());
+    ref.init();
+    got.init();
+    ref.train_step();
+    got.train_step();
+    const EvalStats e1 = ref.evaluate(), e = got.evaluate();
+    EXPECT_GT(e1.targets, 0);
+    EXPECT_EQ(e.targets, e1.targets);
+    EXPECT_NEAR(e.loss, e1.loss, 1e-12 * e1.loss);
+    EXPECT_EQ(e.accuracy, e1.accuracy);
+    EXPECT_EQ(e.answer_accuracy, e1.answer_accuracy);
+    EXPECT_NEAR(e.answer_loss, e1.answer_loss, 1e-12 * std::max(1.0, e1.answer_loss));
+    const auto source = make_data_source(c, true);
+    const TokenBatch whole = DataLoader(source, c.seq_len, ref.tokens()).batch(0, 2);
+    const TokenBatch mine = DataLoader(source, c.seq_len, got.tokens()).batch(0, 2);
+    const std::vector<double> l1 = test::as_f64(ref.model().logits(whole));
+    const std::vector<double> l = test::as_f64(got.model().logits(mine));
+    const int64_t V = c.model.vocab, N = c.seq_len, n = static_cast<int64_t>(got.tokens().size());
+    std::vector<double> want;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t i = 0; i < n; ++i) {
+        const double* row = l1.data() + (b * N + got.tokens()[i]) * V;
+        want.insert(want.end(), row, row + V);
+      }
+    EXPECT_TRUE(close_normwise(l, want, 1e-12, "logits"));
+  }
+}
+
+// The parameters a rank holds x tp against the whole: exactly 1 for the MLP (F divides by tp),
+// at most 1.05 for the embedding and LM head with an uneven vocabulary (31 over 2: 16 x 2 / 31);
+// the slices add up to the whole. The collectives of the MLP, embedding and LM head move the
+// bytes of docs/parallel.md.
+TEST(TensorParallel, ShardsAreOneTpthAndTheirCollectivesMoveTheDocumentedBytes) {
   const int64_t R = world().size();
   if (R < 2 || R % 2) GTEST_SKIP() << "needs an even world";
   TpSetup s;
   s.mesh = {1, 1, R / 2, 2};
   s.global = "sequence";
+  s.vocab = 31;
   const RunConfig cfg = config(s);
   Trainer<double> t(cfg, test::world_ptr());
   t.init();
   const ModelConfig& m = cfg.model;
-  int64_t mlp = 0;
-  for (const ParamSpec& p : t.model().layout()->specs())
-    if (p.name.find(".mlp.") != std::string::npos) {
-      ASSERT_TRUE(p.split()) << p.name;
-      mlp += p.numel();
-    }
-  // Per rank x tp / whole: exactly 1 (F divides by tp, no padding).
+  int64_t mlp = 0, vocab = 0, other = 0;
+  for (const ParamSpec& p : t.model().layout()->specs()) {
+    const bool in_mlp = p.name.find(".mlp.") != std::string::npos, in_vocab = p.name == "embed" || p.name == "lm_head";
+    ASSERT_EQ(p.split(), in_mlp || in_vocab) << p.name;
+    (in_mlp ? mlp : in_vocab ? vocab : other) += p.numel();
+  }
   EXPECT_EQ(mlp * 2, m.layers * 3 * m.D * m.ffn);
+  const int64_t whole_vocab = 2 * m.vocab * m.D;
+  EXPECT_LE(static_cast<double>(vocab * 2) / static_cast<double>(whole_vocab), 1.05);
+  int64_t both[2];
+  t.mesh().tensor().all_gather(&vocab, both, 1, DType::i64, "test");
+  EXPECT_EQ(both[0] + both[1], whole_vocab);
+  EXPECT_NE(both[0], both[1]);  // 15 and 16 entries
+  EXPECT_EQ(t.model().vocab_slice().count * 2 * m.D, vocab);
   CommCounters& c = t.mesh().world().counters();
   c.reset();
   t.train_step();
   // docs/parallel.md: per block and pass, an all-gather and a reduce-scatter of the group's rows,
   // each rank's share padded to the largest: (tp - 1) * micro_batch * n_max * D elements each,
-  // forward twice (recomputation), backward once.
+  // forward twice (recomputation), backward once. The embedding and the LM head: one each per
+  // micro-batch, the rows' ids once, and the cross-entropy's all-reduces of G = tp micro_batch
+  // n_max rows (one slab): 2 (tp - 1) / tp x (G, 2 G, G) doubles.
   const ReplicaLayout lay(cfg.layout, cfg.seq_len, cfg.mesh.sp, 2);
   int64_t n_max = 0;
   for (int64_t q = 0; q < 2; ++q)
     n_max = std::max<int64_t>(n_max, static_cast<int64_t>(lay.tokens_of(t.mesh().sp_index(), q).size()));
-  const uint64_t per = static_cast<uint64_t>((2 - 1) * cfg.micro_batch * n_max * m.D * 8 * m.layers *
-                                             cfg.accumulation());
+  const uint64_t rows = static_cast<uint64_t>((2 - 1) * cfg.micro_batch * n_max * cfg.accumulation());
+  const uint64_t per = rows * m.D * 8 * m.layers;
   EXPECT_EQ(c.bytes("mlp.gather"), 2 * per);
   EXPECT_EQ(c.bytes("mlp.scatter"), 2 * per);
   EXPECT_EQ(c.bytes("mlp.gather_grad"), per);
   EXPECT_EQ(c.bytes("mlp.scatter_grad"), per);
+  EXPECT_EQ(c.bytes("vocab.rows"), rows * 3 * 4);
+  for (const char* site : {"embed.scatter", "embed.gather_grad", "head.gather", "head.scatter_grad"})
+    EXPECT_EQ(c.bytes(site), rows * m.D * 8) << site;
+  EXPECT_EQ(c.bytes("head.ce.max"), 2 * rows * 8);  // 2 (tp - 1) / tp x G doubles = 2 (tp - 1) B n_max
+  EXPECT_EQ(c.bytes("head.ce.sum"), 4 * rows * 8);
+  EXPECT_EQ(c.bytes("head.ce.argmax"), 2 * rows * 8);
+}
+
+// Random logits [rows, V] with a tie for the maximum across slices in row 2 (columns 1 and V - 1).
+std::vector<double> ce_logits(int64_t rows, int64_t V) {
+  std::mt19937_64 gen(11);
+  std::normal_distribution<double> normal(0.0, 2.0);
+  std::vector<double> l(static_cast<size_t>(rows * V));
+  for (double& x : l) x = normal(gen);
+  l[2 * V + 1] = l[2 * V + V - 1] = 9.0;
+  return l;
+}
+
+struct SliceCe {
+  CrossEntropyStats stats;  // summed over the ranks
+  std::vector<double> grad; // this rank's slice [rows, count]
+};
+
+// The parallel cross-entropy over the world: rank q holds vocab_slice(V, R, q) of `logits` and
+// counts rows [q rows / R, (q + 1) rows / R).
+SliceCe slice_ce(const std::vector<double>& logits, int64_t rows, int64_t V, const std::vector<int32_t>& targets,
+                 const std::vector<uint8_t>& answer, double scale) {
+  Communicator& comm = world();
+  const int64_t R = comm.size(), q = comm.rank();
+  const VocabSlice s = vocab_slice(V, R, q);
+  Tensor mine({rows, s.count}, DType::f64), tg({rows}, DType::i32);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < s.count; ++c) mine.data<double>()[r * s.count + c] = logits[r * V + s.first + c];
+  std::copy(targets.begin(), targets.end(), tg.data<int32_t>());
+  const auto be = cpu_model_backend<double>();
+  SliceCe out;
+  const CrossEntropyStats st = vocab_parallel_cross_entropy(*be, comm, mine, rows, s, tg, targets.data(), answer.data(),
+                                                            q * rows / R, (q + 1) * rows / R, scale, "test.ce");
+  double sums[6] = {st.loss_sum,        static_cast<double>(st.count),        static_cast<double>(st.correct),
+                    st.answer_loss_sum, static_cast<double>(st.answer_count), static_cast<double>(st.answer_correct)};
+  comm.all_reduce(sums, 6, DType::f64, ReduceOp::sum, "test");
+  out.stats = {sums[0], static_cast<int64_t>(sums[1]), static_cast<int64_t>(sums[2]),
+               sums[3], static_cast<int64_t>(sums[4]), static_cast<int64_t>(sums[5])};
+  out.grad = test::as_f64(mine);
+  return out;
+}
+
+// Against the whole-vocabulary float64 cross-entropy: loss, counts, first arg-max (a tie across
+// slices), answer statistics and the gradient slice, with rows without a target (-1).
+TEST(VocabParallel, CrossEntropyMatchesTheWholeVocabulary) {
+  const int64_t rows = 7, V = 13, R = world().size(), q = world().rank();
+  const std::vector<double> logits = ce_logits(rows, V);
+  const std::vector<int32_t> targets = {3, -1, 1, 12, 0, -1, static_cast<int32_t>(V - 1)};
+  const std::vector<uint8_t> answer = {1, 0, 1, 0, 0, 1, 1};
+  const double scale = 0.3;
+  std::vector<double> whole = logits;
+  const CrossEntropyStats ref =
+      cross_entropy_forward_backward<double>(whole.data(), rows, V, targets.data(), answer.data(), scale);
+  ASSERT_GE(ref.correct, 1);  // row 2: the first arg-max (column 1) is the target
+  for (double gs : {scale, 0.0}) {
+    SCOPED_TRACE(gs);
+    const SliceCe got = slice_ce(logits, rows, V, targets, answer, gs);
+    EXPECT_NEAR(got.stats.loss_sum, ref.loss_sum, 1e-14 * ref.loss_sum);
+    EXPECT_EQ(got.stats.count, ref.count);
+    EXPECT_EQ(got.stats.correct, ref.correct);
+    EXPECT_NEAR(got.stats.answer_loss_sum, ref.answer_loss_sum, 1e-14 * ref.answer_loss_sum);
+    EXPECT_EQ(got.stats.answer_count, ref.answer_count);
+    EXPECT_EQ(got.stats.answer_correct, ref.answer_correct);
+    const VocabSlice s = vocab_slice(V, R, q);
+    std::vector<double> want;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < s.count; ++c) want.push_back((gs != 0 ? whole : logits)[r * V + s.first + c]);
+    EXPECT_TRUE(close_normwise(got.grad, want, 1e-14, "gradient slice"));
+  }
+}
+
+// The slices' gradient (scale 1) against central differences of the parallel loss, every logit.
+TEST(VocabParallel, CrossEntropyGradientMatchesFiniteDifferences) {
+  const int64_t rows = 5, V = 11, R = world().size(), q = world().rank();
+  std::vector<double> logits = ce_logits(rows, V);
+  const std::vector<int32_t> targets = {4, 10, 1, -1, 0};
+  const std::vector<uint8_t> answer(rows, 0);
+  const VocabSlice s = vocab_slice(V, R, q);
+  const std::vector<double> analytic = slice_ce(logits, rows, V, targets, answer, 1.0).grad;
+  std::vector<double> fd;
+  const double h = 1e-5;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < V; ++c) {
+      const double x0 = logits[r * V + c];
+      logits[r * V + c] = x0 + h;
+      const double up = slice_ce(logits, rows, V, targets, answer, 0.0).stats.loss_sum;
+      logits[r * V + c] = x0 - h;
+      const double down = slice_ce(logits, rows, V, targets, answer, 0.0).stats.loss_sum;
+      logits[r * V + c] = x0;
+      if (s.holds(c)) fd.push_back((up - down) / (2 * h));
+    }
+  EXPECT_TRUE(close_normwise(analytic, fd, 1e-7, "gradient vs finite differences"));
 }
 
 TEST(TensorParallel, ResumesAcrossTpSizes) {
@@ -272,6 +442,7 @@ TEST(TensorParallel, ResumesAcrossTpSizes) {
   TpSetup ref_setup;
   ref_setup.mesh = {1, 1, 1, 1};
   ref_setup.global = "sequence";
+  ref_setup.vocab = 31;  // uneven embedding and LM head slices as hyperslabs
   const TpRun ref = train(ref_setup, self_comm());
   // tp = R <-> tp = 1 (sp = R) and, on 4 ranks, tp = 4 -> tp = 2 x sp = 2.
   // (mesh, ZeRO-1) -> (mesh, ZeRO-1): tp = R <-> tp = 1 (sp = R) and, on 4 ranks, tp = 4 ->
@@ -329,6 +500,16 @@ TEST(TensorParallelErrors, BadMeshesNameTheKeysOnEveryRank) {
   s.global = "head";
   expect_config_error_everywhere([&] { Trainer<double> t(config(s), test::world_ptr()); },
                                  {"mesh.tp", "model.H", "mesh.schemes.global"});
+  // A vocabulary smaller than tp (every slice needs an entry): the layout refuses it too.
+  ModelConfig small = config(s).model;
+  small.vocab = 3;
+  expect_config_error_everywhere([&] { make_param_layout(small, 4, 0); }, {"mesh.tp", "model.vocab_size"});
+  if (R < 4) return;
+  s.H = 8;
+  s.mesh = {1, 1, 1, 4};
+  RunConfig c = config(s);
+  c.model.vocab = 3;
+  expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"mesh.tp", "model.vocab_size"});
 }
 
 // What tensor parallelism does not combine with: ZeRO-2 and the per-micro-batch balanced layout.
