@@ -7,25 +7,33 @@ Models (5 blocks, D=64, H=4, d=16, ffn=128, the same training budget for each):
   iha-global  IHA (P=2), pattern GGGGG: the same blocks as MHA plus the mixing and collapse
               maps (matched parameters; P^2 = 4x the attention FLOPs)
   mha-global  MHA, pattern GGGGG: the baseline
+  mha-4:1     MHA, pattern LLLLG: a control (what the schedule's windows do without IHA)
 FLOPs per step and parameter counts are iha-train's own (its start event).
 
 Stage 1, calibration (decides the task and the budget before any IHA model is trained). The
 learning rate is constant after warmup (optim.min_lr = optim.lr), so a run of S steps is
 exactly the first S steps of a longer run with the same seed. The MHA baseline (seed 1) trains
-each candidate of CANDIDATES in order for its step count, with a held-out evaluation every
---eval-every steps. A candidate qualifies when MHA's accuracy is inside the band (30-80%:
-neither solved nor at chance, so a difference can show either way) at an evaluation AND at
-the one after it (a single noisy evaluation does not qualify a plateau); the comparison budget
-S is the qualifying evaluation closest to the band's middle. The first qualifying candidate in
-the list is compared; candidates after it are not run. With --jobs J the candidates are
-calibrated J at a time in list order (the choice is the same; only candidates after the chosen
-one in its group of J are extra runs).
+each candidate of CANDIDATES (or of --candidates) in list order for its step count, with a
+held-out evaluation every --eval-every steps. A candidate qualifies when MHA's accuracy is
+inside the band at an evaluation AND at the one after it (a single noisy evaluation does not
+qualify a plateau), at a step count of at most --max-budget; the band is --band (30-80%:
+neither solved nor at chance, so a difference can show either way) with its floor raised to
+COPY_MARGIN above the accuracy of copying a random context value (1 / pairs). The comparison
+budget S is the qualifying evaluation closest to the band's middle. The first qualifying
+candidate in the list is compared; candidates after it are not run. With --jobs J the
+candidates are calibrated J at a time in list order (the choice is the same; only candidates
+after the chosen one in its group of J are extra runs). Diagnostic candidates never qualify.
+If none qualifies, the comparison runs on FALLBACK and is reported as uncalibrated.
 
 Stage 2, comparison: every model trains S steps on the chosen candidate with seeds 1..--seeds
 (train.seed = data.seed = seed; held-out sequences from the seed derived from data.seed); the
 held-out answer accuracy after S steps, mean, sample standard deviation over seeds and the
-standard error of the mean (sd / sqrt(seeds)); the difference of each IHA model's mean to
-MHA's with its standard error (the two standard errors combined).
+standard error of the mean (sd / sqrt(seeds)); the difference of each model's mean to MHA
+global's with its standard error (the two standard errors combined).
+
+Stage 3, continuations: candidates with `extend` continue (resumed from their checkpoint,
+bit-identical to an uninterrupted run) to longer step counts; these only show whether a budget
+past --max-budget would have qualified.
 
   python3 scripts/experiments/iha_vs_mha.py --out runs/experiments/iha_vs_mha        # full
   python3 scripts/experiments/iha_vs_mha.py --smoke --out /tmp/ivm-smoke            # seconds
