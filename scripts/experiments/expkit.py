@@ -42,17 +42,23 @@ class Runner:
         self.force = force  # rerun every stage (smoke runs: a test must not pass on old outputs)
         self.commands = []  # (stage, command line, seconds)
 
-    def stage(self, name, mode, config, sets, ranks=1):
-        """Runs `iha-train MODE --config CONFIG --set k=v ...`; returns the stage directory."""
+    def stage(self, name, mode, config, sets, ranks=1, resume_from=None):
+        """Runs `iha-train MODE --config CONFIG --set k=v ...`; returns the stage directory.
+
+        resume_from: a checkpoint directory of an earlier stage to continue (copied to the
+        stage's own ck/, which checkpoint.dir must name, then `--resume`): a resumed run is
+        bit-identical to an uninterrupted one, so a longer run costs only its new steps."""
         d = os.path.join(self.out, name)
         os.makedirs(d, exist_ok=True)
         args = [self.binary, mode, "--config", os.path.join(REPO, config)]
         for k, v in sets:
             args += ["--set", "%s=%s" % (k, v)]
+        if resume_from:
+            args.append("--resume")
         cmd = [os.path.join(REPO, "scripts", "mpiexec.sh"), "-n", str(ranks)] + args
         line = " ".join(shlex.quote(c) for c in cmd)
         stamp = os.path.join(d, "done")
-        key = hashlib.sha256(line.encode()).hexdigest()
+        key = hashlib.sha256((line + ("\nresume from " + resume_from if resume_from else "")).encode()).hexdigest()
         if not self.force and os.path.exists(stamp) and open(stamp).read().strip() == key:
             print("[skip] %s (done before with the same command)" % name, file=self.log, flush=True)
             self.commands.append((name, line, None))
@@ -63,6 +69,8 @@ class Runner:
                 os.remove(p)
         if os.path.isdir(os.path.join(d, "ck")):
             shutil.rmtree(os.path.join(d, "ck"))
+        if resume_from:
+            shutil.copytree(resume_from, os.path.join(d, "ck"), ignore=shutil.ignore_patterns("lock"))
         print("[run ] %s: %s" % (name, line), file=self.log, flush=True)
         t0 = time.time()
         with open(os.path.join(d, "console.txt"), "w") as console:

@@ -1,177 +1,375 @@
 #!/usr/bin/env python3
-"""IHA against MHA at matched FLOPs and at matched parameters, on tasks calibrated first.
+"""IHA against MHA at matched FLOPs and at matched parameters, on a task calibrated first.
 
-Models (5 blocks, D=64, H=4, d=16, ffn=128, same training budget):
+Models (5 blocks, D=64, H=4, d=16, ffn=128, the same training budget for each):
   iha-4:1     IHA (P=2), pattern LLLLG: 4 sliding-window blocks per global one, the schedule
               that brings IHA's attention FLOPs near MHA's (matched FLOPs)
   iha-global  IHA (P=2), pattern GGGGG: the same blocks as MHA plus the mixing and collapse
               maps (matched parameters; P^2 = 4x the attention FLOPs)
   mha-global  MHA, pattern GGGGG: the baseline
+  mha-4:1     MHA, pattern LLLLG: a control (what the schedule's windows do without IHA)
 FLOPs per step and parameter counts are iha-train's own (its start event).
 
-Calibration: the learning rate is constant after warmup (optim.min_lr = optim.lr), so a run
-of S steps is exactly the first S steps of a longer run with the same seed. The MHA baseline
-(seed 1) trains --max-steps steps on each candidate task in turn with a held-out evaluation
-every --eval-every steps; the first task whose MHA accuracy enters the band (30-80%: neither
-solved nor at chance, so a difference can show) is compared at the first evaluated step count
-S in the band (the smallest budget at which MHA is in it), with --seeds seeds per model (train.seed = data.seed = seed),
-mean and sample standard deviation of the held-out answer accuracy after S steps. If no task
-enters the band, the report says so and compares nothing.
+Stage 1, calibration (decides the task and the budget before any IHA model is trained). The
+learning rate is constant after warmup (optim.min_lr = optim.lr), so a run of S steps is
+exactly the first S steps of a longer run with the same seed. The MHA baseline (seed 1) trains
+each candidate of CANDIDATES (or of --candidates) in list order for its step count, with a
+held-out evaluation every --eval-every steps. A candidate qualifies when MHA's accuracy is
+inside the band at an evaluation AND at the one after it (a single noisy evaluation does not
+qualify a plateau), at a step count of at most --max-budget; the band is --band (30-80%:
+neither solved nor at chance, so a difference can show either way) with its floor raised to
+COPY_MARGIN above the accuracy of copying a random context value (1 / pairs). The comparison
+budget S is the qualifying evaluation closest to the band's middle. The first qualifying
+candidate in the list is compared; candidates after it are not run. With --jobs J the
+candidates are calibrated J at a time in list order (the choice is the same; only candidates
+after the chosen one in its group of J are extra runs). Diagnostic candidates never qualify.
+If none qualifies, the comparison runs on FALLBACK and is reported as uncalibrated.
+
+Stage 2, comparison: every model trains S steps on the chosen candidate with seeds 1..--seeds
+(train.seed = data.seed = seed; held-out sequences from the seed derived from data.seed); the
+held-out answer accuracy after S steps, mean, sample standard deviation over seeds and the
+standard error of the mean (sd / sqrt(seeds)); the difference of each model's mean to MHA
+global's with its standard error (the two standard errors combined).
+
+Stage 3, continuations: candidates with `extend` continue (resumed from their checkpoint,
+bit-identical to an uninterrupted run) to longer step counts; these only show whether a budget
+past --max-budget would have qualified.
 
   python3 scripts/experiments/iha_vs_mha.py --out runs/experiments/iha_vs_mha        # full
   python3 scripts/experiments/iha_vs_mha.py --smoke --out /tmp/ivm-smoke            # seconds
 """
+import concurrent.futures
 import json
+import math
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import expkit  # noqa: E402
 
-# Candidate tasks in the order they are tried: (name, description, config overrides).
-TASKS = [
-    ("multikey-8", "multikey retrieval, 8 pairs, 16 key ids, 16 value ids (chance 1/16)",
-     [("data.kind", "multikey"), ("data.pairs", "8")]),
-    ("multikey-4", "multikey retrieval, 4 pairs, 16 key ids, 16 value ids (chance 1/16; the demo's task)",
-     [("data.kind", "multikey"), ("data.pairs", "4")]),
-    ("multikey-16", "multikey retrieval, 16 pairs, 32 key ids, 32 value ids (chance 1/32)",
-     [("data.kind", "multikey"), ("data.pairs", "16"), ("data.key_tokens", "32"),
-      ("data.value_tokens", "32"), ("model.vocab_size", "96")]),
-    ("twohop-3", "2-hop composition, 3 chains over 32 entity ids (chance 1/32)",
-     [("data.kind", "twohop"), ("data.chains", "3"), ("data.entity_tokens", "32"),
-      ("data.pairs", None), ("data.key_tokens", None), ("data.value_tokens", None),
-      ("model.vocab_size", "48")]),
+MULTIKEY = [("data.kind", "multikey")]
+
+# Calibration candidates in the order they are tried: name, description, task overrides,
+# training overrides (learning rate; batch, default --batch), calibration steps. The first two are the ones
+# the comparison of an earlier version of this script ran on (constant lr 3e-3).
+CANDIDATES = [
+    dict(name="multikey-8", task="multikey retrieval, 8 pairs, 16 key ids, 16 value ids (chance 1/16), lr 3e-3",
+         sets=MULTIKEY + [("data.pairs", "8")], lr="3.0e-3", steps=1500),
+    dict(name="multikey-4", task="multikey retrieval, 4 pairs, 16 key ids, 16 value ids (chance 1/16), lr 3e-3",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", steps=1500),
+    dict(name="multikey-4-lr1e-3", task="multikey retrieval, 4 pairs, 16 key ids, 16 value ids (chance 1/16), lr 1e-3",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="1.0e-3", steps=1000),
+    dict(name="multikey-4-lr1e-3-b32", task="multikey retrieval, 4 pairs, 16 key ids, 16 value ids (chance 1/16), lr 1e-3, batches of 32",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="1.0e-3", batch=32, steps=600),
+    # Diagnostics (never compared): is it depth that keeps MHA on the copy plateau? The same
+    # budget with 2 blocks and with 5.
+    dict(name="diag-2blocks-b32", task="multikey retrieval, 4 pairs, lr 3e-3, batches of 32, MHA with 2 blocks (GG)",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=800, layers=2, diagnostic=True),
+    dict(name="diag-5blocks-b32", task="multikey retrieval, 4 pairs, lr 3e-3, batches of 32, MHA with 5 blocks",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=800, diagnostic=True),
+    # The demo's own recipe (N=128, lr 3e-3 cosine to 3e-4, batches of 32, 800 steps), where
+    # both attention kinds were seen to solve retrieval, with MHA in its 2 blocks: windowed
+    # then global (LG, the demo's pattern) and global only (GG).
+    dict(name="diag-demo-LG", task="the demo's recipe (N=128, 4 pairs, lr 3e-3 cosine to 3e-4, 32 x 800), MHA LG",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=800, layers=2, diagnostic=True,
+         extra=[("sequence.length", "128"), ("optim.min_lr", "3.0e-4"), ("model.pattern", "LG")]),
+    dict(name="diag-demo-GG", task="the demo's recipe (N=128, 4 pairs, lr 3e-3 cosine to 3e-4, 32 x 800), MHA GG",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=800, layers=2, diagnostic=True,
+         extra=[("sequence.length", "128"), ("optim.min_lr", "3.0e-4"), ("model.pattern", "GG")]),
+    # Global-only MHA stays on the copy plateau where a windowed block does not: a shorter
+    # context brings a global block's reach down to the demo's window (16 tokens); fewer pairs
+    # raise the copy level (1/2), and with it the band's floor (0.65).
+    dict(name="multikey-4-N32-lr1e-3", task="multikey retrieval, 4 pairs, 16 key ids, 16 value ids (chance 1/16), N=32, lr 1e-3, batches of 32",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="1.0e-3", batch=32, steps=1000, length=32),
+    dict(name="multikey-2", task="multikey retrieval, 2 pairs, 16 key ids, 16 value ids (chance 1/16), N=64, lr 3e-3, batches of 32",
+         sets=MULTIKEY + [("data.pairs", "2")], lr="3.0e-3", batch=32, steps=1000),
+    # The two cheapest (N=32) continued past 1000 steps: does MHA leave the plateau later?
+    dict(name="multikey-4-N32", task="multikey retrieval, 4 pairs, 16 key ids, 16 value ids (chance 1/16), N=32, lr 3e-3, batches of 32",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=1000, length=32, extend=[2500]),
+    dict(name="multikey-2-N32", task="multikey retrieval, 2 pairs, 16 key ids, 16 value ids (chance 1/16), N=32, lr 3e-3, batches of 32",
+         sets=MULTIKEY + [("data.pairs", "2")], lr="3.0e-3", batch=32, steps=1000, length=32, extend=[2500]),
 ]
+
+# When no candidate qualifies, the comparison still runs, on this candidate and budget (fixed
+# before any IHA model was trained), and is reported as uncalibrated: MHA sits below the band
+# there, so it measures whether IHA leaves the plateau that MHA stays on, not a difference
+# inside the band.
+FALLBACK = ("multikey-4-N32", 1000)
 
 MODELS = [
     ("iha-4:1", "IHA P=2, LLLLG (matched FLOPs)", [("model.pattern", "LLLLG")]),
     ("iha-global", "IHA P=2, GGGGG (matched parameters)", [("model.pattern", "GGGGG")]),
     ("mha-global", "MHA, GGGGG (baseline)", [("model.pattern", "GGGGG"), ("model.global_kind", "mha"),
                                              ("model.window_kind", "mha")]),
+    # Control: the 4:1 schedule with MHA blocks, to tell what the schedule's sliding windows do
+    # from what IHA does.
+    ("mha-4:1", "MHA, LLLLG (control: the schedule without IHA)",
+     [("model.pattern", "LLLLG"), ("model.global_kind", "mha"), ("model.window_kind", "mha")]),
 ]
+
+
+COPY_MARGIN = 0.15
+
+
+def band_floor(cand, lo):
+    """The band's lower edge for a candidate: --band's, raised to 0.15 above the accuracy of
+    copying a random value of the context (1 / pairs), so that a model stuck on copying (the
+    plateau before retrieval is learned) does not qualify; 0.15 is 5 binomial standard errors
+    of one 256-answer evaluation near 0.3."""
+    pairs = dict(cand["sets"]).get("data.pairs")
+    return max(lo, 1.0 / int(pairs) + COPY_MARGIN) if pairs else lo
+
+
+def qualifying_budget(curve, lo, hi):
+    """(step, accuracy) of the comparison budget on an MHA curve [(step, acc)], or None: among
+    evaluations in [lo, hi] whose next evaluation is also in it, the one closest to the middle."""
+    mid = (lo + hi) / 2
+    ok = [curve[i] for i in range(len(curve) - 1)
+          if lo <= curve[i][1] <= hi and lo <= curve[i + 1][1] <= hi]
+    return min(ok, key=lambda p: (abs(p[1] - mid), p[0])) if ok else None
 
 
 def main():
     ap = expkit.experiment_args(__doc__, "iha_vs_mha")
-    ap.add_argument("--max-steps", type=int, default=1500, help="calibration run length")
     ap.add_argument("--eval-every", type=int, default=50, help="calibration evaluation interval")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--eval-sequences", type=int, default=512)
-    ap.add_argument("--band", default="0.3,0.8", help="MHA accuracy band a task must land in")
+    ap.add_argument("--eval-sequences", type=int, default=512, help="held-out sequences of a comparison run")
+    ap.add_argument("--calib-sequences", type=int, default=256, help="held-out sequences of a calibration evaluation")
+    ap.add_argument("--band", default="0.3,0.8", help="MHA accuracy band a candidate must land in")
+    ap.add_argument("--max-budget", type=int, default=1000,
+                    help="largest comparison budget (steps) a calibration may choose: what the comparison can afford")
+    ap.add_argument("--jobs", type=int, default=1, help="iha-train runs at a time (one rank each)")
+    ap.add_argument("--candidates", default=None,
+                    help="comma-separated names: calibrate only these (in list order)")
     a = ap.parse_args()
+    cands = [c for c in CANDIDATES if a.candidates is None or c["name"] in a.candidates.split(",")]
     if a.smoke:
-        a.max_steps, a.eval_every, a.batch, a.length, a.seeds, a.eval_sequences = 4, 2, 4, 64, 2, 8
+        a.eval_every, a.batch, a.seeds, a.eval_sequences, a.calib_sequences = 2, 4, 2, 8, 8
         a.band = "0,1"  # any accuracy is in the band: the smoke run exercises the comparison
+        cands = [dict(c, steps=4, extend=[6]) for c in cands[:1]]  # the continuation path too
+        a.max_budget = 4
     lo, hi = map(float, a.band.split(","))
+    t_start = time.time()
     r = expkit.Runner(a.build, a.out, force=a.smoke)
 
-    def train(name, task_sets, model_sets, seed, steps, eval_every=0, eval_sequences=None):
+    def sets_of(name, cand, model_sets, seed, steps, eval_every, eval_sequences):
         d = os.path.join(r.out, name)
-        sets = [("mesh.sp", "1"), ("sequence.length", str(a.length)), ("model.layers", "5"),
-                ("train.steps", str(steps)), ("optim.lr", "3.0e-3"), ("optim.min_lr", "3.0e-3"), ("train.batch_size", str(a.batch)),
-                ("train.micro_batch", str(a.batch)), ("train.seed", str(seed)), ("data.seed", str(seed)),
+        return [("mesh.sp", "1"), ("sequence.length", str(cand.get("length", a.length))), ("model.layers", str(cand.get("layers", 5))),
+                ("train.steps", str(steps)), ("optim.lr", cand["lr"]), ("optim.min_lr", cand["lr"]),
+                ("train.batch_size", str(cand.get("batch", a.batch))), ("train.micro_batch", str(cand.get("batch", a.batch))),
+                ("train.seed", str(seed)), ("data.seed", str(seed)),
                 ("optim.warmup_steps", "30" if not a.smoke else "1"), ("data.queries", "4"),
-                ("eval.every", str(eval_every)), ("eval.sequences", str(eval_sequences or a.eval_sequences)),
+                ("eval.every", str(eval_every)), ("eval.sequences", str(eval_sequences)),
                 ("logging.every", "50"),
                 ("checkpoint.dir", os.path.join(d, "ck")), ("checkpoint.every", "0"),
-                ("logging.jsonl", os.path.join(d, "log.jsonl"))]
-        # None removes a key of the base config the task does not use (the reader is strict).
-        kept = [(k, v) for k, v in task_sets + model_sets if v is not None]
-        dropped = [k for k, v in task_sets if v is None]
-        if dropped:
-            sets.append(("data", "{%s}" % ", ".join(
-                "%s: %s" % (k.split(".", 1)[1], v) for k, v in kept if k.startswith("data."))))
-            kept = [(k, v) for k, v in kept if not k.startswith("data.")]
-        r.stage(name, "train", "configs/demo.yaml", sets + kept)
-        evals = [e for e in expkit.read_jsonl(os.path.join(d, "log.jsonl")) if e.get("event") == "eval"]
-        st = expkit.start_event(d)
-        return {"accuracy": evals[-1]["answer_accuracy"], "answers": evals[-1]["answers"], "params": st["params"],
-                "flops_per_step": st["flops_per_step"], "seconds": r.seconds(name),
+                ("logging.jsonl", os.path.join(d, "log.jsonl"))] + cand["sets"] + model_sets + (
+                    [("model.pattern", "G" * cand["layers"])] if "layers" in cand else []) + cand.get("extra", [])
+
+    def summary(names):
+        """One model's result from its chain of stages (a run and its continuations)."""
+        evals, seen = [], set()
+        for name in names:
+            for e in expkit.read_jsonl(os.path.join(r.out, name, "log.jsonl")):
+                if e.get("event") == "eval" and e["step"] not in seen:
+                    seen.add(e["step"])
+                    evals.append(e)
+        st = expkit.start_event(os.path.join(r.out, names[0]))
+        secs = [r.seconds(n) for n in names]
+        return {"accuracy": evals[-1]["answer_accuracy"], "answers": evals[-1]["answers"],
+                "params": st["params"], "flops_per_step": st["flops_per_step"],
+                "seconds": sum(secs) if None not in secs else None, "stages": names,
                 "curve": [(e["step"], e["answer_accuracy"]) for e in evals]}
 
-    mha = MODELS[2]
-    calib, chosen, steps = {}, None, None
-    for name, desc, tsets in TASKS:
-        c = train("calib-%s" % name, tsets, mha[2], 1, a.max_steps, a.eval_every, a.eval_sequences // 2)
-        in_band = [(st, acc) for st, acc in c["curve"] if lo <= acc <= hi]
-        c.update(task=desc, in_band=bool(in_band))
-        calib[name] = c
-        if in_band:
-            chosen = (name, desc, tsets)
-            steps = in_band[0][0]
+    def in_parallel(fn, items):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+            return list(pool.map(fn, items))
+
+    mha = MODELS[2]  # the baseline: calibration and the differences are MHA global's
+
+    def calibrate(c, continued=False):
+        """MHA, seed 1, on candidate c for c["steps"] steps; continued: then on (bit-identically,
+        from the checkpoint) to each step count of c["extend"]."""
+        names, prev = [], None
+        for total in [c["steps"]] + (c.get("extend", []) if continued else []):
+            name = "calib-%s" % c["name"] + ("-to%d" % total if prev else "")
+            r.stage(name, "train", "configs/demo.yaml",
+                    sets_of(name, c, mha[2], 1, total, a.eval_every, a.calib_sequences),
+                    resume_from=os.path.join(r.out, prev, "ck") if prev else None)
+            names.append(name)
+            prev = name
+        return summary(names)
+
+    calib, chosen, budget = {}, None, None
+    for g in range(0, len(cands), max(1, a.jobs)):
+        group = cands[g:g + max(1, a.jobs)]
+        for c, cr in zip(group, in_parallel(calibrate, group)):
+            floor = lo if a.smoke else band_floor(c, lo)
+            b = None if c.get("diagnostic") else qualifying_budget(
+                [p for p in cr["curve"] if p[0] <= a.max_budget], floor, hi)
+            cr.update(task=c["task"], steps=cr["curve"][-1][0], budget=b, diagnostic=bool(c.get("diagnostic")),
+                      floor=floor, length=dict(c.get("extra", [])).get("sequence.length", c.get("length", a.length)),
+                      batch=c.get("batch", a.batch))
+            calib[c["name"]] = cr
+            if b and not chosen:
+                chosen, budget = c, b
+        if chosen:
             break
-    note = "" if chosen else "no candidate task put MHA in [%.2f, %.2f] within %d steps: nothing compared" % (
-        lo, hi, a.max_steps)
+    note = ""
+    if not chosen:
+        note = ("no candidate put MHA in the band (%.2f or the copy level + 0.15, to %.2f) at two consecutive"
+                " evaluations: the comparison below is the fallback (%s, %d steps), uncalibrated" % (
+                    lo, hi, FALLBACK[0], FALLBACK[1]))
+        chosen = [c for c in CANDIDATES if c["name"] == FALLBACK[0]][0]
+        budget = (FALLBACK[1], None)
+    steps = budget[0]
     results = {}
-    if chosen:
-        tname, tdesc, tsets = chosen
-        results[tname] = {"task": tdesc, "steps": steps, "models": {}}
-        for mname, mdesc, msets in MODELS:
-            runs = []
-            for seed in range(1, a.seeds + 1):
-                runs.append(dict(train("%s-%s-s%d" % (tname, mname, seed), tsets, msets, seed, steps), seed=seed))
-            accs = [x["accuracy"] for x in runs]
-            results[tname]["models"][mname] = {
-                "description": mdesc, "runs": runs, "mean": statistics.mean(accs),
-                "sd": statistics.stdev(accs) if len(accs) > 1 else 0.0, "min": min(accs), "max": max(accs),
-                "params": runs[0]["params"], "flops_per_step": runs[0]["flops_per_step"]}
+    jobs = [("%s-%s-s%d" % (chosen["name"], mname, seed),
+             sets_of("%s-%s-s%d" % (chosen["name"], mname, seed), chosen, msets, seed, steps, 0, a.eval_sequences))
+            for mname, _, msets in MODELS for seed in range(1, a.seeds + 1)]
+    in_parallel(lambda j: r.stage(j[0], "train", "configs/demo.yaml", j[1]), jobs)
+    runs = iter([summary([name]) for name, _ in jobs])
+    res = {"task": chosen["task"], "steps": steps, "calibrated": not note, "models": {}}
+    for mname, mdesc, _ in MODELS:
+        rs = [dict(next(runs), seed=seed) for seed in range(1, a.seeds + 1)]
+        accs = [x["accuracy"] for x in rs]
+        sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+        res["models"][mname] = {
+            "description": mdesc, "runs": rs, "mean": statistics.mean(accs), "sd": sd,
+            "se": sd / math.sqrt(len(accs)), "min": min(accs), "max": max(accs),
+            "params": rs[0]["params"], "flops_per_step": rs[0]["flops_per_step"]}
+    base = res["models"][mha[0]]
+    for mname, m in res["models"].items():
+        if mname != mha[0]:
+            m["diff_to_mha"] = m["mean"] - base["mean"]
+            m["diff_se"] = math.hypot(m["se"], base["se"])
+    results[chosen["name"]] = res
+
+    # Continuations past the budget cap (they inform, they never choose): does MHA leave the
+    # copy plateau with more steps than the comparison can afford?
+    longer = [c for c in cands if c.get("extend") and c["name"] in calib]
+    for c, cr in zip(longer, in_parallel(lambda c: calibrate(c, continued=True), longer)):
+        calib[c["name"]].update(curve=cr["curve"], stages=cr["stages"], seconds=cr["seconds"],
+                                steps=cr["curve"][-1][0])
 
     tag = " (SMOKE: tiny sizes, numbers mean nothing)" if a.smoke else ""
-    lines = ["Calibration (MHA baseline, seed 1, batches of %d sequences at N=%d, constant lr; band %.2f-%.2f;"
-             " held-out accuracy every %d steps):" % (a.batch, a.length, lo, hi, a.eval_every), "",
-             "| task | MHA accuracy by step | in band |", "|---|---|---|"]
+    lines = ["Calibration (MHA baseline, 5 blocks unless said, seed 1, batches of %d sequences at N=%d unless said,"
+             " constant lr after 30 warmup steps unless said; band %.2f-%.2f, its floor raised to the copy level + 0.15;"
+             " held-out accuracy on %d sequences every %d steps):"
+             % (a.batch, a.length, lo, hi, a.calib_sequences, a.eval_every), "",
+             "| candidate | MHA accuracy by step | qualifies (budget) |", "|---|---|---|"]
     for name, c in calib.items():
-        lines.append("| %s: %s | %s | %s |" % (name, c["task"], ", ".join("%d: %.2f" % p for p in c["curve"]),
-                                              "yes" if c["in_band"] else "no"))
+        lines.append("| %s: %s | %s | %s |" % (
+            name, c["task"], ", ".join("%d: %.2f" % p for p in c["curve"]),
+            "yes (%d steps, %.2f)" % tuple(c["budget"]) if c["budget"] else
+            "diagnostic" if c["diagnostic"] else "no (floor %.2f)" % c["floor"]))
     if note:
         lines += ["", note]
     for tname, res in results.items():
-        lines += ["", "%s: %s; %d steps (calibrated); %d seeds, %d held-out sequences each:" % (
-            tname, res["task"], res["steps"], a.seeds, a.eval_sequences), "",
-                  "| model | params | GFLOP/step | accuracy per seed | mean | sd | min-max |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "%s: %s; %d steps (%s); %d seeds, %d held-out sequences each;"
+                  " sd = sample standard deviation over seeds, se = sd / sqrt(seeds):" % (
+                      tname, res["task"], res["steps"],
+                      "the calibrated budget" if res["calibrated"] else "the fallback budget: UNCALIBRATED, MHA below the band",
+                      a.seeds, a.eval_sequences), "",
+                  "| model | params | GFLOP/step | accuracy per seed | mean | sd | se | mean - MHA (+- se) |",
+                  "|---|---|---|---|---|---|---|---|"]
         for mname, m in res["models"].items():
-            lines.append("| %s (%s) | %d | %.2f | %s | %.3f | %.3f | %.3f-%.3f |" % (
+            diff = "%+.3f +- %.3f" % (m["diff_to_mha"], m["diff_se"]) if "diff_to_mha" in m else "-"
+            lines.append("| %s (%s) | %d | %.2f | %s | %.3f | %.3f | %.3f | %s |" % (
                 mname, m["description"], m["params"], m["flops_per_step"] / 1e9,
-                ", ".join("%.3f" % x["accuracy"] for x in m["runs"]), m["mean"], m["sd"], m["min"], m["max"]))
+                ", ".join("%.3f" % x["accuracy"] for x in m["runs"]), m["mean"], m["sd"], m["se"], diff))
+    wall = time.time() - t_start
+    ran = [t for _, _, t in r.commands if t is not None]
+    recorded = [r.seconds(st) for st, _, _ in r.commands]
+    lines += ["", "Stage time: %.0f s over all %d stages, as recorded when each ran (with --jobs J, J run at a time);"
+              " this invocation: %.0f s of wall time, %d stages run, %d skipped as done before."
+              % (sum(t for t in recorded if t), len(recorded), wall, len(ran), len(r.commands) - len(ran))]
     md = "\n".join(lines) + "\n"
     out = {"machine": expkit.machine(), "smoke": a.smoke, "steps": steps, "batch": a.batch, "length": a.length,
-           "seeds": a.seeds, "calibration": calib, "note": note, "results": results,
+           "seeds": a.seeds, "band": [lo, hi], "calibration": calib, "note": note, "results": results,
+           "wall_seconds": wall,
            "commands": [{"stage": s, "command": c, "seconds": t} for s, c, t in r.commands]}
     with open(os.path.join(r.out, "results.md"), "w") as f:
         f.write(md)
     with open(os.path.join(r.out, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
-    plt = expkit._pyplot()
-    if not results:
-        print(md)
-        return 0
-    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results) + 0.5, 4.2), dpi=90, squeeze=False)
-    for ax, (tname, res) in zip(axes[0], results.items()):
-        names = list(res["models"])
-        for i, mname in enumerate(names):
-            m = res["models"][mname]
-            ax.scatter([i] * len(m["runs"]), [x["accuracy"] for x in m["runs"]], color="C%d" % i, zorder=3)
-            ax.errorbar([i + 0.15], [m["mean"]], yerr=[m["sd"]], fmt="D", color="black", capsize=4)
-        ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(["%s\n%.2f GFLOP/step" % (n, res["models"][n]["flops_per_step"] / 1e9) for n in names], fontsize=8)
-        ax.set_ylabel("held-out answer accuracy")
-        ax.set_ylim(0, 1.05)
-        ax.set_title(tname, fontsize=9)
-        ax.grid(alpha=0.3, axis="y")
-    fig.suptitle("IHA vs MHA, held-out answer accuracy: dots = seeds, diamond = mean +- sd (%s steps, N=%d)%s"
-                 % (steps, a.length, tag), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(os.path.join(r.out, "iha_vs_mha.png"))
-    plt.close(fig)
     print(md)
+    plot(r.out, calib, results, lo, hi, a, tag)
     if a.figures:
         expkit.copy_outputs(r.out, a.figures, [("iha_vs_mha.png", "iha_vs_mha.png"),
                                                ("results.md", "iha_vs_mha_results.md"),
                                                ("results.json", "iha_vs_mha_results.json")])
     return 0
+
+
+def results_task_sets(name):
+    return [c for c in CANDIDATES if c["name"] == name][0]["sets"]
+
+
+def plot(out_dir, calib, results, lo, hi, a, tag):
+    """Left: the calibration curves of MHA with the band and the chosen budget; right: the
+    comparison (one dot per seed, mean +- sd) with FLOPs per step under each model."""
+    plt = expkit._pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), dpi=90, gridspec_kw={"width_ratios": [1.2, 1]})
+    ax = axes[0]
+    ax.axhspan(lo, hi, color="green", alpha=0.08, label="calibration band %.0f-%.0f%%" % (100 * lo, 100 * hi))
+    xmax = max(s for c in calib.values() for s, _ in c["curve"])
+    for f in sorted({c["floor"] for c in calib.values() if c["floor"] > lo and not c["diagnostic"]}):
+        ax.axhline(f, color="green", linestyle="--", linewidth=0.8)
+        pairs = round(1 / (f - COPY_MARGIN))
+        ax.text(xmax, f + 0.01, "band floor for %d pairs: copy level 1/%d + %.2f" % (pairs, pairs, COPY_MARGIN),
+                fontsize=7, color="green", ha="right")
+    for i, (name, c) in enumerate(calib.items()):
+        ax.plot([s for s, _ in c["curve"]], [v for _, v in c["curve"]], marker=".", color="C%d" % (i % 10),
+                linestyle=":" if c["diagnostic"] else "-",
+                label="%s (N=%s, batch %d)%s" % (name, c["length"], c["batch"], ", diagnostic" if c["diagnostic"] else ""))
+        if c["budget"]:
+            ax.plot([c["budget"][0]], [c["budget"][1]], marker="*", markersize=14, color="C%d" % (i % 10),
+                    linestyle="none", label="chosen budget: %d steps" % c["budget"][0])
+    ax.axvline(a.max_budget, color="black", linestyle="--", linewidth=0.8)
+    ax.text(a.max_budget, 0.02, " budget cap: later steps inform, never choose", fontsize=7)
+    ax.set_xlabel("training steps")
+    ax.set_ylabel("MHA held-out answer accuracy")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("1. calibration: MHA baseline (seed 1) on each candidate task", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6.5, loc="upper left", ncol=2)
+    ax = axes[1]
+    if not results:
+        ax.text(0.5, 0.5, "no candidate task qualified:\nnothing compared", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+    for tname, res in results.items():
+        names = list(res["models"])
+        for i, mname in enumerate(names):
+            m = res["models"][mname]
+            ax.scatter([i] * len(m["runs"]), [x["accuracy"] for x in m["runs"]], color="C%d" % i, zorder=3,
+                       label="one seed" if i == 0 else None)
+            ax.errorbar([i + 0.15], [m["mean"]], yerr=[m["sd"]], fmt="D", color="black", capsize=4,
+                        label="mean +- sd over seeds" if i == 0 else None)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(["%s\n%.2f GFLOP/step\n%d params" % (n, res["models"][n]["flops_per_step"] / 1e9,
+                                                                res["models"][n]["params"]) for n in names], fontsize=8)
+        ax.set_ylabel("held-out answer accuracy after %d steps" % res["steps"])
+        ax.set_ylim(0, 1.05)
+        ax.set_title("2. comparison on %s, %d steps, %d seeds each%s" % (
+            tname, res["steps"], len(res["models"][names[0]]["runs"]),
+            "" if res["calibrated"] else "\nUNCALIBRATED: no candidate put MHA in the band; fallback task"), fontsize=9)
+        pairs = dict(results_task_sets(tname)).get("data.pairs")
+        if pairs:
+            ax.axhline(1 / int(pairs), color="gray", linestyle="--", linewidth=0.8,
+                       label="copying one of the %s context values (1/%s)" % (pairs, pairs))
+        ax.axhline(1 / 16, color="gray", linestyle=":", linewidth=0.8, label="chance (1/16 value ids)")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle("IHA vs MHA: held-out answer accuracy (calibration aimed at MHA %.0f-%.0f%%)%s"
+                 % (100 * lo, 100 * hi, tag), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "iha_vs_mha.png"))
+    plt.close(fig)
 
 
 if __name__ == "__main__":
