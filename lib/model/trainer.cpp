@@ -55,8 +55,8 @@ void check_mesh_fits_model(const RunConfig& cfg) {
                      " must divide model.ffn = ", cfg.model.ffn, " (the MLP's hidden units are split over tp)");
     IHA_CONFIG_CHECK(cfg.model.vocab >= tp, "config key 'mesh.tp': the tensor-parallel degree ", tp,
                      " exceeds model.vocab_size = ", cfg.model.vocab, " (the vocabulary is split over tp)");
-    // Level 2 reduce-scatters buckets over the holders during backward; the replicated
-    // tensors would first need their sum over tp, which only level 1 does.
+    // Levels 2 and 3 reduce-scatter each parameter group over the holders when its backward
+    // ends; the replicated tensors would first need their sum over tp, which only level 1 does.
     IHA_CONFIG_CHECK(cfg.optim.zero < 2, "config key 'optim.zero': level ", cfg.optim.zero,
                      " is not supported with mesh.tp = ", tp, " (use optim.zero 0 or 1, or mesh.tp 1)");
     // Level 3 would shard the tp shards' groups over same_shard() and the replicated ones over
@@ -201,14 +201,14 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
   ProcessMesh& cmesh = device_mesh_ ? *device_mesh_ : *mesh_;
   if (tp == 1) {
     if (level == 0 && R > 1)
-      buckets_ = std::make_unique<GradientBuckets>(compute_world_, shard_, false, dtype_of<T>(), "train.grad");
+      buckets_ = std::make_unique<GradientBuckets>(compute_world_, shard_, dtype_of<T>(), "train.grad");
   } else if (level == 0) {
     // Tensor-parallel shards are summed over the ranks holding the same shard, everything
     // else over the world.
     if (world_->size() > 1)
-      buckets_ = std::make_unique<GradientBuckets>(compute_world_, shard_, false, dtype_of<T>(), "train.grad", whole);
+      buckets_ = std::make_unique<GradientBuckets>(compute_world_, shard_, dtype_of<T>(), "train.grad", whole);
     if (R > 1)
-      shard_buckets_ = std::make_unique<GradientBuckets>(cmesh.same_shard_ptr(), shard_, false, dtype_of<T>(),
+      shard_buckets_ = std::make_unique<GradientBuckets>(cmesh.same_shard_ptr(), shard_, dtype_of<T>(),
                                                          "train.grad_tp_shard", split);
   } else {
     // Level 1 (check_mesh_fits_model refuses level 2 with tp): the replicated tensors'

@@ -9,14 +9,12 @@ GradientBuckets::GradientBuckets(std::shared_ptr<Communicator> comm, std::vector
     : GradientBuckets(std::move(comm),
                       ShardLayout::bucketed(std::move(tensor_sizes), static_cast<int64_t>(dtype_size(dt)),
                                             bucket_bytes, 1, reduced),
-                      false, dt, std::move(site), reduced) {}
+                      dt, std::move(site), reduced) {}
 
-GradientBuckets::GradientBuckets(std::shared_ptr<Communicator> comm, ShardLayout units, bool scatter, DType dt,
-                                 std::string site, std::vector<char> reduced)
-    : comm_(std::move(comm)), units_(std::move(units)), scatter_(scatter), dt_(dt), site_(std::move(site)) {
+GradientBuckets::GradientBuckets(std::shared_ptr<Communicator> comm, ShardLayout units, DType dt, std::string site,
+                                 std::vector<char> reduced)
+    : comm_(std::move(comm)), units_(std::move(units)), dt_(dt), site_(std::move(site)) {
   IHA_CHECK(comm_ != nullptr, "GradientBuckets needs a communicator");
-  IHA_CHECK(!scatter_ || units_.ranks() == comm_->size(), "gradient shards over ", units_.ranks(),
-            " ranks on a communicator of ", comm_->size());
   IHA_CHECK(reduced.empty() || static_cast<int64_t>(reduced.size()) == units_.num_tensors(), "GradientBuckets: ",
             reduced.size(), " reduce flags for ", units_.num_tensors(), " tensors");
   buckets_.resize(units_.units().size());
@@ -37,11 +35,9 @@ int64_t GradientBuckets::num_buckets() const {
   return n;
 }
 
-void GradientBuckets::begin(void* buffer, void* shard) {
+void GradientBuckets::begin(void* buffer) {
   IHA_CHECK(buffer != nullptr || units_.total() == 0, "GradientBuckets::begin: null buffer");
-  IHA_CHECK(!scatter_ || shard != nullptr || units_.shard_size() == 0, "GradientBuckets::begin: null shard");
   buffer_ = static_cast<char*>(buffer);
-  shard_ = static_cast<char*>(shard);
   ready_.assign(static_cast<size_t>(units_.num_tensors()), 0);
   for (size_t u = 0; u < buckets_.size(); ++u) {
     Bucket& b = buckets_[u];
@@ -53,12 +49,7 @@ void GradientBuckets::begin(void* buffer, void* shard) {
 void GradientBuckets::start(int64_t unit) {
   const ShardUnit& u = units_.units()[unit];
   const size_t es = dtype_size(dt_);
-  Bucket& b = buckets_[unit];
-  if (scatter_)
-    b.reduction = comm_->start_reduce_scatter(buffer_ + u.offset * es, shard_ + u.local_offset * es, u.chunk, dt_,
-                                              site_);
-  else
-    b.reduction = comm_->start_all_reduce(buffer_ + u.offset * es, u.count, dt_, ReduceOp::sum, site_);
+  buckets_[unit].reduction = comm_->start_all_reduce(buffer_ + u.offset * es, u.count, dt_, ReduceOp::sum, site_);
 }
 
 void GradientBuckets::mark_ready(int64_t tensor) {
@@ -87,17 +78,6 @@ void GradientBuckets::finish() {
     if (!b.reduction) continue;  // not reduced here
     b.reduction->wait();
     b.reduction.reset();
-  }
-  if (!scatter_) return;
-  // A short piece's tail received sums of whatever followed the unit: padding, made zero.
-  const int64_t r = comm_->rank();
-  const size_t es = dtype_size(dt_);
-  for (size_t u = 0; u < buckets_.size(); ++u) {
-    if (!buckets_[u].reduced) continue;
-    const ShardUnit& s = units_.units()[u];
-    const int64_t real = units_.piece(static_cast<int64_t>(u), r).size();
-    if (real < s.chunk)
-      Tensor::view(shard_ + (s.local_offset + real) * es, {s.chunk - real}, dt_, comm_->device()).zero();
   }
 }
 

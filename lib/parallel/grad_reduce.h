@@ -3,9 +3,9 @@
 //     a ShardLayout (about bucket_bytes each, tensor boundaries kept, in the reverse order
 //     backward produces them). When every tensor of a bucket is marked ready, its reduction
 //     starts (non-blocking), so reduction overlaps the rest of backward; finish() waits for all.
-//     The reduction is an all-reduce in place (every rank gets the sums), or with a layout
-//     over the comm's R ranks a reduce-scatter of each unit's window into this rank's shard
-//     (rank r gets the sums of its chunks; padding comes out zero).
+//     The reduction is an all-reduce in place (every rank gets the sums). Sharded gradients
+//     (optim.zero 2 and 3) are reduce-scattered per parameter group instead
+//     (model/sharded_params.h).
 //     Collectives must be posted in the same order on every rank: every rank marks tensors in
 //     the same order (true when all ranks run the same model).
 // defines: iha::GradientBuckets
@@ -29,16 +29,13 @@ class GradientBuckets {
   // the others are left alone (another group sums them, e.g. tensor-parallel shards).
   GradientBuckets(std::shared_ptr<Communicator> comm, std::vector<int64_t> tensor_sizes, DType dt,
                   int64_t bucket_bytes, std::string site = "grad.dp", std::vector<char> reduced = {});
-  // Buckets are the units of `units`. With scatter each is reduce-scattered into the shard
-  // given to begin() (units.ranks() must be the comm size); else all-reduced in place.
-  // reduced (empty: all) as above; a unit's tensors must be all reduced here or all not.
-  GradientBuckets(std::shared_ptr<Communicator> comm, ShardLayout units, bool scatter, DType dt, std::string site,
+  // Buckets are the units of `units`, each all-reduced in place. reduced (empty: all) as
+  // above; a unit's tensors must be all reduced here or all not.
+  GradientBuckets(std::shared_ptr<Communicator> comm, ShardLayout units, DType dt, std::string site,
                   std::vector<char> reduced = {});
 
-  // Starts a new step: buffer is the flat gradient buffer, shard (reduce-scatter only) this
-  // rank's shard of units().shard_size() elements; both must stay valid until finish(). For a
-  // reduce-scatter, buffer must hold units().window_end() elements (it is only read).
-  void begin(void* buffer, void* shard = nullptr);
+  // Starts a new step: buffer is the flat gradient buffer; it must stay valid until finish().
+  void begin(void* buffer);
   // Tensor i's gradient is final for this step; may start its bucket's reduction (none for a
   // tensor not reduced here).
   void mark_ready(int64_t tensor);
@@ -61,13 +58,11 @@ class GradientBuckets {
 
   std::shared_ptr<Communicator> comm_;
   ShardLayout units_;
-  bool scatter_ = false;
   std::vector<char> ready_;  // per tensor, this step
   DType dt_;
   std::string site_;
   std::vector<Bucket> buckets_;
   char* buffer_ = nullptr;
-  char* shard_ = nullptr;
 };
 
 }  // namespace iha

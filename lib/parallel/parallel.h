@@ -8,7 +8,7 @@
 //   - mesh.h: the data x head x sequence process mesh and its sub-communicators.
 //   - layout.h: contiguous and zigzag sequence layouts, the one map of who holds which tokens
 //     (SequenceLayout), and its nesting in a head x sequence replica (ReplicaLayout).
-//   - grad_reduce.h: bucketed non-blocking gradient all-reduce or reduce-scatter
+//   - grad_reduce.h: bucketed non-blocking gradient all-reduce
 //     (GradientBuckets).
 //   - shard_layout.h: how sharded state (optim.zero) splits a flat buffer of tensors into
 //     per-rank shards (ShardLayout).

@@ -139,37 +139,5 @@ TEST(ShardLayout, EachElementHasOneOwnerAndTensorPiecesAreContiguous) {
   EXPECT_THROW(ShardLayout(sizes, {1}, 2), Error);
 }
 
-TEST(GradientBuckets, ReduceScatterGivesEachRankTheSumsOfItsShard) {
-  const int64_t R = test::world().size(), me = test::world().rank();
-  const std::vector<int64_t> sizes = {5, 1, 17, 3, 3, 40, 2, 9};
-  for (int64_t bucket_bytes : {8, 8 * 10, 1 << 20}) {
-    SCOPED_TRACE("bucket bytes " + std::to_string(bucket_bytes));
-    const ShardLayout sl = ShardLayout::bucketed(sizes, 8, bucket_bytes, R);
-    const int64_t L = sl.total();
-    // Rank q's gradient element e is (q + 1) * (e + 1) / 8 (exact in binary): the sum over
-    // ranks is R (R + 1) / 2 * (e + 1) / 8. The window past the buffer holds non-zero junk
-    // that must not reach the shard.
-    std::vector<double> buf(static_cast<size_t>(sl.window_end()), 1e6), shard(sl.shard_size(), -1.0);
-    for (int64_t e = 0; e < L; ++e) buf[e] = static_cast<double>((me + 1) * (e + 1)) / 8;
-    GradientBuckets gb(test::world_ptr(), sl, true, DType::f64, "test.rs");
-    test::world().counters().reset();
-    gb.begin(buf.data(), shard.data());
-    for (int64_t t = static_cast<int64_t>(sizes.size()); t-- > 0;) {
-      gb.mark_ready(t);
-      gb.progress();
-    }
-    gb.finish();
-    std::vector<double> want(shard.size(), 0.0);
-    for (const ShardRange& p : sl.ranges(me))
-      for (int64_t e = p.begin; e < p.end; ++e)
-        want[p.local + (e - p.begin)] = static_cast<double>(R * (R + 1) / 2 * (e + 1)) / 8;
-    EXPECT_EQ(shard, want);
-    // Bytes: each unit's reduce-scatter counts (R - 1) / R of its window.
-    uint64_t bytes = 0;
-    for (const ShardUnit& u : sl.units()) bytes += static_cast<uint64_t>((R - 1) * u.chunk * 8);
-    EXPECT_EQ(test::world().counters().bytes("test.rs"), bytes);
-  }
-}
-
 }  // namespace
 }  // namespace iha
