@@ -44,19 +44,27 @@ ShardedParams::~ShardedParams() {
 Tensor ShardedParams::window(int64_t g) {
   const ShardUnit& u = layout_.units().at(static_cast<size_t>(g));
   Tensor t = be_->alloc_acc({layout_.ranks() * u.chunk});  // zero-filled (the padding must be)
+  count(t);
+  return t;
+}
+
+void ShardedParams::count(const Tensor& t) {
   transient_ += static_cast<int64_t>(t.nbytes());
   peak_ = std::max(peak_, transient_);
-  return t;
 }
 
 void ShardedParams::uncount(const Tensor& t) { transient_ -= static_cast<int64_t>(t.nbytes()); }
 
-void ShardedParams::prefetch(int64_t g) {
-  if (whole_.numel() > 0 || !prefetch_ || gathering_.at(g) || params_[g].numel() > 0) return;
+void ShardedParams::post_gather(int64_t g) {
   const ShardUnit& u = layout_.units()[g];
   params_[g] = window(g);
   gathering_[g] = comm_->start_all_gather(CBuf(shard_).at(u.local_offset).p, params_[g].raw(), u.chunk,
                                           shard_.dtype(), "train.params");
+}
+
+void ShardedParams::prefetch(int64_t g) {
+  if (whole_.numel() > 0 || !prefetch_ || gathering_.at(g) || params_[g].numel() > 0) return;
+  post_gather(g);
 }
 
 Tensor ShardedParams::acquire(int64_t g) {
@@ -64,13 +72,7 @@ Tensor ShardedParams::acquire(int64_t g) {
     const ShardUnit& u = layout_.units().at(static_cast<size_t>(g));
     return Tensor::view(Buf(whole_).at(u.offset).p, {u.count}, whole_.dtype(), whole_.device());
   }
-  const bool posted = gathering_.at(g) != nullptr;
-  if (!posted && params_[g].numel() == 0) {
-    const ShardUnit& u = layout_.units()[g];
-    params_[g] = window(g);
-    gathering_[g] = comm_->start_all_gather(CBuf(shard_).at(u.local_offset).p, params_[g].raw(), u.chunk,
-                                            shard_.dtype(), "train.params");
-  }
+  if (!gathering_.at(g) && params_[g].numel() == 0) post_gather(g);
   if (gathering_[g]) {
     // The exposed part of the gather (all of it without prefetch); the communicator counts the
     // wait under train.params.
@@ -102,8 +104,7 @@ void ShardedParams::gradient_done(int64_t g) {
   s.window = std::move(grads_[g]);
   grads_[g] = Tensor();
   s.received = be_->alloc_acc({u.chunk});
-  transient_ += static_cast<int64_t>(s.received.nbytes());
-  peak_ = std::max(peak_, transient_);
+  count(s.received);
   s.local_offset = u.local_offset;
   s.exchange = comm_->start_reduce_scatter(s.window.raw(), s.received.raw(), u.chunk, s.window.dtype(), "train.grad");
   scatters_.push_back(std::move(s));

@@ -59,7 +59,9 @@ class ShardedParams : public ParamGroups {
     std::unique_ptr<PendingExchange> exchange;
   };
   Tensor window(int64_t g);  // a zero-filled window of group g, counted
+  void count(const Tensor& t);
   void uncount(const Tensor& t);
+  void post_gather(int64_t g);  // group g's window and its all-gather, started
   void land_oldest();
 
   std::shared_ptr<Communicator> comm_;
