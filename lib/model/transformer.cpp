@@ -349,6 +349,14 @@ template <class T>
 void Transformer<T>::set_token_map(const std::vector<std::vector<int64_t>>& parts) {
   for (auto& blk : blocks_) blk->attn->core().set_token_map(parts);
   if (!blocks_.empty()) n_local_ = blocks_[0]->attn->core().local_tokens();
+  if (tp_.size() == 1) return;
+  IHA_CHECK(tp_.first_part >= 0 && tp_.first_part + tp_.size() <= static_cast<int64_t>(parts.size()),
+            "token map of ", parts.size(), " parts has no parts ", tp_.first_part, "..",
+            tp_.first_part + tp_.size() - 1, " for the tensor-parallel group");
+  for (int64_t q = 0; q < tp_.size(); ++q) tp_.tokens[q] = static_cast<int64_t>(parts[tp_.first_part + q].size());
+  IHA_CHECK(tp_.tokens[tp_.rank()] == n_local_, "the attention cores hold ", n_local_,
+            " tokens, the token map's tensor-parallel part ", tp_.tokens[tp_.rank()]);
+  tp_tokens_max_ = *std::max_element(tp_.tokens.begin(), tp_.tokens.end());
 }
 
 template <class T>

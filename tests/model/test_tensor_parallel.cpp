@@ -14,7 +14,9 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <filesystem>
 #include <random>
+#include <set>
 
 #include "model/vocab_parallel.h"
 
@@ -39,10 +41,12 @@ struct TpSetup {
   int64_t H = 8, ffn = 24;
   int64_t kv_heads = 0;  // grouped-query attention when > 0 (DESIGN.md section 13)
   int64_t vocab = 32;    // 31, 30: uneven vocabulary slices
+  std::string packed;    // a token file with doc_starts: trained on it under the balanced layout
   std::string str() const {
     return mesh.str() + " schemes " + global + "/" + window + " " + global_kind + " " + collapse +
            (recompute ? " recompute" : "") + (zero ? " zero" : "") +
-           (kv_heads ? " kv_heads=" + std::to_string(kv_heads) : std::string()) + " V=" + std::to_string(vocab);
+           (kv_heads ? " kv_heads=" + std::to_string(kv_heads) : std::string()) + " V=" + std::to_string(vocab) +
+           (packed.empty() ? std::string() : " balanced packed");
   }
 };
 
@@ -65,7 +69,9 @@ RunConfig config(const TpSetup& s) {
       "optim: {lr: 1.0e-2, warmup_steps: 2, weight_decay: 0.1, clip: 0.5, zero: " + (s.zero ? "true" : "false") +
       "}\n"
       "data: {kind: multikey, seed: 5, pairs: 4, queries: 2, key_tokens: 8, value_tokens: 8, loss_on: all}\n";
-  return test::run_config_from(yaml);
+  if (s.packed.empty()) return test::run_config_from(yaml);
+  return test::run_config_from(yaml, {"data={kind: hdf5, path: " + s.packed + "}", "sequence.layout=balanced",
+                                      "eval.path=" + s.packed});
 }
 
 // One named state tensor as its global tensor: tensor-parallel shards gathered over the tp group
@@ -111,13 +117,17 @@ std::vector<double> global_flat(Trainer<double>& t, const char* prefix) {
 
 struct TpRun {
   std::vector<double> losses, params;
+  std::set<std::vector<int64_t>> tp_tokens;  // the tp group's token counts after each step
 };
 
 TpRun train(const TpSetup& s, std::shared_ptr<Communicator> comm, int steps = 5) {
   Trainer<double> t(config(s), std::move(comm));
   t.init();
   TpRun r;
-  for (int i = 0; i < steps; ++i) r.losses.push_back(t.train_step().loss);
+  for (int i = 0; i < steps; ++i) {
+    r.losses.push_back(t.train_step().loss);
+    r.tp_tokens.insert(t.model().tensor_parallel().tokens);
+  }
   r.params = global_flat(t, "param");
   return r;
 }
@@ -196,10 +206,9 @@ std::vector<TpSetup> setups(int64_t R) {
   return out;
 }
 
-TEST(TensorParallel, Float64LossesAndParametersMatchOneProcess) {
-  const int64_t R = world().size();
-  const std::vector<TpSetup> all = setups(R);
-  if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
+// 5 steps of each setup against one process: losses and parameters within 1e-10, the same
+// parameters on every rank.
+void expect_training_matches_one_process(const std::vector<TpSetup>& all) {
   for (const TpSetup& s : all) {
     SCOPED_TRACE(s.str());
     TpSetup one = s;
@@ -215,38 +224,45 @@ TEST(TensorParallel, Float64LossesAndParametersMatchOneProcess) {
 
 // The first step's loss and its reduced gradients (what the update used) against one process
 // within 1e-12, per tensor.
-TEST(TensorParallel, Float64GradientsMatchOneProcess) {
-  const int64_t R = world().size();
-  const std::vector<TpSetup> all = setups(R);
+void expect_first_gradients_match_one_process(TpSetup s) {
+  s.zero = false;  // the whole reduced gradient stays in grads() only without ZeRO
+  SCOPED_TRACE(s.str());
+  auto grads_after_step = [&](const TpSetup& x, std::shared_ptr<Communicator> comm, double& loss) {
+    RunConfig c = config(x);
+    c.optim.clip = 0;  // the reduced gradient, unscaled
+    Trainer<double> t(c, std::move(comm));
+    t.init();
+    loss = t.train_step().loss;
+    std::vector<std::vector<double>> per_tensor;
+    for (const NamedTensor& nt : t.state_tensors()) {
+      if (nt.name.rfind("param/", 0) != 0) continue;
+      NamedTensor v = nt;
+      v.tensor = t.model().grads().view(t.model().layout()->index(nt.name.substr(6)));
+      per_tensor.push_back(global_tensor(t, v));
+    }
+    return per_tensor;
+  };
+  TpSetup one = s;
+  one.mesh = {1, 1, 1, 1};
+  double ref_loss = 0, loss = 0;
+  const auto ref = grads_after_step(one, self_comm(), ref_loss);
+  const auto got = grads_after_step(s, test::world_ptr(), loss);
+  EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss));
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_TRUE(close_normwise(got[i], ref[i], 1e-12, "gradient " + std::to_string(i)));
+}
+
+TEST(TensorParallel, Float64LossesAndParametersMatchOneProcess) {
+  const std::vector<TpSetup> all = setups(world().size());
   if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
-  for (TpSetup s : {all.front(), all.back()}) {
-    s.zero = false;  // the whole reduced gradient stays in grads() only without ZeRO
-    SCOPED_TRACE(s.str());
-    auto grads_after_step = [&](const TpSetup& x, std::shared_ptr<Communicator> comm, double& loss) {
-      RunConfig c = config(x);
-      c.optim.clip = 0;  // the reduced gradient, unscaled
-      Trainer<double> t(c, std::move(comm));
-      t.init();
-      loss = t.train_step().loss;
-      std::vector<std::vector<double>> per_tensor;
-      for (const NamedTensor& nt : t.state_tensors()) {
-        if (nt.name.rfind("param/", 0) != 0) continue;
-        NamedTensor v = nt;
-        v.tensor = t.model().grads().view(t.model().layout()->index(nt.name.substr(6)));
-        per_tensor.push_back(global_tensor(t, v));
-      }
-      return per_tensor;
-    };
-    TpSetup one = s;
-    one.mesh = {1, 1, 1, 1};
-    double ref_loss = 0, loss = 0;
-    const auto ref = grads_after_step(one, self_comm(), ref_loss);
-    const auto got = grads_after_step(s, test::world_ptr(), loss);
-    EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss));
-    ASSERT_EQ(got.size(), ref.size());
-    for (size_t i = 0; i < ref.size(); ++i)
-      EXPECT_TRUE(close_normwise(got[i], ref[i], 1e-12, "gradient " + std::to_string(i)));
-  }
+  expect_training_matches_one_process(all);
+}
+
+TEST(TensorParallel, Float64GradientsMatchOneProcess) {
+  const std::vector<TpSetup> all = setups(world().size());
+  if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
+  for (const TpSetup& s : {all.front(), all.back()}) expect_first_gradients_match_one_process(s);
 }
 
 // Held-out loss and accuracy (the arg-max over the vocabulary slices) and the logits of the
@@ -483,6 +499,126 @@ TEST(TensorParallel, ResumesAcrossTpSizes) {
   }
 }
 
+// ---- the balanced layout on packed documents (DESIGN.md sections 10 and 12): a token map per
+// micro-batch, so the tensor-parallel regions (MLP, embedding, LM head) change size with it.
+
+// Packed documents for N = 23: one-token documents, ones shorter and longer than a rank's
+// chunks and than the window (3 tokens), ones longer than a sequence; 56 sequences. Ids below
+// 30, the smallest vocabulary of the setups.
+std::string write_packed_corpus(const test::SharedDir& dir) {
+  const int64_t vocab = 30;
+  const std::string path = dir.str() + "/packed.h5";
+  if (world().rank() == 0) {
+    std::filesystem::create_directories(dir.str());
+    TokenFileWriter w(path, "tokens", vocab);
+    std::mt19937 rng(17);
+    const int64_t lengths[] = {1, 5, 17, 2, 30, 9, 1, 1, 12, 40, 3, 7, 23, 4};
+    for (int64_t written = 0, i = 0; written < 1300; ++i) {
+      std::vector<int64_t> doc(static_cast<size_t>(lengths[i % 14]));
+      for (int64_t& t : doc) t = static_cast<int64_t>(rng() % static_cast<uint32_t>(vocab));
+      w.begin_document();
+      w.append(doc.data(), static_cast<int64_t>(doc.size()));
+      written += static_cast<int64_t>(doc.size());
+    }
+    w.close();
+  }
+  world().barrier();
+  return path;
+}
+
+// tp with sp, with hp, and tp = 4; both schemes per layer kind (the head scheme: Ulysses over
+// the head group, re-planned for each map), iha and mha, both collapse forms, recomputation
+// and ZeRO-1 on and off, an uneven vocabulary.
+std::vector<TpSetup> balanced_setups(int64_t R, const std::string& packed) {
+  std::vector<TpSetup> out;
+  if (R == 2) {
+    out.push_back(make_setup({1, 1, 1, 2}, "head", "sequence", "iha", "global", true, false));
+    out.push_back(make_setup({1, 1, 1, 2}, "sequence", "head", "mha", "per_head", false, true));
+    out.back().vocab = 31;
+  } else if (R == 4) {
+    out.push_back(make_setup({1, 1, 2, 2}, "head", "head", "iha", "per_head", true, true));        // tp x sp
+    out.back().vocab = 31;
+    out.push_back(make_setup({1, 2, 1, 2}, "sequence", "head", "iha", "global", false, false));    // tp x hp
+    out.push_back(make_setup({1, 1, 1, 4}, "head", "sequence", "mha", "per_head", false, true));   // tp = 4
+  }
+  for (TpSetup& s : out) s.packed = packed;
+  return out;
+}
+
+TEST(TensorParallelBalanced, PackedDocumentsTrainAsOnOneProcess) {
+  test::SharedDir dir("tp_balanced");
+  const std::vector<TpSetup> all = balanced_setups(world().size(), write_packed_corpus(dir));
+  if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
+  expect_training_matches_one_process(all);
+  // The maps move tokens between the tp ranks: the regions are resized from step to step.
+  const TpRun run = train(all.front(), test::world_ptr(), 5);
+  EXPECT_GT(run.tp_tokens.size(), 1u) << "every step had the same tp token counts";
+}
+
+TEST(TensorParallelBalanced, FirstStepGradientsAndEvaluationMatchOneProcess) {
+  test::SharedDir dir("tp_balanced");
+  const std::vector<TpSetup> all = balanced_setups(world().size(), write_packed_corpus(dir));
+  if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
+  for (const TpSetup& s : {all.front(), all.back()}) {
+    expect_first_gradients_match_one_process(s);
+    // Held-out loss and accuracy on the packed file: each batch of 3 gets its own map.
+    TpSetup one = s;
+    one.mesh = {1, 1, 1, 1};
+    RunConfig c1 = config(one), c = config(s);
+    c1.eval.sequences = c.eval.sequences = 6;
+    c1.eval.batch = c.eval.batch = 3;
+    Trainer<double> ref(c1, self_comm()), got(c, test::world_ptr());
+    ref.init();
+    got.init();
+    ref.train_step();
+    got.train_step();
+    const EvalStats e1 = ref.evaluate(), e = got.evaluate();
+    EXPECT_GT(e1.targets, 0);
+    EXPECT_EQ(e.targets, e1.targets);
+    EXPECT_NEAR(e.loss, e1.loss, 1e-12 * e1.loss);
+    EXPECT_EQ(e.accuracy, e1.accuracy);
+  }
+}
+
+// Saved under one tp with the balanced layout, resumed under another (and to tp = 1): the
+// checkpoint holds no map, each micro-batch's map is recomputed from its documents.
+TEST(TensorParallelBalanced, ResumesAcrossTpSizes) {
+  const int64_t R = world().size();
+  if (R < 2 || R % 2) GTEST_SKIP() << "needs an even world";
+  test::SharedDir dir("tp_balanced");
+  TpSetup ref_setup;
+  ref_setup.mesh = {1, 1, 1, 1};
+  ref_setup.vocab = 31;
+  ref_setup.packed = write_packed_corpus(dir);
+  const TpRun ref = train(ref_setup, self_comm());
+  std::vector<std::pair<MeshShape, MeshShape>> moves = {{{1, 1, 1, R}, {1, 1, R, 1}}};
+  if (R == 4) moves.push_back({{1, 1, 2, 2}, {1, 1, 1, 4}});
+  for (const auto& [from, to] : moves) {
+    TpSetup a = ref_setup, b = ref_setup;
+    a.mesh = from;
+    a.zero = true;
+    b.mesh = to;
+    SCOPED_TRACE(a.str() + " -> " + b.str());
+    test::SharedDir ckdir("tp_balanced_resume");
+    {
+      Trainer<double> ta(config(a), test::world_ptr());
+      ta.init();
+      for (int i = 0; i < 2; ++i) ta.train_step();
+      TrainCheckpoints<double> ck(ta, 2);
+      ck.save(ckdir.str());
+    }
+    Trainer<double> tb(config(b), test::world_ptr());
+    tb.init();
+    TrainCheckpoints<double> ck(tb, 2);
+    ck.load(ckdir.str(), StateParts::everything);
+    ASSERT_EQ(tb.step(), 2);
+    std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + 2);
+    for (int i = 2; i < 5; ++i) losses.push_back(tb.train_step().loss);
+    EXPECT_TRUE(close_normwise(losses, ref.losses, 1e-10, "losses"));
+    EXPECT_TRUE(close_normwise(global_flat(tb, "param"), ref.params, 1e-10, "parameters"));
+  }
+}
+
 TEST(TensorParallelErrors, BadMeshesNameTheKeysOnEveryRank) {
   const int64_t R = world().size();
   TpSetup s;
@@ -512,8 +648,8 @@ TEST(TensorParallelErrors, BadMeshesNameTheKeysOnEveryRank) {
   expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"mesh.tp", "model.vocab_size"});
 }
 
-// What tensor parallelism does not combine with: ZeRO-2, ZeRO-3 and the per-micro-batch balanced layout.
-TEST(TensorParallelErrors, ZeroTwoThreeAndTheBalancedLayoutAreRefusedOnEveryRank) {
+// What tensor parallelism does not combine with: ZeRO-2 and ZeRO-3.
+TEST(TensorParallelErrors, ZeroTwoThreeAreRefusedOnEveryRank) {
   const int64_t R = world().size();
   if (R < 2) GTEST_SKIP() << "needs tp > 1";
   TpSetup s;
@@ -523,9 +659,6 @@ TEST(TensorParallelErrors, ZeroTwoThreeAndTheBalancedLayoutAreRefusedOnEveryRank
     c.optim.zero = level;
     expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"optim.zero", "mesh.tp"});
   }
-  c = config(s);
-  c.layout = LayoutKind::balanced;
-  expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"sequence.layout", "mesh.tp"});
   // Level 1 with the same mesh is accepted (the refusal is levels 2 and 3's alone).
   c = config(s);
   c.optim.zero = 1;
