@@ -152,6 +152,7 @@ TEST(PackedBalanced, ANewTokenMapPerMicroBatchMatchesEachSegmentAlone) {
     for (ParallelScheme scheme : {ParallelScheme::sequence, ParallelScheme::head}) {
       SCOPED_TRACE(shape.str() + " " + scheme_name(scheme));
       const Case c{MaskKind::token_causal, 2, 23, 0, 1};
+      if (scheme == ParallelScheme::head && cfg_of(c).H % hp != 0) continue;
       auto core = make_replica_core<double>(cfg_of(c), c.N, ReplicaGroups::from(mesh), scheme,
                                             {LayoutKind::balanced, FlashTiles{3, 4}});
       for (int v : {1, 2}) {
