@@ -609,6 +609,20 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
 }
 
 template <class T>
+Tensor Transformer<T>::block_forward_backward(int64_t block, const Tensor& x, const Tensor& dout) {
+  IHA_CHECK(!groups_, "block_forward_backward needs whole parameters (not optim.zero 3)");
+  IHA_CHECK(block >= 0 && block < cfg_.layers, "block ", block, " of a model of ", cfg_.layers);
+  IHA_CHECK(x.ndim() == 3 && x.dim(1) == n_local_ && x.dim(2) == cfg_.D && dout.shape() == x.shape(),
+            "block_forward_backward: x and dout must be [B, ", n_local_, ", ", cfg_.D, "]");
+  refresh_compute_weights();
+  BlockActs acts;
+  Tensor out, dx;
+  block_forward(*blocks_[block], x, out, acts);
+  block_backward(*blocks_[block], dout, acts, dx);
+  return dx;
+}
+
+template <class T>
 Tensor Transformer<T>::embed_and_blocks(const VocabRows& vr, int64_t B, std::vector<BlockActs>* acts) {
   // Each group's acquire is followed by the next group's prefetch, before the group computes.
   use_group(0);

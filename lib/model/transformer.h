@@ -167,6 +167,11 @@ class Transformer {
                                      const GradientsReady& ready = nullptr);
   // Forward only (evaluation); keeps no activations.
   CrossEntropyStats evaluate(const TokenBatch& batch);
+  // One block's forward and backward alone on this rank's rows: x and dout [B, local_tokens(),
+  // D] (accumulation dtype, on the backend's device); the block's weight gradients accumulate
+  // into grads(); returns dx. Collective like forward_backward (benchmarks of one layer on a
+  // mesh; not with sharded parameters).
+  Tensor block_forward_backward(int64_t block, const Tensor& x, const Tensor& dout);
   // A new token map for every layer (a balanced layout's map for the next micro-batch; see
   // AttentionCore::set_token_map): local_tokens() follows it, and with tp the group's token
   // counts that size the tensor-parallel regions. Collective over the group.
