@@ -529,9 +529,12 @@ std::string write_packed_corpus(const test::SharedDir& dir) {
 // tp with sp, with hp, and tp = 4; both schemes per layer kind (the head scheme: Ulysses over
 // the head group, re-planned for each map), iha and mha, both collapse forms, recomputation
 // and ZeRO-1 on and off, an uneven vocabulary.
+// IHA_TP_SWEEP=1: the full sweep's setups, on the packed file under the balanced layout.
 std::vector<TpSetup> balanced_setups(int64_t R, const std::string& packed) {
   std::vector<TpSetup> out;
-  if (R == 2) {
+  if (const char* e = std::getenv("IHA_TP_SWEEP"); e && std::string(e) == "1") {
+    out = full_sweep(R);
+  } else if (R == 2) {
     out.push_back(make_setup({1, 1, 1, 2}, "head", "sequence", "iha", "global", true, false));
     out.push_back(make_setup({1, 1, 1, 2}, "sequence", "head", "mha", "per_head", false, true));
     out.back().vocab = 31;
@@ -578,6 +581,59 @@ TEST(TensorParallelBalanced, FirstStepGradientsAndEvaluationMatchOneProcess) {
     EXPECT_NEAR(e.loss, e1.loss, 1e-12 * e1.loss);
     EXPECT_EQ(e.accuracy, e1.accuracy);
   }
+}
+
+// docs/parallel.md's byte formulas with each micro-batch's own n_max: the map of micro-batch u
+// (balanced_tokens of its sequences' documents) sizes the MLP's and the vocabulary region's
+// all-gathers and reduce-scatters of that micro-batch.
+TEST(TensorParallelBalanced, CollectivesMoveTheBytesOfEachMicroBatchsMap) {
+  const int64_t R = world().size();
+  if (R < 2 || R % 2) GTEST_SKIP() << "needs an even world";
+  test::SharedDir dir("tp_balanced");
+  TpSetup s;
+  s.mesh = {1, 1, R / 2, 2};
+  s.global = "sequence";
+  s.packed = write_packed_corpus(dir);
+  RunConfig cfg = config(s);
+  cfg.seq_len = 61;  // chunks of 1 and 2 tokens on 2 and 4 ranks: the shares move with the map
+  Trainer<double> t(cfg, test::world_ptr());
+  t.init();
+  CommCounters& c = t.mesh().world().counters();
+  c.reset();
+  t.train_step();
+  std::vector<PairCost> costs;
+  for (int64_t i = 0; i < cfg.model.layers; ++i) {
+    const LayerConfig lc = t.config().model.layer_config(i);
+    costs.push_back({lc.P, lc.window_virtual, lc.mask == MaskKind::token_causal});
+  }
+  const auto source = make_data_source(cfg, false);
+  const int64_t mb = cfg.micro_batch, first_part = t.mesh().sp_index() * 2;
+  uint64_t rows = 0;
+  std::set<std::pair<size_t, size_t>> shares;  // the tp group's token counts per micro-batch
+  for (int64_t u = 0; u < cfg.accumulation(); ++u) {
+    std::vector<std::vector<int64_t>> starts;
+    for (int64_t b = 0; b < mb; ++b) starts.push_back(source->segment_starts(u * mb + b));
+    const auto map = balanced_tokens(cfg.seq_len, R, costs, starts);
+    const int64_t n_max = static_cast<int64_t>(std::max(map[first_part].size(), map[first_part + 1].size()));
+    shares.insert({map[first_part].size(), map[first_part + 1].size()});
+    rows += static_cast<uint64_t>((2 - 1) * mb * n_max);
+  }
+  const uint64_t per = rows * cfg.model.D * 8 * cfg.model.layers;
+  EXPECT_EQ(c.bytes("mlp.gather"), 2 * per);  // recomputation: the forward twice
+  EXPECT_EQ(c.bytes("mlp.scatter"), 2 * per);
+  EXPECT_EQ(c.bytes("mlp.gather_grad"), per);
+  EXPECT_EQ(c.bytes("mlp.scatter_grad"), per);
+  EXPECT_EQ(c.bytes("vocab.rows"), rows * 3 * 4);
+  for (const char* site : {"embed.scatter", "embed.gather_grad", "head.gather", "head.scatter_grad"})
+    EXPECT_EQ(c.bytes(site), rows * cfg.model.D * 8) << site;
+  EXPECT_EQ(c.bytes("head.ce.sum"), 4 * rows * 8);
+  // The tp group's counts differ from the fixed contiguous map's somewhere on some rank.
+  const ReplicaLayout fixed(LayoutKind::contiguous, cfg.seq_len, cfg.mesh.sp, 2);
+  const std::pair<size_t, size_t> fixed_share = {fixed.tokens_of(t.mesh().sp_index(), 0).size(),
+                                                 fixed.tokens_of(t.mesh().sp_index(), 1).size()};
+  int64_t differs = shares.size() > 1 || *shares.begin() != fixed_share;
+  world().all_reduce(&differs, 1, DType::i64, ReduceOp::sum, "test");
+  EXPECT_GT(differs, 0) << "the balanced maps gave the fixed map's counts everywhere";
 }
 
 // Saved under one tp with the balanced layout, resumed under another (and to tp = 1): the
