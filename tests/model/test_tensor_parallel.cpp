@@ -452,6 +452,29 @@ TEST(VocabParallel, CrossEntropyGradientMatchesFiniteDifferences) {
   EXPECT_TRUE(close_normwise(analytic, fd, 1e-7, "gradient vs finite differences"));
 }
 
+// Two steps under `a`, saved; resumed under `b` for three more: the 5-step losses and parameters
+// of one process (ref) within 1e-10.
+void expect_resume_matches(const TpSetup& a, const TpSetup& b, const TpRun& ref) {
+  SCOPED_TRACE(a.str() + " -> " + b.str());
+  test::SharedDir dir("tp_resume");
+  {
+    Trainer<double> ta(config(a), test::world_ptr());
+    ta.init();
+    for (int i = 0; i < 2; ++i) ta.train_step();
+    TrainCheckpoints<double> ck(ta, 2);
+    ck.save(dir.str());
+  }
+  Trainer<double> tb(config(b), test::world_ptr());
+  tb.init();
+  TrainCheckpoints<double> ck(tb, 2);
+  ck.load(dir.str(), StateParts::everything);
+  ASSERT_EQ(tb.step(), 2);
+  std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + 2);
+  for (int i = 2; i < 5; ++i) losses.push_back(tb.train_step().loss);
+  EXPECT_TRUE(close_normwise(losses, ref.losses, 1e-10, "losses"));
+  EXPECT_TRUE(close_normwise(global_flat(tb, "param"), ref.params, 1e-10, "parameters"));
+}
+
 TEST(TensorParallel, ResumesAcrossTpSizes) {
   const int64_t R = world().size();
   if (R < 2 || R % 2) GTEST_SKIP() << "needs an even world";
@@ -478,24 +501,7 @@ TEST(TensorParallel, ResumesAcrossTpSizes) {
     a.zero = mv.from_zero;
     b.mesh = mv.to;
     b.zero = mv.to_zero;
-    SCOPED_TRACE(a.str() + " -> " + b.str());
-    test::SharedDir dir("tp_resume");
-    {
-      Trainer<double> ta(config(a), test::world_ptr());
-      ta.init();
-      for (int i = 0; i < 2; ++i) ta.train_step();
-      TrainCheckpoints<double> ck(ta, 2);
-      ck.save(dir.str());
-    }
-    Trainer<double> tb(config(b), test::world_ptr());
-    tb.init();
-    TrainCheckpoints<double> ck(tb, 2);
-    ck.load(dir.str(), StateParts::everything);
-    ASSERT_EQ(tb.step(), 2);
-    std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + 2);
-    for (int i = 2; i < 5; ++i) losses.push_back(tb.train_step().loss);
-    EXPECT_TRUE(close_normwise(losses, ref.losses, 1e-10, "losses"));
-    EXPECT_TRUE(close_normwise(global_flat(tb, "param"), ref.params, 1e-10, "parameters"));
+    expect_resume_matches(a, b, ref);
   }
 }
 
@@ -654,24 +660,7 @@ TEST(TensorParallelBalanced, ResumesAcrossTpSizes) {
     a.mesh = from;
     a.zero = true;
     b.mesh = to;
-    SCOPED_TRACE(a.str() + " -> " + b.str());
-    test::SharedDir ckdir("tp_balanced_resume");
-    {
-      Trainer<double> ta(config(a), test::world_ptr());
-      ta.init();
-      for (int i = 0; i < 2; ++i) ta.train_step();
-      TrainCheckpoints<double> ck(ta, 2);
-      ck.save(ckdir.str());
-    }
-    Trainer<double> tb(config(b), test::world_ptr());
-    tb.init();
-    TrainCheckpoints<double> ck(tb, 2);
-    ck.load(ckdir.str(), StateParts::everything);
-    ASSERT_EQ(tb.step(), 2);
-    std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + 2);
-    for (int i = 2; i < 5; ++i) losses.push_back(tb.train_step().loss);
-    EXPECT_TRUE(close_normwise(losses, ref.losses, 1e-10, "losses"));
-    EXPECT_TRUE(close_normwise(global_flat(tb, "param"), ref.params, 1e-10, "parameters"));
+    expect_resume_matches(a, b, ref);
   }
 }
 
