@@ -4,7 +4,9 @@
 # recomputation on/off x ZeRO-1 on/off, 5 float64 training steps each against one process (losses and
 # parameters within 1e-10), through tests/model/test_tensor_parallel.cpp with IHA_TP_SWEEP=1. The
 # vocabulary (31) divides by none of the tp degrees: every run has uneven embedding and LM-head
-# slices.
+# slices. Each configuration runs twice: on the multikey task with the zigzag layout, and on
+# packed documents (segment masks) with the balanced layout, whose token map, and so the tp
+# group's token counts, changes with every micro-batch.
 #   bash scripts/tp_sweep.sh [build-dir]     (from the repository root, after building
 #                                             test_model_tensor_parallel)
 set -euo pipefail
@@ -13,5 +15,5 @@ BUILD=${1:-build}
 for np in 2 3 4; do
   echo "== $np ranks"
   IHA_TP_SWEEP=1 scripts/mpiexec.sh -n "$np" "$BUILD/tests/model/test_model_tensor_parallel" \
-    --gtest_filter='TensorParallel.Float64LossesAndParametersMatchOneProcess'
+    --gtest_filter='TensorParallel.Float64LossesAndParametersMatchOneProcess:TensorParallelBalanced.PackedDocumentsTrainAsOnOneProcess'
 done

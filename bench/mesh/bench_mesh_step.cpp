@@ -4,7 +4,13 @@
 // mesh, the ZeRO-1 setting or the gradient bucket size costs:
 //
 //   mpiexec -n R bench_mesh_step [--config configs/demo.yaml] [--steps 6] [--json out.json]
-//                                [--set mesh.hp=2 --set mesh.sp=1 --set optim.zero=true ...]
+//                                [--layer-reps 0] [--set mesh.hp=2 --set mesh.sp=1 ...]
+//
+// --layer-reps K > 0 also times "a layer" in the same run: block 0's forward and backward alone
+// (attention, norms, residuals and the MLP, with tp its all-gathers and reduce-scatters; no
+// embedding, LM head, gradient reduction or optimizer) on one micro-batch of random rows of
+// this rank's tokens, K + 1 times after the steps, the first dropped: layer_s, the slowest
+// rank's median.
 //
 // The config's checkpoints, logging file and evaluation are switched off. Reported (rank 0, a
 // table line and with --json one JSON object): step_s (median wall time of the steps after
@@ -27,6 +33,7 @@
 
 #include "../../apps/iha-train/progress.h"
 #include "common/bench_util.h"
+#include "core/rng.h"
 #include "model/trainer.h"
 
 using namespace iha;
@@ -36,7 +43,7 @@ int main(int argc, char** argv) {
   auto world = mpi.world();
   const bool root = world->rank() == 0;
   std::string config = "configs/demo.yaml", json;
-  int64_t steps = 6;
+  int64_t steps = 6, layer_reps = 0;
   std::vector<std::string> sets = {"checkpoint.dir=", "logging.jsonl=", "eval.sequences=0"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -44,6 +51,8 @@ int main(int argc, char** argv) {
       config = v;
     } else if (k == "--steps") {
       steps = std::max(2, std::atoi(v.c_str()));
+    } else if (k == "--layer-reps") {
+      layer_reps = std::max(0, std::atoi(v.c_str()));
     } else if (k == "--json") {
       json = v;
     } else if (k == "--set") {
@@ -87,6 +96,25 @@ int main(int argc, char** argv) {
         wait[f] += w[f] / static_cast<double>(steps - 1);
       }
     }
+    // One layer alone: block 0 on a micro-batch of this rank's rows (same work at every mesh).
+    std::vector<double> layer_times;
+    if (layer_reps > 0) {
+      const int64_t B = cfg.micro_batch, n = t.model().local_tokens(), D = cfg.model.D;
+      Tensor x({B, n, D}, DType::f32), dout({B, n, D}, DType::f32);
+      const uint64_t stream = static_cast<uint64_t>(world->rank());
+      for (Tensor* a : {&x, &dout})
+        for (int64_t i = 0; i < a->numel(); ++i)
+          a->data<float>()[i] = static_cast<float>(normal01(a == &x ? 11 : 12, stream, static_cast<uint64_t>(i)));
+      for (int64_t r = 0; r <= layer_reps; ++r) {
+        bench::idle_barrier(*world);
+        const double t0 = bench::now();
+        t.model().block_forward_backward(0, x, dout);
+        double dt = bench::now() - t0;
+        world->all_reduce(&dt, 1, DType::f64, ReduceOp::max, "bench");
+        if (r > 0) layer_times.push_back(dt);
+      }
+    }
+    const double layer_s = layer_times.empty() ? 0.0 : bench::median(layer_times);
     const StateBytes sb = t.state_bytes();
     const app::MemoryUse mem = app::memory_use();
     double mib[6] = {static_cast<double>(sb.params) / (1 << 20), static_cast<double>(sb.grads) / (1 << 20),
@@ -111,6 +139,7 @@ int main(int argc, char** argv) {
                   cfg.mesh.str().c_str(), scheme_name(cfg.schemes.global), scheme_name(cfg.schemes.window),
                   (long long)cfg.optim.zero, (long long)cfg.grad_bucket_kib, step_s, mib[0], mib[1], opt_mib, mib[5],
                   mib[3]);
+      if (layer_s > 0) std::printf("  layer (block 0 forward + backward) %.4f s\n", layer_s);
       for (const char* f : families)
         if (bytes[f] > 0)
           std::printf("  %-13s %10.3f MiB/step  exposed %8.4f s/step (%.1f%% of the step)\n", f,
@@ -121,7 +150,7 @@ int main(int argc, char** argv) {
             << "\", \"global_scheme\": \"" << scheme_name(cfg.schemes.global) << "\", \"window_scheme\": \""
             << scheme_name(cfg.schemes.window) << "\", \"zero\": " << cfg.optim.zero
             << ", \"grad_bucket_kib\": " << cfg.grad_bucket_kib << ", \"seq_len\": " << cfg.seq_len
-            << ", \"step_s\": " << step_s << ", \"param_mib\": " << mib[0] << ", \"grad_mib\": " << mib[1]
+            << ", \"step_s\": " << step_s << ", \"layer_s\": " << layer_s << ", \"param_mib\": " << mib[0] << ", \"grad_mib\": " << mib[1]
             << ", \"optimizer_mib\": " << opt_mib << ", \"peak_rss_mib\": " << mib[3]
             << ", \"step_rss_growth_mib\": " << mib[4] << ", \"vocab\": " << cfg.model.vocab
             << ", \"gathered_mib\": " << mib[5] << ", \"prefetch\": " << (cfg.optim.prefetch ? "true" : "false")

@@ -1,8 +1,11 @@
 #!/bin/bash
 # Tensor parallelism beside sequence and head parallelism on the same work, in one run: a
-# one-block model (one global IHA layer and its MLP: "a layer") and the two-block demo model
-# ("a training step"), each on 1 rank and on 2 ranks as sp = 2, hp = 2 and tp = 2. Efficiency
-# = T(1 rank) / (2 T(2 ranks)), every time a median over the steps after the first, the
+# one-block model (one global IHA layer and its MLP) and the two-block demo model (LG), each on
+# 1 rank and on 2 ranks as sp = 2, hp = 2 and tp = 2: the training step's time, and in the same
+# process "a layer": block 0 alone (forward + backward of attention, norms, residuals and MLP,
+# no embedding, LM head, gradient reduction or optimizer; bench_mesh_step --layer-reps; the
+# global block G of the one-block model, the window block L of the two-block one). Efficiency
+# = T(1 rank) / (2 T(2 ranks)), every time a median over the repetitions after the first, the
 # meshes interleaved ROUNDS times so slow moments of a shared machine spread over all.
 # Also the parameters a rank holds by kind and its peak resident memory.
 # Then the memory table: the two-block model with a 4096-entry vocabulary on tp = 1, 2, 4 ranks
@@ -32,7 +35,8 @@ for round in $(seq "$ROUNDS"); do
       n=${m%%|*}
       sets=${m#*|}
       # shellcheck disable=SC2086
-      "$MPIEXEC" -n "$n" "$BIN" --steps "$STEPS" --json "$OUT.one.json" $WORK $model $sets ${EXTRA:-} | sed -n 1p
+      "$MPIEXEC" -n "$n" "$BIN" --steps "$STEPS" --layer-reps "$STEPS" --json "$OUT.one.json" $WORK $model $sets \
+        ${EXTRA:-} | sed -n 1,2p
       cat "$OUT.one.json" >> "$OUT.jsonl"
     done
   done
@@ -46,19 +50,21 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     runs[(r["layers"], r["ranks"], r["mesh"])].append(r)
 med = lambda rs, k: statistics.median(x[k] for x in rs)
-print("| work | mesh | ranks | step s (median of rounds) | efficiency vs 1 rank | MLP params/rank | embed+head params/rank | other params/rank | peak RSS MiB/rank | mlp MiB/step | a2a+ring+halo MiB/step |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| work | mesh | ranks | layer s (block 0 fwd+bwd) | layer efficiency | step s (median of rounds) | step efficiency vs 1 rank | MLP params/rank | embed+head params/rank | other params/rank | peak RSS MiB/rank | mlp MiB/step | a2a+ring+halo MiB/step |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for layers in sorted({k[0] for k in runs}):
     work = "one block (G)" if layers == 1 else f"{layers} blocks (LG)"
     one = [v for k, v in runs.items() if k[0] == layers and k[1] == 1]
     t1 = med(one[0], "step_s") if one else None
+    l1 = med(one[0], "layer_s") if one else None
     for (l, R, mesh), rs in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][2])):
         if l != layers:
             continue
-        t = med(rs, "step_s")
+        t, lt = med(rs, "step_s"), med(rs, "layer_s")
         eff = f"{100 * t1 / (R * t):.0f}%" if t1 else "-"
+        leff = f"{100 * l1 / (R * lt):.0f}%" if l1 and lt else "-"
         comm = sum(med(rs, f"bytes_{f}") for f in ("a2a", "ring", "halo", "pring", "phalo"))
-        print(f"| {work} | {mesh} | {R} | {t:.4f} | {eff} | {med(rs, 'params_mlp'):.0f} | "
+        print(f"| {work} | {mesh} | {R} | {lt:.4f} | {leff} | {t:.4f} | {eff} | {med(rs, 'params_mlp'):.0f} | "
               f"{med(rs, 'params_embed') + med(rs, 'params_lm_head'):.0f} | {med(rs, 'params_other'):.0f} | "
               f"{med(rs, 'peak_rss_mib'):.1f} | {med(rs, 'bytes_mlp') / 2**20:.2f} | {comm / 2**20:.2f} |")
 PY

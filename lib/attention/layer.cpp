@@ -74,8 +74,8 @@ void IhaWeights<T>::zero() {
 
 template <class T>
 void AttentionCore<T>::set_token_map(const std::vector<std::vector<int64_t>>&) {
-  throw ConfigError("config key 'sequence.layout': this attention core (one device or head-parallel) keeps its "
-                    "token map; a per-micro-batch layout (balanced) needs the sequence scheme over several ranks");
+  throw ConfigError("config key 'sequence.layout': the one-device attention core keeps its token map; a "
+                    "per-micro-batch layout (balanced) needs a core over several ranks");
 }
 
 template <class T>

@@ -98,8 +98,8 @@ class AttentionCore {
   virtual SegmentSavings savings() const { return {}; }
   // A new token map for the following forward calls (DESIGN.md section 10: a data-dependent
   // layout per micro-batch): parts[p] holds the tokens of layout part p, ascending, the parts a
-  // partition of [0, N), the same on every rank of the group. local_tokens() follows it. Cores
-  // whose map cannot change (all tokens local, head parallelism) refuse with a ConfigError.
+  // partition of [0, N), the same on every rank of the group. local_tokens() follows it. The
+  // one-device core (all tokens local, no map to change) refuses with a ConfigError.
   virtual void set_token_map(const std::vector<std::vector<int64_t>>& parts);
 
  protected:

@@ -115,25 +115,19 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
   tokens_ = replica.tokens_of(mesh_->sp_index(), mesh_->head_index());
   TensorParallel tensor;
   if (tp > 1) {
+    // The tp group's parts of the replica map: its token counts size the tensor-parallel
+    // regions (under the balanced layout the model recounts them for each micro-batch's map).
     tensor.comm = cmesh->tensor_ptr();
+    tensor.first_part = mesh_->sp_index() * hp + mesh_->hp_index() * tp;
     for (int64_t t = 0; t < tp; ++t)
       tensor.tokens.push_back(static_cast<int64_t>(
           replica.tokens_of(mesh_->sp_index(), mesh_->hp_index() * tp + t).size()));
   }
-  // The tensor-parallel regions are sized by the fixed token counts of the tp group.
-  IHA_CONFIG_CHECK(tp == 1 || cfg_.layout != LayoutKind::balanced, "config key 'sequence.layout': balanced is not "
-                   "supported with mesh.tp > 1 (set sequence.layout to contiguous or zigzag, or mesh.tp to 1)");
-  if (per_batch_map()) {
-    // Only the pre-mix (sequence) scheme takes a new token map; the head scheme's all-to-all
-    // and its groups' token unions are fixed.
+  if (per_batch_map())
     for (int64_t i = 0; i < cfg_.model.layers; ++i) {
       const LayerConfig lc = cfg_.model.layer_config(i);
-      IHA_CONFIG_CHECK(hp == 1 || cfg_.schemes.for_layer(lc) == ParallelScheme::sequence,
-                       "config key 'sequence.layout': balanced needs the sequence scheme for every layer when "
-                       "mesh.hp > 1 (set mesh.schemes to sequence)");
       pair_costs_.push_back({lc.P, lc.window_virtual, lc.mask == MaskKind::token_causal});
     }
-  }
   const ReplicaGroups groups = ReplicaGroups::from(*cmesh);
   const SeqParallelOptions opt{cfg_.layout, cfg_.tiles, backend_};
   // The one place that decides where attention runs: all tokens local, or spread over the
@@ -276,9 +270,11 @@ TokenBatch Trainer<T>::load(const DataLoader& loader, int64_t first, int64_t cou
   const int64_t N = cfg_.seq_len;
   SegmentStarts starts;
   for (int64_t i = 0; i < count; ++i) starts.push_back(source->segment_starts(loader.sequence(first + i)));
-  *map = balanced_tokens(N, cfg_.mesh.hp * cfg_.mesh.sp, pair_costs_, starts);
-  // Part sp*hp_degree + hp, as ReplicaLayout numbers them.
-  const int64_t part = mesh_->sp_index() * cfg_.mesh.hp + mesh_->hp_index();
+  const int64_t heads = cfg_.mesh.head_group();
+  *map = balanced_tokens(N, heads * cfg_.mesh.sp, pair_costs_, starts);
+  // Part sp_index * head_group + head_index, as ReplicaLayout numbers them (the head group
+  // spans tp x hp).
+  const int64_t part = mesh_->sp_index() * heads + mesh_->head_index();
   return DataLoader(source, N, (*map)[part]).batch(first, count);
 }
 

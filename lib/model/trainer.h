@@ -214,8 +214,11 @@ class Trainer {
   // the replica) into *map, and the rows follow it; otherwise `loader`'s fixed map.
   TokenBatch load(const DataLoader& loader, int64_t first, int64_t count,
                   std::vector<std::vector<int64_t>>* map) const;
-  // True when each micro-batch gets its own map (layout balanced over more than one rank).
-  bool per_batch_map() const { return cfg_.layout == LayoutKind::balanced && cfg_.mesh.hp * cfg_.mesh.sp > 1; }
+  // True when each micro-batch gets its own map (layout balanced over more than one rank of
+  // the tp x hp x sp replica).
+  bool per_batch_map() const {
+    return cfg_.layout == LayoutKind::balanced && cfg_.mesh.head_group() * cfg_.mesh.sp > 1;
+  }
 
   RunConfig cfg_;
   std::shared_ptr<Communicator> world_;

@@ -349,6 +349,14 @@ template <class T>
 void Transformer<T>::set_token_map(const std::vector<std::vector<int64_t>>& parts) {
   for (auto& blk : blocks_) blk->attn->core().set_token_map(parts);
   if (!blocks_.empty()) n_local_ = blocks_[0]->attn->core().local_tokens();
+  if (tp_.size() == 1) return;
+  IHA_CHECK(tp_.first_part >= 0 && tp_.first_part + tp_.size() <= static_cast<int64_t>(parts.size()),
+            "token map of ", parts.size(), " parts has no parts ", tp_.first_part, "..",
+            tp_.first_part + tp_.size() - 1, " for the tensor-parallel group");
+  for (int64_t q = 0; q < tp_.size(); ++q) tp_.tokens[q] = static_cast<int64_t>(parts[tp_.first_part + q].size());
+  IHA_CHECK(tp_.tokens[tp_.rank()] == n_local_, "the attention cores hold ", n_local_,
+            " tokens, the token map's tensor-parallel part ", tp_.tokens[tp_.rank()]);
+  tp_tokens_max_ = *std::max_element(tp_.tokens.begin(), tp_.tokens.end());
 }
 
 template <class T>
@@ -598,6 +606,20 @@ CrossEntropyStats Transformer<T>::forward_backward(const TokenBatch& batch, doub
   grad_group_done(0);
   if (ready) ready(embed_, embed_ + 1);
   return stats;
+}
+
+template <class T>
+Tensor Transformer<T>::block_forward_backward(int64_t block, const Tensor& x, const Tensor& dout) {
+  IHA_CHECK(!groups_, "block_forward_backward needs whole parameters (not optim.zero 3)");
+  IHA_CHECK(block >= 0 && block < cfg_.layers, "block ", block, " of a model of ", cfg_.layers);
+  IHA_CHECK(x.ndim() == 3 && x.dim(1) == n_local_ && x.dim(2) == cfg_.D && dout.shape() == x.shape(),
+            "block_forward_backward: x and dout must be [B, ", n_local_, ", ", cfg_.D, "]");
+  refresh_compute_weights();
+  BlockActs acts;
+  Tensor out, dx;
+  block_forward(*blocks_[block], x, out, acts);
+  block_backward(*blocks_[block], dout, acts, dx);
+  return dx;
 }
 
 template <class T>

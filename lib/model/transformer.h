@@ -72,9 +72,12 @@ std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& cfg, int64_t t
 
 // The tensor-parallel group of a model: its communicator (ordered by tp index; on the
 // backend's device) and the tokens per sequence each of its ranks holds. Empty: tp = 1.
+// first_part: the part of a replica token map (Transformer::set_token_map) that tp rank 0
+// holds; rank q holds part first_part + q (a tp group is consecutive in the head index).
 struct TensorParallel {
   std::shared_ptr<Communicator> comm;
   std::vector<int64_t> tokens;  // per tp rank
+  int64_t first_part = 0;
   int64_t size() const { return comm ? comm->size() : 1; }
   int64_t rank() const { return comm ? comm->rank() : 0; }
 };
@@ -164,8 +167,14 @@ class Transformer {
                                      const GradientsReady& ready = nullptr);
   // Forward only (evaluation); keeps no activations.
   CrossEntropyStats evaluate(const TokenBatch& batch);
+  // One block's forward and backward alone on this rank's rows: x and dout [B, local_tokens(),
+  // D] (accumulation dtype, on the backend's device); the block's weight gradients accumulate
+  // into grads(); returns dx. Collective like forward_backward (benchmarks of one layer on a
+  // mesh; not with sharded parameters).
+  Tensor block_forward_backward(int64_t block, const Tensor& x, const Tensor& dout);
   // A new token map for every layer (a balanced layout's map for the next micro-batch; see
-  // AttentionCore::set_token_map): local_tokens() follows it. Collective over the group.
+  // AttentionCore::set_token_map): local_tokens() follows it, and with tp the group's token
+  // counts that size the tensor-parallel regions. Collective over the group.
   void set_token_map(const std::vector<std::vector<int64_t>>& parts);
 
   // Forward only, returning the logits [B * n, V] (T, on the backend's device; tests and

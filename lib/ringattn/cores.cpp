@@ -90,6 +90,21 @@ void collapse_all(const Backend& be, const LayerConfig& c, const MixView& mv, in
     be.collapse_forward(CBuf(ov).at(b * c.H * hs), hs, n, c.H, c.d, c.P, mv.form, mv.c, out.at(b * n * Hd), Hd);
 }
 
+// A token map's parts (AttentionCore::set_token_map): `count` of them, each ascending, together
+// every token of [0, N) once.
+void check_token_map(const std::vector<std::vector<int64_t>>& parts, int64_t count, int64_t N) {
+  IHA_CHECK(static_cast<int64_t>(parts.size()) == count, "token map of ", parts.size(), " parts for a group of ",
+            count, " ranks");
+  std::vector<int> seen(N, 0);
+  for (const auto& p : parts)
+    for (size_t i = 0; i < p.size(); ++i) {
+      IHA_CHECK(p[i] >= 0 && p[i] < N && (i == 0 || p[i] > p[i - 1]), "token map: a part is not ascending in [0, ",
+                N, ")");
+      IHA_CHECK(seen[p[i]]++ == 0, "token map: token ", p[i], " is in two parts");
+    }
+  for (int64_t n = 0; n < N; ++n) IHA_CHECK(seen[n] == 1, "token map: token ", n, " is in no part");
+}
+
 // ---------------------------------------------------------------- pre-mix (sequence) core
 
 struct PremixCache : CoreCache {
@@ -120,16 +135,7 @@ class PremixCore final : public AttentionCore<T> {
 
   void set_token_map(const std::vector<std::vector<int64_t>>& parts) override {
     const int64_t R = comm_->size();
-    IHA_CHECK(static_cast<int64_t>(parts.size()) == R, "token map of ", parts.size(), " parts for a group of ", R,
-              " ranks");
-    std::vector<int> seen(N_, 0);
-    for (const auto& p : parts)
-      for (size_t i = 0; i < p.size(); ++i) {
-        IHA_CHECK(p[i] >= 0 && p[i] < N_ && (i == 0 || p[i] > p[i - 1]), "token map: a part is not ascending in [0, ",
-                  N_, ")");
-        IHA_CHECK(seen[p[i]]++ == 0, "token map: token ", p[i], " is in two parts");
-      }
-    for (int64_t n = 0; n < N_; ++n) IHA_CHECK(seen[n] == 1, "token map: token ", n, " is in no part");
+    check_token_map(parts, R, N_);
     std::vector<std::vector<int64_t>> tokens(R);
     for (int64_t r = 0; r < R; ++r) tokens[r] = parts[part_of_rank_[r]];
     build(std::move(tokens));
@@ -237,7 +243,8 @@ class UlyssesCore final : public AttentionCore<T> {
  public:
   UlyssesCore(const LayerConfig& cfg, int64_t N, const ReplicaGroups& g, SeqParallelOptions opt)
       : AttentionCore<T>(cfg, backend_of(opt, dtype_of<T>(), cpu_backend<T>(opt.tiles))),
-        head_(g.head), seq_(g.seq), T_(g.T), t_(g.hp_index), N_(N) {
+        head_(g.head), seq_(g.seq), S_(g.S), s_(g.sp_index), T_(g.T), t_(g.hp_index), N_(N), halo_(cfg.windowed()),
+        pieces_(opt.ring_pieces) {
     IHA_CHECK(head_ && seq_ && head_->size() == g.T && seq_->size() == g.S,
               "head-parallel core: communicators do not match the replica shape");
     IHA_CHECK(head_->device() == this->be_->device() && seq_->device() == this->be_->device(),
@@ -252,19 +259,17 @@ class UlyssesCore final : public AttentionCore<T> {
     Hl_ = this->cfg_.H / T_;
     Hkvl_ = this->cfg_.kv_heads() / T_;  // rank t holds query heads [t Hl, (t+1) Hl) and their groups' kv heads
     const ReplicaLayout layout(opt.layout, N, g.S, g.T);
-    mine_ = layout.tokens_of(g.sp_index, t_);
-    std::vector<std::vector<int64_t>> groups;
-    for (int64_t s = 0; s < g.S; ++s) groups.push_back(layout.group_tokens(s));
-    const std::vector<int64_t>& gt = groups[g.sp_index];
-    for (int64_t u = 0; u < T_; ++u) {
-      std::vector<int64_t> idx;
-      for (int64_t tok : layout.tokens_of(g.sp_index, u))
-        idx.push_back(std::lower_bound(gt.begin(), gt.end(), tok) - gt.begin());
-      part_idx_.push_back(std::move(idx));
-    }
-    engine_ = make_engine(this->cfg_, Hl_, seq_, std::move(groups), this->be_, this->cfg_.windowed(), "p",
-                         opt.ring_pieces);
-    rope_ = this->be_->rope_rows(RopeSpec::from(this->cfg_), this->cfg_.d, virtual_positions(mine_, this->cfg_.P));
+    std::vector<std::vector<int64_t>> parts;
+    for (int64_t s = 0; s < g.S; ++s)
+      for (int64_t t = 0; t < g.T; ++t) parts.push_back(layout.tokens_of(s, t));
+    build(parts);
+  }
+
+  // The all-to-all moves whatever tokens the parts give each rank (grouped point-to-point), so
+  // a new map only rebuilds the groups' token unions, the engine over them and the RoPE rows.
+  void set_token_map(const std::vector<std::vector<int64_t>>& parts) override {
+    check_token_map(parts, S_ * T_, N_);
+    build(parts);
   }
 
   int64_t local_tokens() const override { return static_cast<int64_t>(mine_.size()); }
@@ -422,6 +427,28 @@ class UlyssesCore final : public AttentionCore<T> {
   int64_t part_n(int64_t u) const { return static_cast<int64_t>(part_idx_[u].size()); }
   int64_t group_n() const { return static_cast<int64_t>(engine_->tokens().size()); }
 
+  // From a replica token map (part s*T + t: the rank at sequence index s and head index t, as
+  // ReplicaLayout numbers them): this rank's tokens, each head group's union (the engine's
+  // ranks), where each head rank's tokens sit in this group's union; the segments carry over.
+  void build(const std::vector<std::vector<int64_t>>& parts) {
+    mine_ = parts[s_ * T_ + t_];
+    std::vector<std::vector<int64_t>> groups(S_);
+    for (int64_t s = 0; s < S_; ++s) {
+      for (int64_t u = 0; u < T_; ++u) groups[s].insert(groups[s].end(), parts[s * T_ + u].begin(), parts[s * T_ + u].end());
+      std::sort(groups[s].begin(), groups[s].end());
+    }
+    const std::vector<int64_t>& gt = groups[s_];
+    part_idx_.clear();
+    for (int64_t u = 0; u < T_; ++u) {
+      std::vector<int64_t> idx;
+      for (int64_t tok : parts[s_ * T_ + u]) idx.push_back(std::lower_bound(gt.begin(), gt.end(), tok) - gt.begin());
+      part_idx_.push_back(std::move(idx));
+    }
+    engine_ = make_engine(this->cfg_, Hl_, seq_, std::move(groups), this->be_, halo_, "p", pieces_);
+    rope_ = this->be_->rope_rows(RopeSpec::from(this->cfg_), this->cfg_.d, virtual_positions(mine_, this->cfg_.P));
+    if (!this->segs_.empty()) engine_->set_segments(this->segs_, N_);
+  }
+
   // One all-to-all over the head group as grouped point-to-point (sizes may differ per peer);
   // the part for this rank itself is copied, not sent. Received parts have dtype `dt`.
   template <class MakeSend, class RecvCount>
@@ -468,7 +495,9 @@ class UlyssesCore final : public AttentionCore<T> {
   }
 
   std::shared_ptr<Communicator> head_, seq_;
-  int64_t T_, t_, N_, Hl_ = 0, Hkvl_ = 0;
+  int64_t S_, s_, T_, t_, N_, Hl_ = 0, Hkvl_ = 0;
+  bool halo_;
+  int64_t pieces_;
   std::vector<int64_t> mine_;
   std::vector<std::vector<int64_t>> part_idx_;  // per head rank u: indices of its tokens among the group's
   std::unique_ptr<SeqEngine> engine_;

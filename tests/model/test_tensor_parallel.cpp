@@ -14,7 +14,9 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <filesystem>
 #include <random>
+#include <set>
 
 #include "model/vocab_parallel.h"
 
@@ -39,10 +41,12 @@ struct TpSetup {
   int64_t H = 8, ffn = 24;
   int64_t kv_heads = 0;  // grouped-query attention when > 0 (DESIGN.md section 13)
   int64_t vocab = 32;    // 31, 30: uneven vocabulary slices
+  std::string packed;    // a token file with doc_starts: trained on it under the balanced layout
   std::string str() const {
     return mesh.str() + " schemes " + global + "/" + window + " " + global_kind + " " + collapse +
            (recompute ? " recompute" : "") + (zero ? " zero" : "") +
-           (kv_heads ? " kv_heads=" + std::to_string(kv_heads) : std::string()) + " V=" + std::to_string(vocab);
+           (kv_heads ? " kv_heads=" + std::to_string(kv_heads) : std::string()) + " V=" + std::to_string(vocab) +
+           (packed.empty() ? std::string() : " balanced packed");
   }
 };
 
@@ -65,7 +69,9 @@ RunConfig config(const TpSetup& s) {
       "optim: {lr: 1.0e-2, warmup_steps: 2, weight_decay: 0.1, clip: 0.5, zero: " + (s.zero ? "true" : "false") +
       "}\n"
       "data: {kind: multikey, seed: 5, pairs: 4, queries: 2, key_tokens: 8, value_tokens: 8, loss_on: all}\n";
-  return test::run_config_from(yaml);
+  if (s.packed.empty()) return test::run_config_from(yaml);
+  return test::run_config_from(yaml, {"data={kind: hdf5, path: " + s.packed + "}", "sequence.layout=balanced",
+                                      "eval.path=" + s.packed});
 }
 
 // One named state tensor as its global tensor: tensor-parallel shards gathered over the tp group
@@ -111,13 +117,17 @@ std::vector<double> global_flat(Trainer<double>& t, const char* prefix) {
 
 struct TpRun {
   std::vector<double> losses, params;
+  std::set<std::vector<int64_t>> tp_tokens;  // the tp group's token counts after each step
 };
 
 TpRun train(const TpSetup& s, std::shared_ptr<Communicator> comm, int steps = 5) {
   Trainer<double> t(config(s), std::move(comm));
   t.init();
   TpRun r;
-  for (int i = 0; i < steps; ++i) r.losses.push_back(t.train_step().loss);
+  for (int i = 0; i < steps; ++i) {
+    r.losses.push_back(t.train_step().loss);
+    r.tp_tokens.insert(t.model().tensor_parallel().tokens);
+  }
   r.params = global_flat(t, "param");
   return r;
 }
@@ -144,6 +154,11 @@ TpSetup make_setup(MeshShape m, const char* g, const char* w, const char* kind, 
   s.recompute = rc;
   s.H = H;
   return s;
+}
+
+bool sweep_requested() {
+  const char* e = std::getenv("IHA_TP_SWEEP");
+  return e && std::string(e) == "1";
 }
 
 // IHA_TP_SWEEP=1 (scripts/tp_sweep.sh): every mesh with tp > 1 of the world size, crossed
@@ -173,7 +188,7 @@ std::vector<TpSetup> full_sweep(int64_t R) {
 // recompute, ZeRO-1) values meets at least once over the 2- and 4-rank runs; two of them use
 // grouped-query attention, three a vocabulary that tp does not divide.
 std::vector<TpSetup> setups(int64_t R) {
-  if (const char* e = std::getenv("IHA_TP_SWEEP"); e && std::string(e) == "1") return full_sweep(R);
+  if (sweep_requested()) return full_sweep(R);
   std::vector<TpSetup> out;
   auto add = [&](MeshShape m, const char* g, const char* w, const char* kind, const char* collapse, bool rc,
                  bool zero) { out.push_back(make_setup(m, g, w, kind, collapse, rc, zero)); };
@@ -196,10 +211,10 @@ std::vector<TpSetup> setups(int64_t R) {
   return out;
 }
 
-TEST(TensorParallel, Float64LossesAndParametersMatchOneProcess) {
-  const int64_t R = world().size();
-  const std::vector<TpSetup> all = setups(R);
-  if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
+// 5 steps of each setup against one process: losses and parameters within 1e-10, the same
+// parameters on every rank. Returns the distributed runs.
+std::vector<TpRun> expect_training_matches_one_process(const std::vector<TpSetup>& all) {
+  std::vector<TpRun> runs;
   for (const TpSetup& s : all) {
     SCOPED_TRACE(s.str());
     TpSetup one = s;
@@ -210,43 +225,52 @@ TEST(TensorParallel, Float64LossesAndParametersMatchOneProcess) {
     EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-10, "losses"));
     EXPECT_TRUE(close_normwise(got.params, ref.params, 1e-10, "parameters"));
     EXPECT_TRUE(same_on_all_ranks(got.params)) << "ranks hold different parameters";
+    runs.push_back(got);
   }
+  return runs;
 }
 
 // The first step's loss and its reduced gradients (what the update used) against one process
 // within 1e-12, per tensor.
-TEST(TensorParallel, Float64GradientsMatchOneProcess) {
-  const int64_t R = world().size();
-  const std::vector<TpSetup> all = setups(R);
+void expect_first_gradients_match_one_process(TpSetup s) {
+  s.zero = false;  // the whole reduced gradient stays in grads() only without ZeRO
+  SCOPED_TRACE(s.str());
+  auto grads_after_step = [&](const TpSetup& x, std::shared_ptr<Communicator> comm, double& loss) {
+    RunConfig c = config(x);
+    c.optim.clip = 0;  // the reduced gradient, unscaled
+    Trainer<double> t(c, std::move(comm));
+    t.init();
+    loss = t.train_step().loss;
+    std::vector<std::vector<double>> per_tensor;
+    for (const NamedTensor& nt : t.state_tensors()) {
+      if (nt.name.rfind("param/", 0) != 0) continue;
+      NamedTensor v = nt;
+      v.tensor = t.model().grads().view(t.model().layout()->index(nt.name.substr(6)));
+      per_tensor.push_back(global_tensor(t, v));
+    }
+    return per_tensor;
+  };
+  TpSetup one = s;
+  one.mesh = {1, 1, 1, 1};
+  double ref_loss = 0, loss = 0;
+  const auto ref = grads_after_step(one, self_comm(), ref_loss);
+  const auto got = grads_after_step(s, test::world_ptr(), loss);
+  EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss));
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_TRUE(close_normwise(got[i], ref[i], 1e-12, "gradient " + std::to_string(i)));
+}
+
+TEST(TensorParallel, Float64LossesAndParametersMatchOneProcess) {
+  const std::vector<TpSetup> all = setups(world().size());
   if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
-  for (TpSetup s : {all.front(), all.back()}) {
-    s.zero = false;  // the whole reduced gradient stays in grads() only without ZeRO
-    SCOPED_TRACE(s.str());
-    auto grads_after_step = [&](const TpSetup& x, std::shared_ptr<Communicator> comm, double& loss) {
-      RunConfig c = config(x);
-      c.optim.clip = 0;  // the reduced gradient, unscaled
-      Trainer<double> t(c, std::move(comm));
-      t.init();
-      loss = t.train_step().loss;
-      std::vector<std::vector<double>> per_tensor;
-      for (const NamedTensor& nt : t.state_tensors()) {
-        if (nt.name.rfind("param/", 0) != 0) continue;
-        NamedTensor v = nt;
-        v.tensor = t.model().grads().view(t.model().layout()->index(nt.name.substr(6)));
-        per_tensor.push_back(global_tensor(t, v));
-      }
-      return per_tensor;
-    };
-    TpSetup one = s;
-    one.mesh = {1, 1, 1, 1};
-    double ref_loss = 0, loss = 0;
-    const auto ref = grads_after_step(one, self_comm(), ref_loss);
-    const auto got = grads_after_step(s, test::world_ptr(), loss);
-    EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss));
-    ASSERT_EQ(got.size(), ref.size());
-    for (size_t i = 0; i < ref.size(); ++i)
-      EXPECT_TRUE(close_normwise(got[i], ref[i], 1e-12, "gradient " + std::to_string(i)));
-  }
+  expect_training_matches_one_process(all);
+}
+
+TEST(TensorParallel, Float64GradientsMatchOneProcess) {
+  const std::vector<TpSetup> all = setups(world().size());
+  if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
+  for (const TpSetup& s : {all.front(), all.back()}) expect_first_gradients_match_one_process(s);
 }
 
 // Held-out loss and accuracy (the arg-max over the vocabulary slices) and the logits of the
@@ -436,6 +460,29 @@ TEST(VocabParallel, CrossEntropyGradientMatchesFiniteDifferences) {
   EXPECT_TRUE(close_normwise(analytic, fd, 1e-7, "gradient vs finite differences"));
 }
 
+// Two steps under `a`, saved; resumed under `b` for three more: the 5-step losses and parameters
+// of one process (ref) within 1e-10.
+void expect_resume_matches(const TpSetup& a, const TpSetup& b, const TpRun& ref) {
+  SCOPED_TRACE(a.str() + " -> " + b.str());
+  test::SharedDir dir("tp_resume");
+  {
+    Trainer<double> ta(config(a), test::world_ptr());
+    ta.init();
+    for (int i = 0; i < 2; ++i) ta.train_step();
+    TrainCheckpoints<double> ck(ta, 2);
+    ck.save(dir.str());
+  }
+  Trainer<double> tb(config(b), test::world_ptr());
+  tb.init();
+  TrainCheckpoints<double> ck(tb, 2);
+  ck.load(dir.str(), StateParts::everything);
+  ASSERT_EQ(tb.step(), 2);
+  std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + 2);
+  for (int i = 2; i < 5; ++i) losses.push_back(tb.train_step().loss);
+  EXPECT_TRUE(close_normwise(losses, ref.losses, 1e-10, "losses"));
+  EXPECT_TRUE(close_normwise(global_flat(tb, "param"), ref.params, 1e-10, "parameters"));
+}
+
 TEST(TensorParallel, ResumesAcrossTpSizes) {
   const int64_t R = world().size();
   if (R < 2 || R % 2) GTEST_SKIP() << "needs an even world";
@@ -462,24 +509,169 @@ TEST(TensorParallel, ResumesAcrossTpSizes) {
     a.zero = mv.from_zero;
     b.mesh = mv.to;
     b.zero = mv.to_zero;
-    SCOPED_TRACE(a.str() + " -> " + b.str());
-    test::SharedDir dir("tp_resume");
-    {
-      Trainer<double> ta(config(a), test::world_ptr());
-      ta.init();
-      for (int i = 0; i < 2; ++i) ta.train_step();
-      TrainCheckpoints<double> ck(ta, 2);
-      ck.save(dir.str());
+    expect_resume_matches(a, b, ref);
+  }
+}
+
+// ---- the balanced layout on packed documents (DESIGN.md sections 10 and 12): a token map per
+// micro-batch, so the tensor-parallel regions (MLP, embedding, LM head) change size with it.
+
+// Packed documents for N = 23: one-token documents, ones shorter and longer than a rank's
+// chunks and than the window (3 tokens), ones longer than a sequence; 56 sequences. Ids below
+// 30, the smallest vocabulary of the setups.
+std::string write_packed_corpus(const test::SharedDir& dir) {
+  const int64_t vocab = 30;
+  const std::string path = dir.str() + "/packed.h5";
+  if (world().rank() == 0) {
+    std::filesystem::create_directories(dir.str());
+    TokenFileWriter w(path, "tokens", vocab);
+    std::mt19937 rng(17);
+    const int64_t lengths[] = {1, 5, 17, 2, 30, 9, 1, 1, 12, 40, 3, 7, 23, 4};
+    for (int64_t written = 0, i = 0; written < 1300; ++i) {
+      std::vector<int64_t> doc(static_cast<size_t>(lengths[i % 14]));
+      for (int64_t& t : doc) t = static_cast<int64_t>(rng() % static_cast<uint32_t>(vocab));
+      w.begin_document();
+      w.append(doc.data(), static_cast<int64_t>(doc.size()));
+      written += static_cast<int64_t>(doc.size());
     }
-    Trainer<double> tb(config(b), test::world_ptr());
-    tb.init();
-    TrainCheckpoints<double> ck(tb, 2);
-    ck.load(dir.str(), StateParts::everything);
-    ASSERT_EQ(tb.step(), 2);
-    std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + 2);
-    for (int i = 2; i < 5; ++i) losses.push_back(tb.train_step().loss);
-    EXPECT_TRUE(close_normwise(losses, ref.losses, 1e-10, "losses"));
-    EXPECT_TRUE(close_normwise(global_flat(tb, "param"), ref.params, 1e-10, "parameters"));
+    w.close();
+  }
+  world().barrier();
+  return path;
+}
+
+// tp with sp, with hp, and tp = 4; both schemes per layer kind (the head scheme: Ulysses over
+// the head group, re-planned for each map), iha and mha, both collapse forms, recomputation
+// and ZeRO-1 on and off, an uneven vocabulary.
+// IHA_TP_SWEEP=1: the full sweep's setups, on the packed file under the balanced layout.
+std::vector<TpSetup> balanced_setups(int64_t R, const std::string& packed) {
+  std::vector<TpSetup> out;
+  if (sweep_requested()) {
+    out = full_sweep(R);
+  } else if (R == 2) {
+    out.push_back(make_setup({1, 1, 1, 2}, "head", "sequence", "iha", "global", true, false));
+    out.push_back(make_setup({1, 1, 1, 2}, "sequence", "head", "mha", "per_head", false, true));
+    out.back().vocab = 31;
+  } else if (R == 4) {
+    out.push_back(make_setup({1, 1, 2, 2}, "head", "head", "iha", "per_head", true, true));        // tp x sp
+    out.back().vocab = 31;
+    out.push_back(make_setup({1, 2, 1, 2}, "sequence", "head", "iha", "global", false, false));    // tp x hp
+    out.push_back(make_setup({1, 1, 1, 4}, "head", "sequence", "mha", "per_head", false, true));   // tp = 4
+  }
+  for (TpSetup& s : out) s.packed = packed;
+  return out;
+}
+
+TEST(TensorParallelBalanced, PackedDocumentsTrainAsOnOneProcess) {
+  test::SharedDir dir("tp_balanced");
+  const std::vector<TpSetup> all = balanced_setups(world().size(), write_packed_corpus(dir));
+  if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
+  // The maps move tokens between the tp ranks: the regions are resized from step to step (on
+  // every rank for these setups; not every mesh of the sweep moves them on every rank, e.g.
+  // where a rank's chunks are single tokens).
+  const std::vector<TpRun> runs = expect_training_matches_one_process(all);
+  if (sweep_requested()) return;
+  for (size_t i = 0; i < runs.size(); ++i)
+    EXPECT_GT(runs[i].tp_tokens.size(), 1u) << all[i].str() << ": every step had the same tp token counts";
+}
+
+TEST(TensorParallelBalanced, FirstStepGradientsAndEvaluationMatchOneProcess) {
+  test::SharedDir dir("tp_balanced");
+  const std::vector<TpSetup> all = balanced_setups(world().size(), write_packed_corpus(dir));
+  if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
+  for (const TpSetup& s : {all.front(), all.back()}) {
+    expect_first_gradients_match_one_process(s);
+    // Held-out loss and accuracy on the packed file: each batch of 3 gets its own map.
+    TpSetup one = s;
+    one.mesh = {1, 1, 1, 1};
+    RunConfig c1 = config(one), c = config(s);
+    c1.eval.sequences = c.eval.sequences = 6;
+    c1.eval.batch = c.eval.batch = 3;
+    Trainer<double> ref(c1, self_comm()), got(c, test::world_ptr());
+    ref.init();
+    got.init();
+    ref.train_step();
+    got.train_step();
+    const EvalStats e1 = ref.evaluate(), e = got.evaluate();
+    EXPECT_GT(e1.targets, 0);
+    EXPECT_EQ(e.targets, e1.targets);
+    EXPECT_NEAR(e.loss, e1.loss, 1e-12 * e1.loss);
+    EXPECT_EQ(e.accuracy, e1.accuracy);
+  }
+}
+
+// docs/parallel.md's byte formulas with each micro-batch's own n_max: the map of micro-batch u
+// (balanced_tokens of its sequences' documents) sizes the MLP's and the vocabulary region's
+// all-gathers and reduce-scatters of that micro-batch.
+TEST(TensorParallelBalanced, CollectivesMoveTheBytesOfEachMicroBatchsMap) {
+  const int64_t R = world().size();
+  if (R < 2 || R % 2) GTEST_SKIP() << "needs an even world";
+  test::SharedDir dir("tp_balanced");
+  TpSetup s;
+  s.mesh = {1, 1, R / 2, 2};
+  s.global = "sequence";
+  s.packed = write_packed_corpus(dir);
+  RunConfig cfg = config(s);
+  cfg.seq_len = 61;  // chunks of 1 and 2 tokens on 2 and 4 ranks: the shares move with the map
+  Trainer<double> t(cfg, test::world_ptr());
+  t.init();
+  CommCounters& c = t.mesh().world().counters();
+  c.reset();
+  t.train_step();
+  std::vector<PairCost> costs;
+  for (int64_t i = 0; i < cfg.model.layers; ++i) {
+    const LayerConfig lc = t.config().model.layer_config(i);
+    costs.push_back({lc.P, lc.window_virtual, lc.mask == MaskKind::token_causal});
+  }
+  const auto source = make_data_source(cfg, false);
+  const int64_t mb = cfg.micro_batch, first_part = t.mesh().sp_index() * 2;
+  uint64_t rows = 0;
+  std::set<std::pair<size_t, size_t>> shares;  // the tp group's token counts per micro-batch
+  for (int64_t u = 0; u < cfg.accumulation(); ++u) {
+    std::vector<std::vector<int64_t>> starts;
+    for (int64_t b = 0; b < mb; ++b) starts.push_back(source->segment_starts(u * mb + b));
+    const auto map = balanced_tokens(cfg.seq_len, R, costs, starts);
+    const int64_t n_max = static_cast<int64_t>(std::max(map[first_part].size(), map[first_part + 1].size()));
+    shares.insert({map[first_part].size(), map[first_part + 1].size()});
+    rows += static_cast<uint64_t>((2 - 1) * mb * n_max);
+  }
+  const uint64_t per = rows * cfg.model.D * 8 * cfg.model.layers;
+  EXPECT_EQ(c.bytes("mlp.gather"), 2 * per);  // recomputation: the forward twice
+  EXPECT_EQ(c.bytes("mlp.scatter"), 2 * per);
+  EXPECT_EQ(c.bytes("mlp.gather_grad"), per);
+  EXPECT_EQ(c.bytes("mlp.scatter_grad"), per);
+  EXPECT_EQ(c.bytes("vocab.rows"), rows * 3 * 4);
+  for (const char* site : {"embed.scatter", "embed.gather_grad", "head.gather", "head.scatter_grad"})
+    EXPECT_EQ(c.bytes(site), rows * cfg.model.D * 8) << site;
+  EXPECT_EQ(c.bytes("head.ce.sum"), 4 * rows * 8);
+  // The tp group's counts differ from the fixed contiguous map's somewhere on some rank.
+  const ReplicaLayout fixed(LayoutKind::contiguous, cfg.seq_len, cfg.mesh.sp, 2);
+  const std::pair<size_t, size_t> fixed_share = {fixed.tokens_of(t.mesh().sp_index(), 0).size(),
+                                                 fixed.tokens_of(t.mesh().sp_index(), 1).size()};
+  int64_t differs = shares.size() > 1 || *shares.begin() != fixed_share;
+  world().all_reduce(&differs, 1, DType::i64, ReduceOp::sum, "test");
+  EXPECT_GT(differs, 0) << "the balanced maps gave the fixed map's counts everywhere";
+}
+
+// Saved under one tp with the balanced layout, resumed under another (and to tp = 1): the
+// checkpoint holds no map, each micro-batch's map is recomputed from its documents.
+TEST(TensorParallelBalanced, ResumesAcrossTpSizes) {
+  const int64_t R = world().size();
+  if (R < 2 || R % 2) GTEST_SKIP() << "needs an even world";
+  test::SharedDir dir("tp_balanced");
+  TpSetup ref_setup;
+  ref_setup.mesh = {1, 1, 1, 1};
+  ref_setup.vocab = 31;
+  ref_setup.packed = write_packed_corpus(dir);
+  const TpRun ref = train(ref_setup, self_comm());
+  std::vector<std::pair<MeshShape, MeshShape>> moves = {{{1, 1, 1, R}, {1, 1, R, 1}}};
+  if (R == 4) moves.push_back({{1, 1, 2, 2}, {1, 1, 1, 4}});
+  for (const auto& [from, to] : moves) {
+    TpSetup a = ref_setup, b = ref_setup;
+    a.mesh = from;
+    a.zero = true;
+    b.mesh = to;
+    expect_resume_matches(a, b, ref);
   }
 }
 
@@ -512,8 +704,8 @@ TEST(TensorParallelErrors, BadMeshesNameTheKeysOnEveryRank) {
   expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"mesh.tp", "model.vocab_size"});
 }
 
-// What tensor parallelism does not combine with: ZeRO-2, ZeRO-3 and the per-micro-batch balanced layout.
-TEST(TensorParallelErrors, ZeroTwoThreeAndTheBalancedLayoutAreRefusedOnEveryRank) {
+// What tensor parallelism does not combine with: ZeRO-2 and ZeRO-3.
+TEST(TensorParallelErrors, ZeroTwoThreeAreRefusedOnEveryRank) {
   const int64_t R = world().size();
   if (R < 2) GTEST_SKIP() << "needs tp > 1";
   TpSetup s;
@@ -523,9 +715,6 @@ TEST(TensorParallelErrors, ZeroTwoThreeAndTheBalancedLayoutAreRefusedOnEveryRank
     c.optim.zero = level;
     expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"optim.zero", "mesh.tp"});
   }
-  c = config(s);
-  c.layout = LayoutKind::balanced;
-  expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"sequence.layout", "mesh.tp"});
   // Level 1 with the same mesh is accepted (the refusal is levels 2 and 3's alone).
   c = config(s);
   c.optim.zero = 1;

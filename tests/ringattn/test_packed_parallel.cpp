@@ -126,7 +126,7 @@ INSTANTIATE_TEST_SUITE_P(AllCases, PackedParallel, ::testing::ValuesIn(cases()),
 
 // The engines take a new token map per micro-batch: the balanced layout of each micro-batch's
 // boundaries, on the same core, one micro-batch after another, ring and halo, matches each
-// segment alone; so does the replica core of the sequence scheme on every mesh.
+// segment alone; so do the replica cores of both schemes on every mesh.
 TEST(PackedBalanced, ANewTokenMapPerMicroBatchMatchesEachSegmentAlone) {
   const int64_t R = world().size();
   for (int64_t W : {int64_t(0), int64_t(5)}) {
@@ -143,17 +143,27 @@ TEST(PackedBalanced, ANewTokenMapPerMicroBatchMatchesEachSegmentAlone) {
       expect_core_matches(in, ring, map[world().rank()]);
     }
   }
+  // The replica cores of both schemes; the head scheme (Ulysses, and 2D with S > 1) re-plans
+  // its all-to-all, its head group's token union and the engine over the unions.
   for (int64_t hp = 1; hp <= R; ++hp) {
     if (R % hp != 0) continue;
     const MeshShape shape{1, hp, R / hp};
-    SCOPED_TRACE(shape.str());
     ProcessMesh mesh(test::world_ptr(), shape);
-    const Inputs in = inputs_of({MaskKind::token_causal, 2, 23, 0, 1});
-    auto core = make_replica_core<double>(in.cfg, 23, ReplicaGroups::from(mesh), ParallelScheme::sequence,
-                                          {LayoutKind::balanced, FlashTiles{3, 4}});
-    const auto map = balanced_tokens(23, R, {PairCost{2, 0, true}}, in.starts, 3);
-    core->set_token_map(map);
-    expect_core_matches(in, core, map[mesh.sp_index() * hp + mesh.hp_index()]);
+    for (ParallelScheme scheme : {ParallelScheme::sequence, ParallelScheme::head}) {
+      SCOPED_TRACE(shape.str() + " " + scheme_name(scheme));
+      const Case c{MaskKind::token_causal, 2, 23, 0, 1};
+      if (scheme == ParallelScheme::head && cfg_of(c).H % hp != 0) continue;
+      auto core = make_replica_core<double>(cfg_of(c), c.N, ReplicaGroups::from(mesh), scheme,
+                                            {LayoutKind::balanced, FlashTiles{3, 4}});
+      for (int v : {1, 2}) {
+        Case cv = c;
+        cv.variant = v;
+        const Inputs in = inputs_of(cv);
+        const auto map = balanced_tokens(c.N, R, {PairCost{2, 0, true}}, in.starts, 3);
+        core->set_token_map(map);
+        expect_core_matches(in, core, map[mesh.sp_index() * hp + mesh.hp_index()]);
+      }
+    }
   }
 }
 
