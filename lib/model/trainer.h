@@ -188,6 +188,9 @@ class Trainer {
   Transformer<T>& model() { return *model_; }
   // Every parameter in layout order, on the host (collective at level 3: the shards gathered).
   Tensor whole_params();
+  // The gradient of the last step's update (clipped), in layout order, on the host
+  // (collective at levels 1-3: the gradient shards gathered).
+  Tensor whole_grads();
   int64_t num_params() const;
   AdamW<T>& optimizer() { return opt_; }
   TrainerScalars& scalars() { return scalars_; }
@@ -209,6 +212,9 @@ class Trainer {
   StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
   // Sharded state: every rank's parameter shard into the model's flat buffer.
   void gather_params();
+  // Every rank's `shard` (a parameter or gradient shard) put in place: the whole buffer on the
+  // host (collective over shard_comm_).
+  Tensor unshard(const Tensor& shard, const char* site);
   // Sequences [first, first + count) of `source` as this rank's rows. Under the balanced
   // layout the token map is computed from their document starts (the same on every rank of
   // the replica) into *map, and the rows follow it; otherwise `loader`'s fixed map.
@@ -232,7 +238,10 @@ class Trainer {
   std::unique_ptr<GradientBuckets> buckets_;        // level 0 with world size > 1 (with tp: unsplit tensors)
   std::unique_ptr<GradientBuckets> shard_buckets_;  // level 0 with tp: the shards, over same_shard()
   std::unique_ptr<GradientBuckets> tp_sum_;         // level 1 with tp: replicated tensors over tp
-  std::shared_ptr<Communicator> holders_;           // ranks holding the same weights (sharded state's span)
+  std::shared_ptr<Communicator> holders_;           // ranks holding the same weights (same_shard() with tp)
+  // The shard layout's ranks (shard_.ranks()): holders_ at level 1, the world at levels 2 and 3
+  // (with tp their units of tp shards span holders_, ShardUnit::split).
+  std::shared_ptr<Communicator> shard_comm_;
   Tensor grad_shard_, param_shard_;                 // levels 1-3: this rank's shard (level 3: the masters)
   Tensor param_whole_;                              // level 2: the whole parameters (window_end() elements)
   std::shared_ptr<ShardedParams> sharded_;          // levels 2, 3: the model's parameter groups
