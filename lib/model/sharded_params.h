@@ -7,14 +7,15 @@
 // level 3, of its parameters (the fp32 masters, updated in place by AdamW); nothing whole. At
 // level 2 the parameters stay whole in a buffer given at construction (acquire returns a view,
 // nothing is gathered) and only the gradients go through the windows below.
-//   - acquire(g) all-gathers group g's window (R chunks) into a fresh buffer, or waits for the
-//     gather prefetch(g) posted earlier (non-blocking, so it runs while the previous group
+//   - acquire(g) all-gathers group g's window (its units' chunks) into a fresh buffer, or waits
+//     for the gather prefetch(g) posted earlier (non-blocking, so it runs while the previous group
 //     computes); release(g) frees it. With prefetch off, prefetch() does nothing and every gather
 //     is exposed.
-//   - gradient(g) is a zeroed window; gradient_done(g) starts its reduce-scatter (non-blocking)
-//     into a received chunk, which is added into this rank's gradient shard when it lands (at
-//     most two in flight; finish() lands the rest). So at most two parameter windows, three
-//     gradient windows and two received chunks are alive at once. Every micro-batch is scattered this way and
+//   - gradient(g) is a zeroed window; gradient_done(g) starts its units' reduce-scatters
+//     (non-blocking) into received chunks, which are added into this rank's gradient shard when
+//     they land (at most two groups in flight; finish() lands the rest). So at most two parameter
+//     windows, three gradient windows and their received chunks are alive at once. Every
+//     micro-batch is scattered this way and
 //     the chunks accumulate in the shard (in a fixed order: the same bits on every run).
 // Collectives are posted in the same order on every rank, as every rank runs the same model.
 // defines: iha::ShardedParams
