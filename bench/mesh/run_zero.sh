@@ -4,7 +4,9 @@
 #      levels 0-3 at R = 2 and 4 (and level 0 at R = 1): per-rank parameter, gradient and
 #      optimizer bytes (Trainer::state_bytes), their sum x R / the one-rank level-0 sum, the transient
 #      gathered windows of level 3 (reported apart), and the peak RSS per rank; a plot of peak
-#      RSS per rank against R (${OUT}.rss.png, with matplotlib);
+#      RSS per rank against R (${OUT}.rss.png, with matplotlib); then with tensor parallelism
+#      (mesh.tp = 2, the same model) levels 1-3 at R = 2 and dp = 2 x tp = 2 at R = 4, the same
+#      ratio against the one-rank level 0 (MEM_DP / MEM_TP: the rank counts of the two parts);
 #   2. prefetch: small blocks and few tokens (D 256, 4 blocks, N 64) on 2 ranks at level 3,
 #      optim.prefetch true against false: step time and the seconds blocked in train.params;
 #      ROUNDS interleaved rounds, medians;
@@ -13,6 +15,7 @@
 #      applies to level 2), same small config;
 #   4. exposed gather/scatter at D 512, N 2048 on 2 ranks, level 3 with prefetch (skip: EXPOSED=0).
 #   bash bench/mesh/run_zero.sh [ROUNDS=3] [STEPS=4]       (from the repository root, after building)
+#   (ROUNDS=0 and EXPOSED=0 run the memory part only.)
 # JSON lines go to ${OUT:-/tmp/iha_zero}.{memory,prefetch,overlap,exposed}.jsonl.
 set -euo pipefail
 ROUNDS=${1:-3}
@@ -31,12 +34,20 @@ run() {  # ranks, json file, bench arguments...
 big="--set model.D=1024 --set model.H=8 --set model.d=128 --set model.layers=8 --set model.ffn=2048
      --set model.pattern=LG --set sequence.length=64 --set model.window=8"
 rm -f "$OUT.memory.jsonl"
-for r in 1 2 4; do
+for r in ${MEM_DP-1 2 4}; do
   for level in 0 1 2 3; do
     [ "$r" = 1 ] && [ "$level" != 0 ] && continue
     # shellcheck disable=SC2086
     run "$r" "$OUT.memory.jsonl" --steps 2 $base $big --set mesh.dp="$r" --set train.batch_size="$r" \
       --set train.micro_batch=1 --set optim.zero="$level"
+  done
+done
+for r in ${MEM_TP-2 4}; do
+  for level in 1 2 3; do
+    [ "$r" = 4 ] && [ "$level" != 3 ] && continue
+    # shellcheck disable=SC2086
+    run "$r" "$OUT.memory.jsonl" --steps 2 $base $big --set mesh.tp=2 --set mesh.dp=$((r / 2)) \
+      --set train.batch_size=$((r / 2)) --set train.micro_batch=1 --set optim.zero="$level"
   done
 done
 
@@ -72,18 +83,19 @@ rows = lambda name: [json.loads(l) for l in open(f"{out}.{name}.jsonl")] if os.p
 mem = rows("memory")
 state = lambda r: r["param_mib"] + r["grad_mib"] + r["optimizer_mib"]
 base = state([r for r in mem if r["zero"] == 0 and r["ranks"] == 1][0])
-print(f"{'R':>2} {'zero':>4} {'param MiB':>10} {'grad MiB':>9} {'optim MiB':>10} {'state x R / level 0':>20} "
+dp_rows = [r for r in mem if r.get("tp", 1) == 1]
+print(f"{'R':>2} {'tp':>2} {'zero':>4} {'param MiB':>10} {'grad MiB':>9} {'optim MiB':>10} {'state x R / level 0':>20} "
       f"{'gathered MiB':>13} {'peak RSS MiB':>13}")
 for r in mem:
-    print(f"{r['ranks']:>2} {r['zero']:>4} {r['param_mib']:>10.1f} {r['grad_mib']:>9.1f} {r['optimizer_mib']:>10.1f} "
+    print(f"{r['ranks']:>2} {r.get('tp', 1):>2} {r['zero']:>4} {r['param_mib']:>10.1f} {r['grad_mib']:>9.1f} {r['optimizer_mib']:>10.1f} "
           f"{state(r) * r['ranks'] / base:>20.3f} {r.get('gathered_mib', 0):>13.1f} {r['peak_rss_mib']:>13.1f}")
 try:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for z in sorted({r["zero"] for r in mem}):
-        pts = sorted((r["ranks"], r["peak_rss_mib"]) for r in mem if r["zero"] == z or (r["ranks"] == 1 and r["zero"] == 0))
+    for z in sorted({r["zero"] for r in dp_rows}):
+        pts = sorted((r["ranks"], r["peak_rss_mib"]) for r in dp_rows if r["zero"] == z or (r["ranks"] == 1 and r["zero"] == 0))
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"optim.zero {z}")
     ax.set_xlabel("ranks R")
     ax.set_ylabel("peak RSS per rank (MiB)")

@@ -55,12 +55,6 @@ void check_mesh_fits_model(const RunConfig& cfg) {
                      " must divide model.ffn = ", cfg.model.ffn, " (the MLP's hidden units are split over tp)");
     IHA_CONFIG_CHECK(cfg.model.vocab >= tp, "config key 'mesh.tp': the tensor-parallel degree ", tp,
                      " exceeds model.vocab_size = ", cfg.model.vocab, " (the vocabulary is split over tp)");
-    // Levels 2 and 3 reduce-scatter each parameter group over the holders when its backward
-    // ends; the replicated tensors would first need their sum over tp, which only level 1 does.
-    IHA_CONFIG_CHECK(cfg.optim.zero < 2, "config key 'optim.zero': level ", cfg.optim.zero,
-                     " is not supported with mesh.tp = ", tp, " (use optim.zero 0 or 1, or mesh.tp 1)");
-    // Level 3 would shard the tp shards' groups over same_shard() and the replicated ones over
-    // the world with their tp sum first: not built (the message above covers it).
   }
   const int64_t heads = tp * hp;  // attention splits heads over tp and hp together
   if (heads == 1 || (H % heads == 0 && Hkv % heads == 0)) return;
@@ -137,9 +131,11 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
     return make_replica_core<T>(lc, N, groups, cfg_.schemes.for_layer(lc), opt);
   };
   // ZeRO shards span the ranks holding the same weights: the world, or with tp the ranks of
-  // this rank's tp index.
+  // this rank's tp index for the tp shards (level 1: for everything; levels 2 and 3 shard the
+  // replicated tensors over the world).
   holders_ = tp > 1 ? cmesh->same_shard_ptr() : compute_world_;
-  build_state(make_core, std::move(tensor), holders_->size(), holders_->rank());
+  shard_comm_ = cfg_.optim.zero >= 2 ? compute_world_ : holders_;
+  build_state(make_core, std::move(tensor), shard_comm_->size(), shard_comm_->rank());
   const int64_t model_tokens = model_->local_tokens();
   collective_check(*world_, [&] {
     train_loader_ = std::make_unique<DataLoader>(make_data_source(cfg_, false), N, tokens_);
@@ -154,7 +150,7 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
 template <class T>
 void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_core, TensorParallel tensor,
                              int64_t R, int64_t rank) {
-  // R, rank: the holders of the same weights (sharded state's span); the gradient sums span the world.
+  // R, rank: the shard layout's ranks (shard_comm_); the gradient sums span the world.
   const int64_t level = cfg_.optim.zero, tp = cfg_.mesh.tp;
   const auto layout = make_param_layout(cfg_.model, tensor.size(), tensor.rank());
   std::vector<int64_t> sizes;
@@ -169,10 +165,13 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
   // with tp a bucket holds replicated tensors or shards, never both (they are summed over
   // different groups).
   // Levels 2 and 3: the units are the model's parameter groups, each group's gradient
-  // reduce-scattered when its backward ends (level 3: and its parameters gathered where used).
+  // reduce-scattered when its backward ends (level 3: and its parameters gathered where used);
+  // with tp a group's replicated tensors are a unit over the world (the reduce-scatter sums
+  // their gradient over tp too) and its shards one over the holders.
+  const std::vector<int64_t> group_starts = param_group_starts(*layout, cfg_.model.layers);
   if (level == 0) shard_ = ShardLayout::bucketed(sizes, es, bucket, 1, tp > 1 ? split : std::vector<char>{});
   else if (level == 1) shard_ = ShardLayout::whole(sizes, R);
-  else shard_ = ShardLayout(sizes, param_group_starts(*layout, cfg_.model.layers), R);
+  else shard_ = ShardLayout::groups(sizes, group_starts, R, tp, split);
   if (level > 0) {
     grad_shard_ = backend_->alloc_acc({shard_.shard_size()});
     param_shard_ = backend_->alloc_acc({shard_.shard_size()});
@@ -181,8 +180,9 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
   }
   if (level == 2) param_whole_ = backend_->alloc_acc({shard_.window_end()});  // the gathers write windows
   if (level >= 2)
-    sharded_ = std::make_shared<ShardedParams>(holders_, shard_, backend_, param_shard_, grad_shard_,
-                                               cfg_.optim.prefetch, param_whole_);
+    sharded_ = std::make_shared<ShardedParams>(shard_comm_, tp > 1 ? holders_ : nullptr, shard_, group_starts,
+                                               backend_, param_shard_, grad_shard_, cfg_.optim.prefetch,
+                                               param_whole_);
   model_ = std::make_unique<Transformer<T>>(cfg_.model, make_core, cfg_.recompute,
                                             level == 1 ? shard_.window_end() : 0, backend_, std::move(tensor),
                                             sharded_);
@@ -204,10 +204,9 @@ void Trainer<T>::build_state(const typename Transformer<T>::CoreFactory& make_co
     if (R > 1)
       shard_buckets_ = std::make_unique<GradientBuckets>(cmesh.same_shard_ptr(), shard_, dtype_of<T>(),
                                                          "train.grad_tp_shard", split);
-  } else {
-    // Level 1 (check_mesh_fits_model refuses level 2 with tp): the replicated tensors'
-    // gradients are first summed over the tp group (a tp group holds one share of them per
-    // rank), then with the shards reduce-scattered over the holders.
+  } else if (level == 1) {
+    // The replicated tensors' gradients are first summed over the tp group (a tp group holds
+    // one share of them per rank), then with the shards reduce-scattered over the holders.
     tp_sum_ = std::make_unique<GradientBuckets>(cmesh.tensor_ptr(), sizes, dtype_of<T>(), bucket, "train.grad_tp",
                                                 whole);
   }
@@ -237,7 +236,7 @@ void Trainer<T>::init() {
       Tensor group({unit.count}, dtype_of<T>());
       init_model_params<T>(cfg_.model, layout, group.template data<T>(), cfg_.seed,
                            static_cast<size_t>(unit.first_tensor), static_cast<size_t>(unit.end_tensor));
-      const ShardRange p = shard_.piece(static_cast<int64_t>(u), holders_->rank());
+      const ShardRange p = shard_.piece(static_cast<int64_t>(u), shard_comm_->rank());
       if (p.size() == 0) continue;
       Tensor piece = Tensor::view(group.template data<T>() + (p.begin - unit.offset), {p.size()}, dtype_of<T>());
       Tensor::view(Buf(param_shard_).at(p.local).p, {p.size()}, dtype_of<T>(), dev)
@@ -355,15 +354,15 @@ StepStats Trainer<T>::train_step() {
   if (level > 0) {
     g = grad_shard_;  // the padding is zero
     double local = 0;
-    if (cfg_.mesh.tp == 1) {
-      local = be.sum_of_squares(g, g.numel());
+    if (cfg_.mesh.tp == 1 || level >= 2) {
+      local = be.sum_of_squares(g, g.numel());  // each element on one rank (the padding is zero)
     } else {
-      // Every parameter once: the tp ranks of a holder group hold the same replicated tensors,
-      // so tp rank 0 counts them; every rank counts its piece of the shards.
+      // Every parameter once: at level 1 the tp ranks of a holder group hold the same replicated
+      // tensors' shard, so tp rank 0 counts them; every rank counts its piece of the shards.
       const auto& specs = model_->layout()->specs();
       for (size_t i = 0; i < specs.size(); ++i) {
         if (!specs[i].split() && mesh_->tp_index() != 0) continue;
-        const ShardRange p = shard_.tensor_piece(static_cast<int64_t>(i), holders_->rank());
+        const ShardRange p = shard_.tensor_piece(static_cast<int64_t>(i), shard_comm_->rank());
         if (p.size() > 0) local += be.sum_of_squares(CBuf(g).at(p.local), p.size());
       }
     }
@@ -410,12 +409,22 @@ StepStats Trainer<T>::train_step() {
 template <class T>
 void Trainer<T>::gather_params() {
   // Unit by unit in buffer order, each blocking: a unit's window may run into the next unit
-  // (the short last piece's padding, zeros), which that unit's gather then overwrites.
+  // (the short last piece's padding, zeros), which that unit's gather then overwrites. A unit
+  // padded in front (levels 2, 3 with tp) would write into the one before: its window goes
+  // through a buffer of its own.
   Tensor& full = param_whole_.numel() > 0 ? param_whole_ : model_->params().padded();
   const auto t0 = std::chrono::steady_clock::now();
-  for (const ShardUnit& u : shard_.units())
-    holders_->all_gather(CBuf(param_shard_).at(u.local_offset).p, Buf(full).at(u.offset).p, u.chunk,
-                         dtype_of<T>(), "train.params");
+  for (const ShardUnit& u : shard_.units()) {
+    Communicator& comm = u.split ? *holders_ : *shard_comm_;
+    const void* mine = CBuf(param_shard_).at(u.local_offset).p;
+    if (u.lead == 0) {
+      comm.all_gather(mine, Buf(full).at(u.offset).p, u.chunk, dtype_of<T>(), "train.params");
+      continue;
+    }
+    Tensor window = backend_->alloc_acc({u.window()});
+    comm.all_gather(mine, window.raw(), u.chunk, dtype_of<T>(), "train.params");
+    backend_->cast(CBuf(window).at(u.lead), Buf(full).at(u.offset), u.count);
+  }
   world_->counters().add_wait("train.params", seconds_since(t0));
 }
 
@@ -426,15 +435,44 @@ Tensor Trainer<T>::whole_params() {
     const Tensor flat = param_whole_.numel() > 0 ? param_whole_.slice(0, L) : model_->params().flat();
     return flat.device() == Device::cpu ? flat.clone() : flat.to(Device::cpu);
   }
-  const int64_t n = shard_.shard_size(), R = shard_.ranks();
+  return unshard(param_shard_, "train.whole_params");
+}
+
+template <class T>
+Tensor Trainer<T>::whole_grads() {
+  if (cfg_.optim.zero == 0) {
+    const Tensor& flat = model_->grads().flat();
+    return flat.device() == Device::cpu ? flat.clone() : flat.to(Device::cpu);
+  }
+  return unshard(grad_shard_, "train.whole_grads");
+}
+
+template <class T>
+Tensor Trainer<T>::unshard(const Tensor& shard, const char* site) {
+  const int64_t L = model_->layout()->total();
+  const int64_t R = shard_.ranks(), tp = shard_.tp();
+  // With tp shards of uneven sizes (a vocabulary tp does not divide) the tp ranks' shards
+  // differ in size: gathered padded to the largest.
+  int64_t n = shard_.shard_size();
+  shard_comm_->all_reduce(&n, 1, DType::i64, ReduceOp::max, site);
+  Tensor mine = shard;
+  if (n > shard.numel()) {
+    mine = backend_->alloc_acc({n});
+    backend_->cast(shard, mine, shard.numel());
+  }
   Tensor all = backend_->alloc_acc({R * n});
-  holders_->all_gather(param_shard_.raw(), all.raw(), n, dtype_of<T>(), "train.whole_params");
+  shard_comm_->all_gather(mine.raw(), all.raw(), n, dtype_of<T>(), site);
   if (all.device() != Device::cpu) all = all.to(Device::cpu);
   Tensor out({L}, dtype_of<T>());
   const T* src = all.template data<T>();
   T* dst = out.template data<T>();
   for (int64_t r = 0; r < R; ++r)
-    for (const ShardRange& p : shard_.ranges(r)) std::copy(src + r * n + p.local, src + r * n + p.local + p.size(), dst + p.begin);
+    for (size_t u = 0; u < shard_.units().size(); ++u) {
+      // A split unit of another tp index holds that index's shards, not this rank's.
+      if (shard_.units()[u].split && r % tp != shard_comm_->rank() % tp) continue;
+      const ShardRange p = shard_.piece(static_cast<int64_t>(u), r);
+      std::copy(src + r * n + p.local, src + r * n + p.local + p.size(), dst + p.begin);
+    }
   return out;
 }
 
@@ -542,7 +580,7 @@ std::vector<NamedTensor> Trainer<T>::state_tensors() {
                              : model_->params().view(i);
     out.push_back(named("param/" + specs[i].name, specs[i], whole));
   }
-  const int64_t rank = holders_->rank();
+  const int64_t rank = shard_comm_->rank();
   std::vector<std::pair<const char*, Tensor*>> sharded_state = {{"adam_m/", &opt_.m()}, {"adam_v/", &opt_.v()}};
   if (cfg_.optim.zero == 3) sharded_state.insert(sharded_state.begin(), {"param/", &param_shard_});
   for (const auto& [prefix, state] : sharded_state) {

@@ -6,7 +6,9 @@
 // are summed over all ranks; sharded state spans the whole world. With mesh.tp > 1 the MLP,
 // embedding and LM head weights are sharded over each tp group (Transformer's TensorParallel): a shard's gradient is
 // summed over the ranks holding that shard (ProcessMesh::same_shard), every other gradient
-// over the world; sharded state spans the holders of the same weights (same_shard()).
+// over the world; sharded state spans the holders of the same weights: at level 1 same_shard()
+// for everything, at levels 2 and 3 the world for the replicated tensors and same_shard() for
+// the shards.
 //
 // One step = gradient accumulation over micro-batches (gradients accumulate whole in the
 // model's flat buffer at every level), then, by optim.zero:
@@ -19,16 +21,18 @@
 //   - 1: with tp, the replicated tensors' gradients are first all-reduced over the tp group;
 //     then after backward one blocking reduce-scatter of the whole buffer over the holders
 //     (ShardLayout::whole: rank r gets the sum of one contiguous range);
-//   - 2 (not with mesh.tp > 1: a config error): the units of the shard layout are the model's
-//     parameter groups (embedding, each block, final norm + LM head); the model holds no whole
+//   - 2: the units of the shard layout are the model's parameter groups (embedding, each
+//     block, final norm + LM head; with tp each group's replicated tensors one unit over the
+//     world, its shards one over same_shard(): ShardLayout::groups); the model holds no whole
 //     gradient buffer (model/sharded_params.h): each group's gradient is written into a
 //     transient window and reduce-scattered into this rank's gradient shard when its backward
 //     ends, every micro-batch (the chunks accumulate in the shard); the parameters stay whole;
-//   - 3 (not with mesh.tp > 1): also the parameters are sharded: the model holds no whole
+//   - 3: also the parameters are sharded: the model holds no whole
 //     parameter buffer either; each group is all-gathered for its forward and again for its
 //     backward, the next one prefetched (optim.prefetch);
 //   then (levels 1-3) the global norm from the ranks' local sums of squares (all-gathered over
-//   the world, added in rank order; with tp the replicated tensors counted on tp rank 0 only),
+//   the world, added in rank order; with tp at level 1 the replicated tensors counted on tp rank
+//   0 only),
 //   AdamW on this rank's shard only (moments hold 1/R of the buffer), and (levels 1, 2)
 //   all-gathers of the parameter shards over the holders, unit by unit (level 3 keeps only the
 //   shard: the next forward gathers it).
@@ -140,8 +144,8 @@ struct NamedTensor {
 
 // Throws ConfigError naming the config key at fault when the mesh does not fit the model: mesh.hp
 // (or mesh.tp), model.H and the mesh.schemes key when a layer kind uses the head scheme and the
-// head group does not divide H; mesh.tp when it does not divide model.ffn, exceeds
-// model.vocab_size, or with optim.zero 2 or 3.
+// head group does not divide H; mesh.tp when it does not divide model.ffn or exceeds
+// model.vocab_size.
 // Local; the Trainer runs it on every rank.
 void check_mesh_fits_model(const RunConfig& cfg);
 
@@ -180,7 +184,8 @@ class Trainer {
   // This rank's tokens of each sequence (ascending): its rows in the model.
   const std::vector<int64_t>& tokens() const { return tokens_; }
   // How sharded state splits the flat buffer over the holders of the same weights (the world,
-  // or with tp the ranks of this tp index; level 0: the gradient buckets over one rank).
+  // or with tp at level 1 the ranks of this tp index, at levels 2 and 3 the world with the tp
+  // shards' units over the ranks of this tp index; level 0: the gradient buckets over one rank).
   const ShardLayout& shard_layout() const { return shard_; }
   StateBytes state_bytes() const;
   // The model (on the backend's device). At level 3 it holds no whole parameters: use
@@ -188,6 +193,9 @@ class Trainer {
   Transformer<T>& model() { return *model_; }
   // Every parameter in layout order, on the host (collective at level 3: the shards gathered).
   Tensor whole_params();
+  // The gradient of the last step's update (clipped), in layout order, on the host
+  // (collective at levels 1-3: the gradient shards gathered).
+  Tensor whole_grads();
   int64_t num_params() const;
   AdamW<T>& optimizer() { return opt_; }
   TrainerScalars& scalars() { return scalars_; }
@@ -209,6 +217,9 @@ class Trainer {
   StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
   // Sharded state: every rank's parameter shard into the model's flat buffer.
   void gather_params();
+  // Every rank's `shard` (a parameter or gradient shard) put in place: the whole buffer on the
+  // host (collective over shard_comm_).
+  Tensor unshard(const Tensor& shard, const char* site);
   // Sequences [first, first + count) of `source` as this rank's rows. Under the balanced
   // layout the token map is computed from their document starts (the same on every rank of
   // the replica) into *map, and the rows follow it; otherwise `loader`'s fixed map.
@@ -235,7 +246,10 @@ class Trainer {
   std::unique_ptr<GradientBuckets> buckets_;        // level 0 with world size > 1 (with tp: unsplit tensors)
   std::unique_ptr<GradientBuckets> shard_buckets_;  // level 0 with tp: the shards, over same_shard()
   std::unique_ptr<GradientBuckets> tp_sum_;         // level 1 with tp: replicated tensors over tp
-  std::shared_ptr<Communicator> holders_;           // ranks holding the same weights (sharded state's span)
+  std::shared_ptr<Communicator> holders_;           // ranks holding the same weights (same_shard() with tp)
+  // The shard layout's ranks (shard_.ranks()): holders_ at level 1, the world at levels 2 and 3
+  // (with tp their units of tp shards span holders_, ShardUnit::split).
+  std::shared_ptr<Communicator> shard_comm_;
   Tensor grad_shard_, param_shard_;                 // levels 1-3: this rank's shard (level 3: the masters)
   Tensor param_whole_;                              // level 2: the whole parameters (window_end() elements)
   std::shared_ptr<ShardedParams> sharded_;          // levels 2, 3: the model's parameter groups

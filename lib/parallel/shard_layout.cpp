@@ -7,8 +7,17 @@
 namespace iha {
 
 ShardLayout::ShardLayout(std::vector<int64_t> tensor_sizes, const std::vector<int64_t>& unit_starts, int64_t ranks)
-    : sizes_(std::move(tensor_sizes)), ranks_(ranks) {
+    : ShardLayout(std::move(tensor_sizes), unit_starts, ranks, 1, {}, {}) {}
+
+ShardLayout::ShardLayout(std::vector<int64_t> tensor_sizes, const std::vector<int64_t>& unit_starts, int64_t ranks,
+                         int64_t tp, const std::vector<char>& unit_split, const std::vector<char>& unit_lead)
+    : sizes_(std::move(tensor_sizes)), ranks_(ranks), tp_(tp) {
   IHA_CHECK(ranks_ >= 1, "a shard layout needs at least one rank, got ", ranks_);
+  IHA_CHECK(tp_ >= 1 && ranks_ % tp_ == 0, "a shard layout over ", ranks_, " ranks cannot have tp groups of ", tp_);
+  IHA_CHECK((unit_split.empty() || unit_split.size() == unit_starts.size()) &&
+                (unit_lead.empty() || unit_lead.size() == unit_starts.size()),
+            "shard layout: unit flags for ", unit_split.size(), " and ", unit_lead.size(), " of ", unit_starts.size(),
+            " units");
   const int64_t n = static_cast<int64_t>(sizes_.size());
   offsets_.assign(static_cast<size_t>(n) + 1, 0);
   for (int64_t i = 0; i < n; ++i) {
@@ -25,13 +34,22 @@ ShardLayout::ShardLayout(std::vector<int64_t> tensor_sizes, const std::vector<in
               ": unit starts must ascend within ", n, " tensors");
     u.offset = offsets_[u.first_tensor];
     u.count = offsets_[u.end_tensor] - u.offset;
-    u.chunk = (u.count + ranks_ - 1) / ranks_;
-    u.local_offset = shard_size_;
-    shard_size_ += u.chunk;
-    window_end_ = std::max(window_end_, u.offset + ranks_ * u.chunk);
+    u.split = !unit_split.empty() && unit_split[k];
+    u.ranks = u.split ? ranks_ / tp_ : ranks_;
+    u.chunk = (u.count + u.ranks - 1) / u.ranks;
+    if (!unit_lead.empty() && unit_lead[k]) u.lead = u.window() - u.count;
+    window_end_ = std::max(window_end_, u.window_begin() + u.window());
     for (int64_t t = u.first_tensor; t < u.end_tensor; ++t) unit_of_[t] = static_cast<int64_t>(units_.size());
     units_.push_back(u);
   }
+  // The replicated units' chunks first: their places in the shard are then the same on every
+  // rank, whatever size the tp shards have on each tp index.
+  for (bool split : {false, true})
+    for (ShardUnit& u : units_)
+      if (u.split == split) {
+        u.local_offset = shard_size_;
+        shard_size_ += u.chunk;
+      }
 }
 
 ShardLayout ShardLayout::whole(std::vector<int64_t> tensor_sizes, int64_t ranks) {
@@ -59,11 +77,46 @@ ShardLayout ShardLayout::bucketed(std::vector<int64_t> tensor_sizes, int64_t ele
   return ShardLayout(std::move(tensor_sizes), starts, ranks);
 }
 
+ShardLayout ShardLayout::groups(std::vector<int64_t> tensor_sizes, const std::vector<int64_t>& group_starts,
+                                int64_t ranks, int64_t tp, const std::vector<char>& split) {
+  const int64_t n = static_cast<int64_t>(tensor_sizes.size());
+  IHA_CHECK(split.empty() || static_cast<int64_t>(split.size()) == n, "shard layout: ", split.size(),
+            " split flags for ", n, " tensors");
+  const auto is_split = [&](int64_t t) { return tp > 1 && !split.empty() && split[t]; };
+  std::vector<int64_t> starts;
+  std::vector<char> unit_split, unit_lead;
+  for (size_t g = 0; g < group_starts.size(); ++g) {
+    const int64_t first = group_starts[g], end = g + 1 < group_starts.size() ? group_starts[g + 1] : n;
+    int64_t cut = first;  // the group's first shard
+    while (cut < end && !is_split(cut)) ++cut;
+    for (int64_t t = cut; t < end; ++t)
+      IHA_CHECK(is_split(t), "shard layout: group ", g, " has replicated tensor ", t, " after a tensor-parallel shard");
+    if (cut > first) {
+      starts.push_back(first);
+      unit_split.push_back(0);
+      unit_lead.push_back(cut < end);
+    }
+    if (cut < end) {
+      starts.push_back(cut);
+      unit_split.push_back(1);
+      unit_lead.push_back(0);
+    }
+  }
+  return ShardLayout(std::move(tensor_sizes), starts, ranks, tp, unit_split, unit_lead);
+}
+
+int64_t ShardLayout::chunk_index(int64_t u, int64_t r) const {
+  IHA_CHECK(r >= 0 && r < ranks_, "rank ", r, " outside the ", ranks_, " ranks of a shard layout");
+  return units_.at(static_cast<size_t>(u)).split ? r / tp_ : r;
+}
+
 ShardRange ShardLayout::piece(int64_t u, int64_t r) const {
   const ShardUnit& s = units_.at(static_cast<size_t>(u));
-  IHA_CHECK(r >= 0 && r < ranks_, "rank ", r, " outside the ", ranks_, " ranks of a shard layout");
-  const int64_t a = std::min(s.count, r * s.chunk), b = std::min(s.count, (r + 1) * s.chunk);
-  return {s.offset + a, s.offset + b, s.local_offset};
+  // Chunk k holds window elements [k c, (k + 1) c), the unit's [k c - lead, (k + 1) c - lead).
+  const int64_t first = chunk_index(u, r) * s.chunk - s.lead;
+  const int64_t a = std::min(s.count, std::max<int64_t>(0, first));
+  const int64_t b = std::max(a, std::min(s.count, first + s.chunk));
+  return {s.offset + a, s.offset + b, s.local_offset + std::min(s.chunk, std::max<int64_t>(0, a - first))};
 }
 
 std::vector<ShardRange> ShardLayout::ranges(int64_t r) const {

@@ -1,22 +1,28 @@
 // Tensor parallelism (mesh.tp) against one process: a pairwise-covering set of meshes (tp with
 // sp, hp, dp; both attention schemes over the tp group; global and per-head collapse, an mha
-// global layer; recomputation on and off; ZeRO-1 on and off; vocabularies that tp divides and
-// that it does not) trains 5 float64 steps to the single-process losses and parameters within
-// 1e-10; the block outputs' consequence at the first step (loss and every gradient, gathered
-// into global tensors) within 1e-12. Held-out loss and accuracy and the logits match one
-// process. The parallel cross-entropy matches the whole-vocabulary one and finite
-// differences. Checkpoints hold global tensors: a run saved with one tp (ZeRO-1 or not)
-// resumes with another (either). The MLP's, embedding's and LM head's per-rank parameters are
-// 1/tp of the whole; their collectives move the bytes of docs/parallel.md. Bad meshes stop
-// every rank with a ConfigError naming the keys.
+// global layer; recomputation on and off; ZeRO levels 0-3, levels 2 and 3 with several
+// micro-batches; vocabularies that tp divides and that it does not) trains 5 float64 steps to
+// the single-process losses and parameters within 1e-10, every rank holding the same
+// replicated parameter bits (and every holder of a tp shard the same shard bits) after every
+// step; the first step's loss and every gradient (gathered into global tensors) within 1e-12.
+// Held-out loss and accuracy and the logits match one process. The parallel cross-entropy
+// matches the whole-vocabulary one and finite differences. Checkpoints hold global tensors: a
+// run saved with one tp and ZeRO level resumes with another tp and level. The MLP's,
+// embedding's and LM head's per-rank parameters are 1/tp of the whole; their collectives, and
+// those of ZeRO-2/3 with tp, move the bytes of docs/parallel.md, and the sharded state's bytes
+// per rank follow its formula. Bad meshes stop every rank with a ConfigError naming the keys.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <filesystem>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "model/vocab_parallel.h"
 
@@ -37,14 +43,16 @@ struct TpSetup {
   MeshShape mesh;
   std::string global = "head", window = "sequence";
   std::string collapse = "global", global_kind = "iha";
-  bool recompute = true, zero = false;
+  bool recompute = true;
+  int64_t zero = 0;         // optim.zero
+  int64_t micro_batch = 0;  // 0: 8 / (2 dp), two micro-batches a step
   int64_t H = 8, ffn = 24;
   int64_t kv_heads = 0;  // grouped-query attention when > 0 (DESIGN.md section 13)
   int64_t vocab = 32;    // 31, 30: uneven vocabulary slices
   std::string packed;    // a token file with doc_starts: trained on it under the balanced layout
   std::string str() const {
     return mesh.str() + " schemes " + global + "/" + window + " " + global_kind + " " + collapse +
-           (recompute ? " recompute" : "") + (zero ? " zero" : "") +
+           (recompute ? " recompute" : "") + (zero ? " zero=" + std::to_string(zero) : std::string()) +
            (kv_heads ? " kv_heads=" + std::to_string(kv_heads) : std::string()) + " V=" + std::to_string(vocab) +
            (packed.empty() ? std::string() : " balanced packed");
   }
@@ -53,7 +61,7 @@ struct TpSetup {
 // N = 23 (divides by nothing: uneven shares inside every tp group), zigzag, window 3 tokens,
 // micro-batches (gradients accumulate), 1 KiB buckets.
 RunConfig config(const TpSetup& s) {
-  const int64_t dp = s.mesh.dp, mb = std::max<int64_t>(1, 8 / (2 * dp));
+  const int64_t dp = s.mesh.dp, mb = s.micro_batch > 0 ? s.micro_batch : std::max<int64_t>(1, 8 / (2 * dp));
   const std::string yaml =
       "mesh: {dp: " + std::to_string(dp) + ", tp: " + std::to_string(s.mesh.tp) + ", hp: " +
       std::to_string(s.mesh.hp) + ", sp: " + std::to_string(s.mesh.sp) + ", schemes: {global: " + s.global +
@@ -66,7 +74,7 @@ RunConfig config(const TpSetup& s) {
       (s.kv_heads ? ", kv_heads: " + std::to_string(s.kv_heads) : std::string()) + "}\n"
       "train: {dtype: float64, steps: 5, batch_size: 8, micro_batch: " + std::to_string(mb) +
       ", seed: 3, recompute: " + (s.recompute ? "true" : "false") + "}\n"
-      "optim: {lr: 1.0e-2, warmup_steps: 2, weight_decay: 0.1, clip: 0.5, zero: " + (s.zero ? "true" : "false") +
+      "optim: {lr: 1.0e-2, warmup_steps: 2, weight_decay: 0.1, clip: 0.5, zero: " + std::to_string(s.zero) +
       "}\n"
       "data: {kind: multikey, seed: 5, pairs: 4, queries: 2, key_tokens: 8, value_tokens: 8, loss_on: all}\n";
   if (s.packed.empty()) return test::run_config_from(yaml);
@@ -99,26 +107,51 @@ std::vector<double> global_tensor(Trainer<double>& t, const NamedTensor& nt) {
   return g;
 }
 
-// Every parameter (or gradient) of the model in the one-process flat order.
-std::vector<double> global_flat(Trainer<double>& t, const char* prefix) {
-  std::vector<double> out;
-  for (const NamedTensor& nt : t.state_tensors()) {
-    if (nt.name.rfind("param/", 0) != 0) continue;
-    NamedTensor v = nt;
-    if (std::string(prefix) == "grad") {
-      const size_t i = t.model().layout()->index(nt.name.substr(6));
-      v.tensor = t.model().grads().view(i);
-    }
-    const std::vector<double> g = global_tensor(t, v);
-    out.insert(out.end(), g.begin(), g.end());
+// Each tensor of a flat buffer in this rank's layout (whole_params, whole_grads) as its global
+// tensor (collective over the tp group).
+std::vector<std::vector<double>> global_tensors(Trainer<double>& t, const Tensor& flat) {
+  std::vector<std::vector<double>> out;
+  for (const ParamSpec& p : t.model().layout()->specs()) {
+    const NamedTensor v{p.name, Tensor::view(const_cast<double*>(flat.data<double>()) + p.offset, p.shape, DType::f64),
+                        p.full_shape(), 0, -1, p.global_offset};
+    out.push_back(global_tensor(t, v));
   }
+  return out;
+}
+
+// Every parameter of the model in the one-process flat order.
+std::vector<double> global_flat(Trainer<double>& t) {
+  std::vector<double> out;
+  for (const std::vector<double>& g : global_tensors(t, t.whole_params())) out.insert(out.end(), g.begin(), g.end());
   return out;
 }
 
 struct TpRun {
   std::vector<double> losses, params;
   std::set<std::vector<int64_t>> tp_tokens;  // the tp group's token counts after each step
+  bool agreed = true;  // the parameters agreed over the ranks after every step
 };
+
+// Whether every rank holds the same bits of the replicated parameters, and every holder of the
+// same tensor-parallel shards the same bits of those (collective).
+bool parameters_agree(Trainer<double>& t) {
+  const Tensor p = t.whole_params();
+  uint64_t h[2] = {0xcbf29ce484222325ull, 0xcbf29ce484222325ull};  // replicated, shards
+  for (const ParamSpec& s : t.model().layout()->specs())
+    for (int64_t i = 0; i < s.numel(); ++i) {
+      uint64_t bits;
+      std::memcpy(&bits, p.data<double>() + s.offset + i, sizeof bits);
+      h[s.split()] = (h[s.split()] ^ bits) * 0x100000001b3ull;
+    }
+  bool same = true;
+  for (int k = 0; k < 2; ++k) {
+    Communicator& c = k == 0 ? t.mesh().world() : t.mesh().same_shard();
+    std::vector<uint64_t> all(static_cast<size_t>(c.size()));
+    c.all_gather(&h[k], all.data(), 1, DType::i64, "test");
+    for (uint64_t x : all) same = same && x == all[0];
+  }
+  return same;
+}
 
 TpRun train(const TpSetup& s, std::shared_ptr<Communicator> comm, int steps = 5) {
   Trainer<double> t(config(s), std::move(comm));
@@ -127,8 +160,10 @@ TpRun train(const TpSetup& s, std::shared_ptr<Communicator> comm, int steps = 5)
   for (int i = 0; i < steps; ++i) {
     r.losses.push_back(t.train_step().loss);
     r.tp_tokens.insert(t.model().tensor_parallel().tokens);
+    r.agreed = parameters_agree(t) && r.agreed;
+    EXPECT_TRUE(r.agreed) << "ranks hold different parameter bits after step " << i + 1;
   }
-  r.params = global_flat(t, "param");
+  r.params = global_flat(t);
   return r;
 }
 
@@ -143,7 +178,7 @@ bool same_on_all_ranks(const std::vector<double>& v) {
 }
 
 TpSetup make_setup(MeshShape m, const char* g, const char* w, const char* kind, const char* collapse, bool rc,
-                   bool zero = false, int64_t H = 8) {
+                   int64_t zero = 0, int64_t H = 8) {
   TpSetup s;
   s.zero = zero;
   s.mesh = m;
@@ -163,8 +198,13 @@ bool sweep_requested() {
 
 // IHA_TP_SWEEP=1 (scripts/tp_sweep.sh): every mesh with tp > 1 of the world size, crossed
 // with every (global, window) scheme pair, both model kinds of the global layer, both
-// collapse forms and recomputation on and off.
+// collapse forms, recomputation on and off and the ZeRO levels of IHA_TP_SWEEP_LEVELS (default
+// "0 1 2 3").
 std::vector<TpSetup> full_sweep(int64_t R) {
+  std::vector<int64_t> levels;
+  const char* e = std::getenv("IHA_TP_SWEEP_LEVELS");
+  std::istringstream in(e ? e : "0 1 2 3");
+  for (int64_t level; in >> level;) levels.push_back(level);
   std::vector<TpSetup> out;
   for (int64_t tp = 2; tp <= R; ++tp)
     for (int64_t hp = 1; tp * hp <= R; ++hp)
@@ -176,7 +216,7 @@ std::vector<TpSetup> full_sweep(int64_t R) {
             for (const char* kind : {"iha", "mha"})
               for (const char* collapse : {"global", "per_head"})
                 for (bool rc : {true, false})
-                  for (bool zero : {false, true})
+                  for (int64_t zero : levels)
                     out.push_back(make_setup(m, g, w, kind, collapse, rc, zero, 12));  // 12: any tp * hp of 2-4 ranks
       }
   for (TpSetup& s : out) s.vocab = 31;  // uneven vocabulary slices for every tp of 2-4
@@ -185,36 +225,50 @@ std::vector<TpSetup> full_sweep(int64_t R) {
 
 // The meshes of this world size: every tp > 1 that divides it, paired with the other degrees
 // and the model and scheme variants so that each pair of (mesh, scheme, model kind, collapse,
-// recompute, ZeRO-1) values meets at least once over the 2- and 4-rank runs; two of them use
-// grouped-query attention, three a vocabulary that tp does not divide.
+// recompute, ZeRO level) values meets at least once over the 2- and 4-rank runs; three of them
+// use grouped-query attention, five a vocabulary that tp does not divide; levels 2 and 3 with
+// two or four micro-batches.
 std::vector<TpSetup> setups(int64_t R) {
   if (sweep_requested()) return full_sweep(R);
   std::vector<TpSetup> out;
   auto add = [&](MeshShape m, const char* g, const char* w, const char* kind, const char* collapse, bool rc,
-                 bool zero) { out.push_back(make_setup(m, g, w, kind, collapse, rc, zero)); };
+                 int64_t zero) { out.push_back(make_setup(m, g, w, kind, collapse, rc, zero)); };
   if (R == 2) {
-    add({1, 1, 1, 2}, "head", "head", "iha", "global", true, false);
-    add({1, 1, 1, 2}, "sequence", "sequence", "iha", "per_head", false, true);
-    add({1, 1, 1, 2}, "head", "sequence", "mha", "global", true, true);
+    add({1, 1, 1, 2}, "head", "head", "iha", "global", true, 0);
+    add({1, 1, 1, 2}, "sequence", "sequence", "iha", "per_head", false, 1);
+    add({1, 1, 1, 2}, "head", "sequence", "mha", "global", true, 1);
     out.back().kv_heads = 2;  // grouped-query attention, kv heads split over tp
     out.back().vocab = 31;    // slices of 15 and 16
-  } else if (R == 4) {
-    add({1, 1, 2, 2}, "head", "sequence", "iha", "per_head", true, true);     // tp x sp
+    add({1, 1, 1, 2}, "head", "head", "iha", "per_head", true, 3);
     out.back().vocab = 31;
-    add({1, 2, 1, 2}, "head", "head", "mha", "global", false, false);         // tp x hp
-    add({2, 1, 1, 2}, "sequence", "sequence", "iha", "global", true, true);   // dp x tp
-    add({1, 1, 1, 4}, "head", "head", "iha", "global", false, true);          // tp = 4
+    add({1, 1, 1, 2}, "sequence", "head", "mha", "global", false, 2);
+    out.back().micro_batch = 2;  // four micro-batches
+  } else if (R == 4) {
+    add({1, 1, 2, 2}, "head", "sequence", "iha", "per_head", true, 1);     // tp x sp
+    out.back().vocab = 31;
+    add({1, 2, 1, 2}, "head", "head", "mha", "global", false, 0);         // tp x hp
+    add({2, 1, 1, 2}, "sequence", "sequence", "iha", "global", true, 1);   // dp x tp
+    add({1, 1, 1, 4}, "head", "head", "iha", "global", false, 1);          // tp = 4
     out.back().kv_heads = 4;
-    add({1, 1, 1, 4}, "sequence", "head", "mha", "per_head", true, false);
+    add({1, 1, 2, 2}, "sequence", "sequence", "iha", "global", false, 3);  // tp x sp, level 3
+    out.back().vocab = 31;
+    add({2, 1, 1, 2}, "head", "sequence", "mha", "per_head", true, 2);     // dp x tp, level 2
+    out.back().micro_batch = 1;  // four micro-batches a replica
+    add({1, 2, 1, 2}, "sequence", "head", "iha", "per_head", true, 3);     // tp x hp, level 3
+    out.back().kv_heads = 4;
+    add({1, 1, 1, 4}, "head", "sequence", "mha", "global", false, 2);      // tp = 4, level 2
+    add({1, 1, 1, 4}, "sequence", "head", "mha", "per_head", true, 0);
     out.back().vocab = 30;  // slices of 7, 8, 7, 8
   }
   return out;
 }
 
 // 5 steps of each setup against one process: losses and parameters within 1e-10, the same
-// parameters on every rank. Returns the distributed runs.
+// parameters on every rank. Prints the count passing (scripts/tp_sweep.sh). Returns the
+// distributed runs.
 std::vector<TpRun> expect_training_matches_one_process(const std::vector<TpSetup>& all) {
   std::vector<TpRun> runs;
+  int64_t passed = 0;
   for (const TpSetup& s : all) {
     SCOPED_TRACE(s.str());
     TpSetup one = s;
@@ -222,18 +276,24 @@ std::vector<TpRun> expect_training_matches_one_process(const std::vector<TpSetup
     const TpRun ref = train(one, self_comm());
     EXPECT_NE(ref.losses.front(), ref.losses.back());
     const TpRun got = train(s, test::world_ptr());
-    EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-10, "losses"));
-    EXPECT_TRUE(close_normwise(got.params, ref.params, 1e-10, "parameters"));
-    EXPECT_TRUE(same_on_all_ranks(got.params)) << "ranks hold different parameters";
+    const auto losses = close_normwise(got.losses, ref.losses, 1e-10, "losses");
+    const auto params = close_normwise(got.params, ref.params, 1e-10, "parameters");
+    const bool same = same_on_all_ranks(got.params);
+    EXPECT_TRUE(losses);
+    EXPECT_TRUE(params);
+    EXPECT_TRUE(same) << "ranks hold different parameters";
+    passed += losses && params && same && got.agreed && ref.losses.front() != ref.losses.back();
     runs.push_back(got);
   }
+  if (world().rank() == 0)
+    std::printf("%lld of %zu configurations on %lld ranks pass\n", static_cast<long long>(passed), all.size(),
+                static_cast<long long>(world().size()));
   return runs;
 }
 
-// The first step's loss and its reduced gradients (what the update used) against one process
-// within 1e-12, per tensor.
-void expect_first_gradients_match_one_process(TpSetup s) {
-  s.zero = false;  // the whole reduced gradient stays in grads() only without ZeRO
+// The first step's loss and its reduced gradients (what the update used; at levels 1-3 the
+// gradient shards gathered) against one process within 1e-12, per tensor.
+void expect_first_gradients_match_one_process(const TpSetup& s) {
   SCOPED_TRACE(s.str());
   auto grads_after_step = [&](const TpSetup& x, std::shared_ptr<Communicator> comm, double& loss) {
     RunConfig c = config(x);
@@ -241,14 +301,7 @@ void expect_first_gradients_match_one_process(TpSetup s) {
     Trainer<double> t(c, std::move(comm));
     t.init();
     loss = t.train_step().loss;
-    std::vector<std::vector<double>> per_tensor;
-    for (const NamedTensor& nt : t.state_tensors()) {
-      if (nt.name.rfind("param/", 0) != 0) continue;
-      NamedTensor v = nt;
-      v.tensor = t.model().grads().view(t.model().layout()->index(nt.name.substr(6)));
-      per_tensor.push_back(global_tensor(t, v));
-    }
-    return per_tensor;
+    return global_tensors(t, t.whole_grads());
   };
   TpSetup one = s;
   one.mesh = {1, 1, 1, 1};
@@ -267,10 +320,14 @@ TEST(TensorParallel, Float64LossesAndParametersMatchOneProcess) {
   expect_training_matches_one_process(all);
 }
 
+// The first and last setups and the first at levels 2 and 3.
 TEST(TensorParallel, Float64GradientsMatchOneProcess) {
   const std::vector<TpSetup> all = setups(world().size());
   if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
-  for (const TpSetup& s : {all.front(), all.back()}) expect_first_gradients_match_one_process(s);
+  std::vector<TpSetup> chosen = {all.front(), all.back()};
+  for (int64_t level : {2, 3})
+    chosen.push_back(*std::find_if(all.begin(), all.end(), [&](const TpSetup& s) { return s.zero == level; }));
+  for (const TpSetup& s : chosen) expect_first_gradients_match_one_process(s);
 }
 
 // Held-out loss and accuracy (the arg-max over the vocabulary slices) and the logits of the
@@ -480,7 +537,7 @@ void expect_resume_matches(const TpSetup& a, const TpSetup& b, const TpRun& ref)
   std::vector<double> losses(ref.losses.begin(), ref.losses.begin() + 2);
   for (int i = 2; i < 5; ++i) losses.push_back(tb.train_step().loss);
   EXPECT_TRUE(close_normwise(losses, ref.losses, 1e-10, "losses"));
-  EXPECT_TRUE(close_normwise(global_flat(tb, "param"), ref.params, 1e-10, "parameters"));
+  EXPECT_TRUE(close_normwise(global_flat(tb), ref.params, 1e-10, "parameters"));
 }
 
 TEST(TensorParallel, ResumesAcrossTpSizes) {
@@ -491,18 +548,20 @@ TEST(TensorParallel, ResumesAcrossTpSizes) {
   ref_setup.global = "sequence";
   ref_setup.vocab = 31;  // uneven embedding and LM head slices as hyperslabs
   const TpRun ref = train(ref_setup, self_comm());
-  // tp = R <-> tp = 1 (sp = R) and, on 4 ranks, tp = 4 -> tp = 2 x sp = 2.
-  // (mesh, ZeRO-1) -> (mesh, ZeRO-1): tp = R <-> tp = 1 (sp = R) and, on 4 ranks, tp = 4 ->
-  // tp = 2 x sp = 2, with and without sharded moments on either side.
+  // (mesh, ZeRO level) -> (mesh, level): tp = R <-> tp = 1 (sp = R) and, on 4 ranks, tp = 4 ->
+  // tp = 2 x sp = 2, with and without sharded state on either side; levels 2 and 3 with tp
+  // to and from other tp sizes and levels.
   struct Move {
     MeshShape from;
-    bool from_zero;
+    int64_t from_zero;
     MeshShape to;
-    bool to_zero;
+    int64_t to_zero;
   };
-  std::vector<Move> moves = {{{1, 1, 1, R}, true, {1, 1, R, 1}, false}, {{1, 1, R, 1}, true, {1, 1, 1, R}, false},
-                             {{1, 1, 1, R}, false, {1, 1, 1, R}, true}};
-  if (R == 4) moves.push_back({{1, 1, 1, 4}, true, {1, 1, 2, 2}, true});
+  std::vector<Move> moves = {{{1, 1, 1, R}, 1, {1, 1, R, 1}, 0}, {{1, 1, R, 1}, 1, {1, 1, 1, R}, 0},
+                             {{1, 1, 1, R}, 0, {1, 1, 1, R}, 1}, {{1, 1, R / 2, 2}, 3, {1, 1, R, 1}, 0},
+                             {{1, 1, R, 1}, 2, {R / 2, 1, 1, 2}, 3}};
+  if (R == 4) moves.push_back({{1, 1, 1, 4}, 3, {1, 1, 2, 2}, 1});
+  if (R == 4) moves.push_back({{1, 1, 1, 4}, 1, {1, 1, 2, 2}, 1});
   for (const Move& mv : moves) {
     TpSetup a = ref_setup, b = ref_setup;
     a.mesh = mv.from;
@@ -542,21 +601,21 @@ std::string write_packed_corpus(const test::SharedDir& dir) {
 
 // tp with sp, with hp, and tp = 4; both schemes per layer kind (the head scheme: Ulysses over
 // the head group, re-planned for each map), iha and mha, both collapse forms, recomputation
-// and ZeRO-1 on and off, an uneven vocabulary.
+// on and off, ZeRO levels 0-3, an uneven vocabulary.
 // IHA_TP_SWEEP=1: the full sweep's setups, on the packed file under the balanced layout.
 std::vector<TpSetup> balanced_setups(int64_t R, const std::string& packed) {
   std::vector<TpSetup> out;
   if (sweep_requested()) {
     out = full_sweep(R);
   } else if (R == 2) {
-    out.push_back(make_setup({1, 1, 1, 2}, "head", "sequence", "iha", "global", true, false));
-    out.push_back(make_setup({1, 1, 1, 2}, "sequence", "head", "mha", "per_head", false, true));
+    out.push_back(make_setup({1, 1, 1, 2}, "head", "sequence", "iha", "global", true, 2));
+    out.push_back(make_setup({1, 1, 1, 2}, "sequence", "head", "mha", "per_head", false, 1));
     out.back().vocab = 31;
   } else if (R == 4) {
-    out.push_back(make_setup({1, 1, 2, 2}, "head", "head", "iha", "per_head", true, true));        // tp x sp
+    out.push_back(make_setup({1, 1, 2, 2}, "head", "head", "iha", "per_head", true, 1));      // tp x sp
     out.back().vocab = 31;
-    out.push_back(make_setup({1, 2, 1, 2}, "sequence", "head", "iha", "global", false, false));    // tp x hp
-    out.push_back(make_setup({1, 1, 1, 4}, "head", "sequence", "mha", "per_head", false, true));   // tp = 4
+    out.push_back(make_setup({1, 2, 1, 2}, "sequence", "head", "iha", "global", false, 3));   // tp x hp
+    out.push_back(make_setup({1, 1, 1, 4}, "head", "sequence", "mha", "per_head", false, 0));  // tp = 4
   }
   for (TpSetup& s : out) s.packed = packed;
   return out;
@@ -704,21 +763,90 @@ TEST(TensorParallelErrors, BadMeshesNameTheKeysOnEveryRank) {
   expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"mesh.tp", "model.vocab_size"});
 }
 
-// What tensor parallelism does not combine with: ZeRO-2 and ZeRO-3.
-TEST(TensorParallelErrors, ZeroTwoThreeAreRefusedOnEveryRank) {
+// Every ZeRO level combines with tp; a bad mesh is still named at every level.
+TEST(TensorParallelErrors, EveryZeroLevelIsAcceptedAndBadMeshesAreNamedOnEveryRank) {
   const int64_t R = world().size();
   if (R < 2) GTEST_SKIP() << "needs tp > 1";
   TpSetup s;
   s.mesh = {1, 1, 1, R};
-  RunConfig c = config(s);
-  for (int64_t level : {2, 3}) {
+  for (int64_t level : {0, 1, 2, 3}) {
+    SCOPED_TRACE("optim.zero " + std::to_string(level));
+    RunConfig c = config(s);
     c.optim.zero = level;
-    expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"optim.zero", "mesh.tp"});
+    EXPECT_NO_THROW(Trainer<double> t(c, test::world_ptr()));
+    c = config(s);
+    c.optim.zero = level;
+    c.model.ffn = R * 6 + 1;
+    expect_config_error_everywhere([&] { Trainer<double> t(c, test::world_ptr()); }, {"mesh.tp", "model.ffn"});
   }
-  // Level 1 with the same mesh is accepted (the refusal is levels 2 and 3's alone).
-  c = config(s);
-  c.optim.zero = 1;
-  EXPECT_NO_THROW(Trainer<double> t(c, test::world_ptr()));
+}
+
+// ZeRO-2/3 with tp (docs/parallel.md "Sharded state"): each parameter group's replicated tensors
+// are a unit over all W ranks, its tp shards one over the W / tp holders of the same shards. Per
+// unit of count n over R_u ranks: chunk c = ceil(n / R_u), and each collective moves (R_u - 1) c e
+// bytes a rank. One step: the counters equal the formula computed from the parameter layout (not
+// from the shard layout), no tp sum of the replicated gradients, and the state bytes per rank are
+// the chunks' sum (level 3: parameters, gradient and both moments; level 2: besides the whole
+// parameters); the sharded state per rank x W is the whole state of one rank up to the padding.
+TEST(TensorParallelZero, StepTrafficAndStateBytesFollowTheFormula) {
+  const int64_t R = world().size();
+  if (R < 2 || R % 2) GTEST_SKIP() << "needs an even world";
+  for (int64_t level : {2, 3}) {
+    SCOPED_TRACE("optim.zero " + std::to_string(level));
+    TpSetup s;
+    s.mesh = {R / 2, 1, 1, 2};
+    s.global = "sequence";
+    s.vocab = 31;  // uneven slices: the shard units differ in size between tp ranks
+    s.zero = level;
+    const RunConfig cfg = config(s);
+    Trainer<double> t(cfg, test::world_ptr());
+    t.init();
+    world().counters().reset();
+    t.train_step();
+    const ParamLayout& layout = *t.model().layout();
+    std::vector<int64_t> starts = param_group_starts(layout, cfg.model.layers);
+    starts.push_back(static_cast<int64_t>(layout.specs().size()));
+    const int64_t W = R, holders = R / 2, es = 8, A = cfg.accumulation();
+    EXPECT_GE(A, 2);
+    uint64_t all_groups = 0, blocks = 0;
+    int64_t shard = 0;
+    for (size_t g = 0; g + 1 < starts.size(); ++g) {
+      int64_t replicated = 0, split = 0;
+      for (int64_t i = starts[g]; i < starts[g + 1]; ++i)
+        (layout.specs()[i].split() ? split : replicated) += layout.specs()[i].numel();
+      uint64_t bytes = 0;
+      for (const auto& [n, ranks] : {std::pair<int64_t, int64_t>{replicated, W}, {split, holders}}) {
+        if (n == 0) continue;
+        const int64_t c = (n + ranks - 1) / ranks;
+        shard += c;
+        bytes += static_cast<uint64_t>((ranks - 1) * c * es);
+      }
+      all_groups += bytes;
+      if (g >= 1 && g <= static_cast<size_t>(cfg.model.layers)) blocks += bytes;
+    }
+    const CommCounters& c = world().counters();
+    EXPECT_EQ(c.bytes("train.grad"), static_cast<uint64_t>(A) * all_groups);
+    EXPECT_EQ(c.bytes("train.params"), level == 3 ? static_cast<uint64_t>(A) * (all_groups + blocks) : all_groups);
+    EXPECT_EQ(c.bytes("train.norm"), static_cast<uint64_t>((W - 1) * es));
+    EXPECT_EQ(c.bytes("train.grad_tp") + c.bytes("train.grad_tp_shard") + c.bytes("train.norm_tp"), 0u);
+    const ShardLayout& sl = t.shard_layout();
+    EXPECT_EQ(sl.shard_size(), shard);
+    const StateBytes b = t.state_bytes();
+    EXPECT_EQ(b.grads, shard * es);
+    EXPECT_EQ(b.optimizer, 2 * shard * es);
+    EXPECT_EQ(b.params, (level == 3 ? shard : sl.window_end() + shard) * es);
+    EXPECT_LT(sl.window_end() - layout.total(), holders);  // the last unit's padding
+    // The whole model's parameters (each tp shard once), and the sharded state against 16 bytes
+    // (parameter, gradient, two moments) of each of them on one rank.
+    int64_t global = 0;
+    for (const ParamSpec& p : layout.specs()) global += p.split() ? 0 : p.numel();
+    int64_t mine = 0;
+    for (const ParamSpec& p : layout.specs()) mine += p.split() ? p.numel() : 0;
+    int64_t both[2];
+    t.mesh().tensor().all_gather(&mine, both, 1, DType::i64, "test");
+    global += both[0] + both[1];
+    if (level == 3) EXPECT_LE(static_cast<double>(4 * shard * W) / static_cast<double>(4 * global), 1.02);
+  }
 }
 
 }  // namespace

@@ -139,5 +139,65 @@ TEST(ShardLayout, EachElementHasOneOwnerAndTensorPiecesAreContiguous) {
   EXPECT_THROW(ShardLayout(sizes, {1}, 2), Error);
 }
 
+// Levels 2 and 3 with tp: a unit per group, or the group's replicated tensors (over all R ranks,
+// padded in front when shards follow) and its shards (over R / tp). What each rank's shard holds,
+// put through the all-gathers (rank r's chunk at window position chunk_index * chunk), gives every
+// unit's elements in order from its lead on; the two windows of a group lie back to back; each
+// replicated element has one owner among all ranks, each shard element one per tp index.
+TEST(ShardLayout, GroupsWithTensorParallelShards) {
+  // Groups: {0: split}, {1, 2, 3: replicated, 4, 5: split}, {6: replicated, 7: split}, {8, 9: replicated}.
+  const std::vector<int64_t> sizes = {7, 3, 11, 2, 13, 6, 1, 9, 5, 4};
+  const std::vector<int64_t> starts = {0, 1, 6, 8};
+  const std::vector<char> split = {1, 0, 0, 0, 1, 1, 0, 1, 0, 0};
+  for (int64_t tp : {1, 2, 4})
+    for (int64_t R = tp; R <= 4 * tp; R += tp) {
+      SCOPED_TRACE("R = " + std::to_string(R) + " tp = " + std::to_string(tp));
+      const ShardLayout sl = ShardLayout::groups(sizes, starts, R, tp, split);
+      const auto& units = sl.units();
+      ASSERT_EQ(units.size(), tp == 1 ? 4u : 6u);
+      std::vector<std::vector<int64_t>> shard(static_cast<size_t>(R), std::vector<int64_t>(sl.shard_size(), -1));
+      std::vector<int> owners(static_cast<size_t>(sl.total()), 0);
+      for (int64_t r = 0; r < R; ++r)
+        for (size_t u = 0; u < units.size(); ++u) {
+          const ShardRange p = sl.piece(static_cast<int64_t>(u), r);
+          ASSERT_GE(p.local, units[u].local_offset);
+          ASSERT_LE(p.local + p.size(), units[u].local_offset + units[u].chunk);
+          for (int64_t e = p.begin; e < p.end; ++e) {
+            shard[r][p.local + (e - p.begin)] = e;
+            owners[e] += 1;
+          }
+        }
+      int64_t local = 0;
+      for (const ShardUnit& u : units) {
+        EXPECT_EQ(u.ranks, u.split ? R / tp : R);
+        EXPECT_EQ(u.chunk, (u.count + u.ranks - 1) / u.ranks);
+        EXPECT_EQ(u.split, tp > 1 && split[u.first_tensor] != 0);
+        for (int64_t e = u.offset; e < u.offset + u.count; ++e) EXPECT_EQ(owners[e], u.split ? tp : 1) << e;
+        if (!u.split) local += u.chunk;
+        // The all-gather of the unit from the ranks of one tp index (any index: the same places).
+        std::vector<int64_t> window(static_cast<size_t>(u.window()), -2);
+        const int64_t ui = &u - units.data();
+        for (int64_t r = 0; r < R; ++r)
+          if (!u.split || r % tp == 0)
+            for (int64_t j = 0; j < u.chunk; ++j) window[sl.chunk_index(ui, r) * u.chunk + j] = shard[r][u.local_offset + j];
+        for (int64_t i = 0; i < u.window(); ++i)
+          EXPECT_EQ(window[i], i >= u.lead && i < u.lead + u.count ? u.offset + i - u.lead : -1) << "unit " << ui;
+        EXPECT_LE(u.window_begin() + u.window(), sl.window_end());
+      }
+      // The replicated units' chunks come first in the shard, so their places do not depend on the shards' sizes.
+      for (const ShardUnit& u : units) EXPECT_EQ(u.local_offset < local, !u.split);
+      // Group 1 (and 2): replicated then shards, windows back to back, the elements contiguous.
+      if (tp > 1) {
+        EXPECT_EQ(units[1].lead, units[1].window() - units[1].count);
+        EXPECT_EQ(units[1].window_begin() + units[1].window(), units[2].window_begin());
+        EXPECT_EQ(units[2].lead, 0);
+        EXPECT_EQ(units[5].lead, 0);  // a group of replicated tensors alone: padded at the back
+      }
+    }
+  // Shards before replicated tensors in a group: refused.
+  EXPECT_THROW(ShardLayout::groups(sizes, {0, 4}, 4, 2, split), Error);
+  EXPECT_THROW(ShardLayout::groups(sizes, starts, 6, 4, split), Error);  // tp does not divide R
+}
+
 }  // namespace
 }  // namespace iha
