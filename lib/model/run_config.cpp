@@ -94,6 +94,7 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
                                   schemes.key_path("global"));
   c.schemes.window = parse_scheme(schemes.get<std::string>("window", "sequence"), schemes.key_path("window"));
   c.grad_bucket_kib = positive(mesh, "grad_bucket_kib", c.grad_bucket_kib);
+  c.progress_thread = mesh.get<bool>("progress_thread", c.progress_thread);
 
   const ConfigNode seq = root.child("sequence");
   c.seq_len = seq.require<int64_t>("length");
