@@ -502,6 +502,8 @@ TEST(FullMeshErrors, ZeroLevelNamesTheKey) {
   EXPECT_EQ(run_config(s, {"optim.zero=2"}).optim.zero, 2);
   EXPECT_EQ(run_config(s, {"optim.zero=3"}).optim.zero, 3);
   EXPECT_FALSE(run_config(s, {"optim.prefetch=false"}).optim.prefetch);
+  EXPECT_FALSE(run_config(s).optim.prefetch);  // the CPU's default
+  EXPECT_TRUE(run_config(s, {"optim.prefetch=true"}).optim.prefetch);
   expect_config_error_everywhere([&] { run_config(s, {"optim.prefetch=sometimes"}); }, {"prefetch"});
   EXPECT_TRUE(run_config(s).progress_thread);
   EXPECT_FALSE(run_config(s, {"mesh.progress_thread=false"}).progress_thread);
