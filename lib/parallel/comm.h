@@ -116,8 +116,8 @@ class Communicator {
   // Sub-communicator of the ranks passing the same color, ordered by key (collective).
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
 
-  // Background progress (docs/parallel.md "Progress"): with it on, the transfers of the
-  // non-blocking operations this communicator starts from now on advance while the caller
+  // Background progress (docs/parallel.md, "Background progress"): with it on, the transfers
+  // of the non-blocking operations this communicator starts from now on advance while the caller
   // computes, driven by the process's one progress thread, instead of only inside the caller's
   // calls (test, wait, other operations). Communicators split from this one afterwards inherit
   // the setting. Returns whether it is on: communicators whose transfers progress by themselves
