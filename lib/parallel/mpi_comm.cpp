@@ -1,11 +1,13 @@
 // MPI implementation of the Communicator over host memory.
 #include <mpi.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <climits>
+#include <condition_variable>
+#include <csignal>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -99,6 +101,10 @@ class ProgressThread {
   static constexpr std::chrono::microseconds kPollInterval{50};
 
   void run() {
+    // Process-directed signals (the trainer's stop signals) keep going to the application's threads.
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
     std::vector<std::shared_ptr<Inflight>> ops;
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
