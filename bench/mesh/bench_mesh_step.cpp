@@ -20,7 +20,7 @@
 // busiest rank and its seconds blocked per step, the resident state of one rank
 // (Trainer::state_bytes: parameters, gradients, optimizer; param_mib, grad_mib, optimizer_mib;
 // at optim.zero 2 and 3 also gathered_mib, the most bytes of transient parameter and gradient
-// windows alive at once, and prefetch), the parameters a rank holds by kind (mlp, embed,
+// windows alive at once, prefetch and progress_thread), the parameters a rank holds by kind (mlp, embed,
 // lm_head, other; elements), the peak RSS of the busiest rank and how far the steps raised it
 // above the RSS right after init (step_rss_growth_mib: activations and workspaces, the state
 // excluded). grad_bucket_kib large enough for one bucket starts the all-reduce (or
@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
             << ", \"optimizer_mib\": " << opt_mib << ", \"peak_rss_mib\": " << mib[3]
             << ", \"step_rss_growth_mib\": " << mib[4] << ", \"vocab\": " << cfg.model.vocab
             << ", \"gathered_mib\": " << mib[5] << ", \"prefetch\": " << (cfg.optim.prefetch ? "true" : "false")
+            << ", \"progress_thread\": " << (cfg.progress_thread ? "true" : "false")
             << ", \"layers\": " << cfg.model.layers << ", \"tp\": " << cfg.mesh.tp;
         for (const auto& kv : held) out << ", \"params_" << kv.first << "\": " << kv.second;
         for (const char* f : families) {

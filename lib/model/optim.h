@@ -33,7 +33,8 @@ struct OptimConfig {
   // model/sharded_params.h). YAML true/false are 1/0.
   int64_t zero = 0;
   // Level 3: post the next parameter group's gather before the current group computes
-  // (false: every gather is waited for where it is needed; for measuring the overlap).
+  // (false: every gather is waited for where it is needed). A run config's default is true
+  // with train.device cuda, false on the CPU (parse_run_config).
   bool prefetch = true;
   void validate() const;      // ConfigError naming optim.<key>
 };

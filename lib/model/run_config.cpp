@@ -94,6 +94,7 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
                                   schemes.key_path("global"));
   c.schemes.window = parse_scheme(schemes.get<std::string>("window", "sequence"), schemes.key_path("window"));
   c.grad_bucket_kib = positive(mesh, "grad_bucket_kib", c.grad_bucket_kib);
+  c.progress_thread = mesh.get<bool>("progress_thread", c.progress_thread);
 
   const ConfigNode seq = root.child("sequence");
   c.seq_len = seq.require<int64_t>("length");
@@ -122,7 +123,12 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
   c.threads = static_cast<int>(threads);
   c.seed = static_cast<uint64_t>(non_negative(tr, "seed", 1));
 
-  c.optim = parse_optim_config(root.child("optim"));
+  const ConfigNode optim = root.child("optim");
+  c.optim = parse_optim_config(optim);
+  // Level 3's prefetch by default only on the GPU, where NCCL moves the next group while the
+  // kernels run; on the CPU the early gather's copies compete with the compute for the same
+  // cores and waiting for each gather measured faster (docs/training.md, "Sharded state measured").
+  if (!optim.has("prefetch")) c.optim.prefetch = c.device == Device::cuda;
 
   const ConfigNode data = root.child("data");
   c.data.kind = data.get<std::string>("kind", "multikey");

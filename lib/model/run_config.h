@@ -77,6 +77,7 @@ struct RunConfig {
   MeshShape mesh;
   MeshSchemes schemes;      // mesh.schemes (default: global head when tp * hp > 1, else sequence)
   int64_t grad_bucket_kib = 1024;  // mesh.grad_bucket_kib: gradient all-reduce bucket size
+  bool progress_thread = true;     // mesh.progress_thread: communication advances in the background
   int64_t seq_len = 0;      // N, tokens per sequence
   LayoutKind layout = LayoutKind::zigzag;
   FlashTiles tiles;

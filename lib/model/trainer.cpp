@@ -81,6 +81,8 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
             "> built for a run whose train.dtype is ", dtype_name(cfg_.dtype));
   // Before any allocation or thread start: sizes, threads and memory against the machine.
   collective_check(*world_, [&] { check_run_fits_machine(cfg_, world_->size()); });
+  // Before the mesh splits its groups from the world: they inherit it.
+  world_->set_background_progress(cfg_.progress_thread);
   mesh_ = std::make_unique<ProcessMesh>(world_, cfg_.mesh);
   set_num_threads(cfg_.threads);
   // Validation that needs no communication; any rank's failure is every rank's.

@@ -42,7 +42,9 @@ class PendingExchange {
  public:
   virtual ~PendingExchange() = default;
   virtual void wait() = 0;
-  // Non-blocking completion test; drives progress of the transfers.
+  // Non-blocking completion test. Without background progress it drives the transfers (MPI
+  // advances them only inside its calls); with it, it reads what the progress thread has seen
+  // and makes no call into the network library.
   virtual bool test() = 0;
 };
 
@@ -113,6 +115,17 @@ class Communicator {
   virtual void barrier() = 0;
   // Sub-communicator of the ranks passing the same color, ordered by key (collective).
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+
+  // Background progress (docs/parallel.md, "Background progress"): with it on, the transfers
+  // of the non-blocking operations this communicator starts from now on advance while the caller
+  // computes, driven by the process's one progress thread, instead of only inside the caller's
+  // calls (test, wait, other operations). Communicators split from this one afterwards inherit
+  // the setting. Returns whether it is on: communicators whose transfers progress by themselves
+  // (NCCL's device streams) and MPI libraries without MPI_THREAD_MULTIPLE keep it off.
+  virtual bool set_background_progress(bool on) {
+    (void)on;
+    return false;
+  }
 
   CommCounters& counters() { return *counters_; }
   const CommCounters& counters() const { return *counters_; }

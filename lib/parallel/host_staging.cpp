@@ -146,6 +146,7 @@ class StagedCommunicator final : public Communicator {
     b.finish();
   }
   void barrier() override { inner_->barrier(); }
+  bool set_background_progress(bool on) override { return inner_->set_background_progress(on); }
   std::shared_ptr<Communicator> split(int color, int key) override {
     return std::make_shared<StagedCommunicator>(inner_->split(color, key), *mem_);
   }

@@ -1,9 +1,16 @@
 // MPI implementation of the Communicator over host memory.
 #include <mpi.h>
+#include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <csignal>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "parallel/comm.h"
@@ -51,40 +58,133 @@ int as_int_count(int64_t count, const char* what) {
 // Point-to-point messages are cut into pieces of at most this many bytes (MPI counts are int).
 constexpr size_t kMaxPiece = size_t(1) << 30;
 
+// The requests of one started operation, shared by its MpiPending and the progress thread.
+struct Inflight {
+  explicit Inflight(std::vector<MPI_Request> r) : reqs(std::move(r)) {}
+  std::mutex mu;  // held by the one thread in MPI on these requests (MPI forbids two)
+  std::vector<MPI_Request> reqs;
+  std::atomic<bool> done{false};
+  int rc = MPI_SUCCESS;  // a failure the progress thread saw, reported by wait()
+};
+
+// The process's progress thread (started on first use): Open MPI and MPICH advance a
+// non-blocking operation only inside MPI calls (libnbc's schedules, the shared-memory
+// transport's fragments of a large message), so without calls an operation posted before a
+// block's compute has moved nothing when the block ends. The thread tests every registered
+// operation, then sleeps kPollInterval: a thread that spins steals a core the ranks compute
+// on; a sleeping one costs a wake-up per interval. It sleeps on a condition while nothing is in
+// flight.
+class ProgressThread {
+ public:
+  static ProgressThread& get() {
+    static ProgressThread t;
+    return t;
+  }
+  void add(std::shared_ptr<Inflight> op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    ops_.push_back(std::move(op));
+    cv_.notify_one();
+  }
+  // Before MPI_Finalize: no MPI call may follow it.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  ~ProgressThread() { stop(); }
+
+ private:
+  static constexpr std::chrono::microseconds kPollInterval{50};
+
+  void run() {
+    // Process-directed signals (the trainer's stop signals) keep going to the application's threads.
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    std::vector<std::shared_ptr<Inflight>> ops;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      // Drop what completed or what no MpiPending holds any more (it was waited for).
+      ops_.erase(std::remove_if(ops_.begin(), ops_.end(),
+                                [](const std::shared_ptr<Inflight>& op) { return op->done || op.use_count() == 1; }),
+                 ops_.end());
+      cv_.wait(lock, [this] { return stop_ || !ops_.empty(); });
+      if (stop_) return;
+      ops = ops_;
+      lock.unlock();
+      for (const auto& op : ops) {
+        // An owner in wait() holds the lock and drives the requests itself.
+        std::unique_lock<std::mutex> own(op->mu, std::try_to_lock);
+        if (!own.owns_lock() || op->done) continue;
+        int flag = 0;
+        const int rc = MPI_Testall(static_cast<int>(op->reqs.size()), op->reqs.data(), &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) op->rc = rc;
+        if (flag || rc != MPI_SUCCESS) op->done = true;
+      }
+      ops.clear();
+      std::this_thread::sleep_for(kPollInterval);
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Inflight>> ops_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class MpiPending final : public PendingExchange {
  public:
-  MpiPending(std::vector<MPI_Request> reqs, std::shared_ptr<CommCounters> counters, std::string site)
-      : reqs_(std::move(reqs)), counters_(std::move(counters)), site_(std::move(site)) {}
+  MpiPending(std::vector<MPI_Request> reqs, std::shared_ptr<CommCounters> counters, std::string site,
+             bool background)
+      : op_(std::make_shared<Inflight>(std::move(reqs))),
+        counters_(std::move(counters)),
+        site_(std::move(site)),
+        background_(background) {
+    if (background_) ProgressThread::get().add(op_);
+  }
   ~MpiPending() override {
-    if (!done_) MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    std::lock_guard<std::mutex> lock(op_->mu);
+    if (!op_->done) MPI_Waitall(static_cast<int>(op_->reqs.size()), op_->reqs.data(), MPI_STATUSES_IGNORE);
   }
   void wait() override {
-    if (done_) return;
     const double t0 = MPI_Wtime();
-    mpi_check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
-              "MPI_Waitall");
-    counters_->add_wait(site_, MPI_Wtime() - t0);
-    done_ = true;
+    std::lock_guard<std::mutex> lock(op_->mu);
+    if (!op_->done) {
+      op_->rc = MPI_Waitall(static_cast<int>(op_->reqs.size()), op_->reqs.data(), MPI_STATUSES_IGNORE);
+      op_->done = true;
+    }
+    if (!waited_) counters_->add_wait(site_, MPI_Wtime() - t0);
+    waited_ = true;
+    mpi_check(op_->rc, "MPI_Waitall");
   }
   bool test() override {
-    if (done_) return true;
+    if (op_->done || background_) return op_->done;
+    std::lock_guard<std::mutex> lock(op_->mu);
     int flag = 0;
-    mpi_check(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE),
+    mpi_check(MPI_Testall(static_cast<int>(op_->reqs.size()), op_->reqs.data(), &flag, MPI_STATUSES_IGNORE),
               "MPI_Testall");
-    done_ = flag != 0;
-    return done_;
+    op_->done = flag != 0;
+    return op_->done;
   }
 
  private:
-  std::vector<MPI_Request> reqs_;
+  std::shared_ptr<Inflight> op_;
   std::shared_ptr<CommCounters> counters_;
   std::string site_;
-  bool done_ = false;
+  bool background_;
+  bool waited_ = false;
 };
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, std::shared_ptr<CommCounters> counters) : comm_(comm) {
+  MpiCommunicator(MPI_Comm comm, std::shared_ptr<CommCounters> counters, bool background)
+      : comm_(comm), background_(background) {
     if (counters) counters_ = std::move(counters);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -127,7 +227,7 @@ class MpiCommunicator final : public Communicator {
       sent += s.bytes;
     }
     counters_->add(site, sent);
-    return std::make_unique<MpiPending>(std::move(reqs), counters_, site);
+    return std::make_unique<MpiPending>(std::move(reqs), counters_, site, background_);
   }
 
   void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, const std::string& site) override {
@@ -144,7 +244,7 @@ class MpiCommunicator final : public Communicator {
     std::vector<MPI_Request> reqs(1);
     mpi_check(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_type(dt), mpi_op(op), comm_, &reqs[0]), "MPI_Iallreduce");
     counters_->add(site, bus_bytes(2, count * dtype_size(dt)));
-    return std::make_unique<MpiPending>(std::move(reqs), counters_, site);
+    return std::make_unique<MpiPending>(std::move(reqs), counters_, site, background_);
   }
 
   void all_gather(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
@@ -167,7 +267,7 @@ class MpiCommunicator final : public Communicator {
     std::vector<MPI_Request> reqs(1);
     mpi_check(MPI_Iallgather(send, n, mpi_type(dt), recv, n, mpi_type(dt), comm_, &reqs[0]), "MPI_Iallgather");
     counters_->add(site, bus_bytes(1, count * size_ * dtype_size(dt)));
-    return std::make_unique<MpiPending>(std::move(reqs), counters_, site);
+    return std::make_unique<MpiPending>(std::move(reqs), counters_, site, background_);
   }
 
   std::unique_ptr<PendingExchange> start_reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
@@ -178,7 +278,7 @@ class MpiCommunicator final : public Communicator {
     mpi_check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(dt), MPI_SUM, comm_, &reqs[0]),
               "MPI_Ireduce_scatter_block");
     counters_->add(site, bus_bytes(1, count * size_ * dtype_size(dt)));
-    return std::make_unique<MpiPending>(std::move(reqs), counters_, site);
+    return std::make_unique<MpiPending>(std::move(reqs), counters_, site, background_);
   }
 
   void all_to_all(const void* send, void* recv, int64_t count, DType dt, const std::string& site) override {
@@ -200,11 +300,19 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub;
     mpi_check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
-    return std::make_shared<MpiCommunicator>(sub, counters_);
+    return std::make_shared<MpiCommunicator>(sub, counters_, background_);
+  }
+
+  bool set_background_progress(bool on) override {
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    background_ = on && level == MPI_THREAD_MULTIPLE;
+    return background_;
   }
 
  private:
   MPI_Comm comm_;
+  bool background_ = false;
   int rank_ = 0, size_ = 1;
 };
 
@@ -222,7 +330,7 @@ std::shared_ptr<Communicator> make_mpi_world() {
   IHA_CHECK(initialized, "make_mpi_world: MPI is not initialised (use iha::MpiRuntime)");
   MPI_Comm dup;
   mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
-  return std::make_shared<MpiCommunicator>(dup, nullptr);
+  return std::make_shared<MpiCommunicator>(dup, nullptr, false);
 }
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
@@ -238,6 +346,7 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
 
 MpiRuntime::~MpiRuntime() {
   world_.reset();
+  ProgressThread::get().stop();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (owns_ && !finalized) MPI_Finalize();

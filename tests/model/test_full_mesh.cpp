@@ -325,8 +325,9 @@ TEST(FullMeshZero, AccumulationOverMicroBatchesMatchesOneProcess) {
   }
 }
 
-// Level 3 with recomputation on and off, prefetch on and off, on a data-parallel and a
-// sequence x head mesh: the single-process trajectory every time, and prefetch changes no bit.
+// Level 3 with recomputation on and off, prefetch on and off, and with the transfers advanced
+// only inside the caller's calls (mesh.progress_thread false), on a data-parallel and a
+// sequence x head mesh: the single-process trajectory every time; neither changes a bit.
 TEST(FullMeshZero3, RecomputeAndPrefetchMatchOneProcess) {
   const int64_t R = world().size();
   RunSetup one;
@@ -337,20 +338,19 @@ TEST(FullMeshZero3, RecomputeAndPrefetchMatchOneProcess) {
   for (const MeshShape& m : meshes)
     for (const char* recompute : {"true", "false"}) {
       std::vector<double> with_prefetch;
-      for (const char* prefetch : {"true", "false"}) {
+      for (const char* variant : {"optim.prefetch=true", "optim.prefetch=false", "mesh.progress_thread=false"}) {
         RunSetup s;
         s.mesh = m;
         s.zero = 3;
         s.global = m.hp > 1 ? "head" : "sequence";
-        const std::vector<std::string> keys{std::string("train.recompute=") + recompute,
-                                            std::string("optim.prefetch=") + prefetch};
-        SCOPED_TRACE(s.str() + " recompute=" + recompute + " prefetch=" + prefetch);
+        const std::vector<std::string> keys{std::string("train.recompute=") + recompute, variant};
+        SCOPED_TRACE(s.str() + " recompute=" + recompute + " " + variant);
         const TrainRun got = train<double>(run_config(s, keys), test::world_ptr(), 3);
         EXPECT_TRUE(close_normwise(got.losses, ref.losses, 1e-10, "losses"));
         EXPECT_TRUE(close_normwise(got.params, ref.params, 1e-10, "parameters"));
         EXPECT_TRUE(same_on_all_ranks(got.params)) << "ranks hold different parameter bits";
         if (with_prefetch.empty()) with_prefetch = got.params;
-        else EXPECT_EQ(got.params, with_prefetch) << "prefetch changed the result";
+        else EXPECT_EQ(got.params, with_prefetch) << variant << " changed the result";
       }
     }
 }
@@ -502,7 +502,12 @@ TEST(FullMeshErrors, ZeroLevelNamesTheKey) {
   EXPECT_EQ(run_config(s, {"optim.zero=2"}).optim.zero, 2);
   EXPECT_EQ(run_config(s, {"optim.zero=3"}).optim.zero, 3);
   EXPECT_FALSE(run_config(s, {"optim.prefetch=false"}).optim.prefetch);
+  EXPECT_FALSE(run_config(s).optim.prefetch);  // the CPU's default
+  EXPECT_TRUE(run_config(s, {"optim.prefetch=true"}).optim.prefetch);
   expect_config_error_everywhere([&] { run_config(s, {"optim.prefetch=sometimes"}); }, {"prefetch"});
+  EXPECT_TRUE(run_config(s).progress_thread);
+  EXPECT_FALSE(run_config(s, {"mesh.progress_thread=false"}).progress_thread);
+  expect_config_error_everywhere([&] { run_config(s, {"mesh.progress_thread=often"}); }, {"mesh.progress_thread"});
 }
 
 TEST(FullMeshErrors, UnknownSchemeNamesTheKey) {

@@ -2,7 +2,9 @@
 // rank can compute the exact expected result.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "mpi_env.h"
 #include "parallel/comm.h"
@@ -80,6 +82,47 @@ TEST(Comm, NonBlockingGatherAndScatterMatchTheBlockingOnes) {
   EXPECT_EQ(recv[1], R * r + R * (R - 1) / 2.0);
   EXPECT_EQ(c.counters().bytes("nb"), c.counters().bytes("b"));
   EXPECT_EQ(c.counters().bytes("nb"), static_cast<uint64_t>((R - 1) * (3 * 4 + 2 * 8)));
+}
+
+// Background progress: transfers large enough for MPI's rendezvous protocol (several MiB, sent
+// in fragments only while someone drives them) complete while this thread makes no MPI call,
+// test() only reading what the progress thread saw; results exact; a communicator split
+// afterwards inherits the setting. Without a progress thread the spin below never ends (the
+// deadline only turns that hang into a failure).
+TEST(Comm, BackgroundProgressCompletesTransfersWithoutCalls) {
+  std::shared_ptr<Communicator> c = world().split(0, world().rank());
+  if (!c->set_background_progress(true)) GTEST_SKIP() << "this MPI does not provide MPI_THREAD_MULTIPLE";
+  std::shared_ptr<Communicator> sub = c->split(0, c->rank());
+  const int R = c->size(), r = c->rank();
+  const int64_t n = int64_t(1) << 19;  // 4 MiB of doubles per rank and transfer
+  std::vector<double> mine(n), gathered(n * R, -1), blocks(n * R), summed(n, -1), ring(n, -1);
+  for (int64_t i = 0; i < n; ++i) mine[i] = r * 1e6 + i;
+  for (int64_t i = 0; i < n * R; ++i) blocks[i] = r + i % 7;
+  std::vector<std::unique_ptr<PendingExchange>> ops;
+  ops.push_back(c->start_all_gather(mine.data(), gathered.data(), n, DType::f64, "bg.gather"));
+  ops.push_back(sub->start_reduce_scatter(blocks.data(), summed.data(), n, DType::f64, "bg.scatter"));
+  ops.push_back(c->start_exchange({{mine.data(), n * sizeof(double), (r + 1) % R}},
+                                  {{ring.data(), n * sizeof(double), (r + R - 1) % R}}, "bg.ring"));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto all_done = [&] {
+    bool done = true;
+    for (auto& op : ops) done = op->test() && done;
+    return done;
+  };
+  bool done = false;
+  while (!(done = all_done()) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  EXPECT_TRUE(done) << "transfers did not complete without MPI calls in 60 s";
+  for (auto& op : ops) op->wait();
+  for (int q = 0; q < R; ++q) {
+    EXPECT_EQ(gathered[q * n], q * 1e6);
+    EXPECT_EQ(gathered[q * n + n - 1], q * 1e6 + n - 1);
+  }
+  for (int64_t i : {int64_t(0), n / 3, n - 1}) {
+    const int64_t k = r * n + i;  // this rank's block
+    EXPECT_EQ(summed[i], R * (R - 1) / 2.0 + R * double(k % 7)) << i;
+  }
+  EXPECT_EQ(ring[5], ((r + R - 1) % R) * 1e6 + 5);
+  EXPECT_EQ(c->counters().bytes("bg.ring"), uint64_t(n * sizeof(double)));
 }
 
 TEST(Comm, ErrorOnOneRankIsTheSameErrorOnEvery) {
