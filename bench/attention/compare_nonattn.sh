@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# The non-attention share of one IHA layer (everything but flash attention and the projection
+# GEMMs: mixing, RoPE, interleave, collapse, their backward and the buffers they fill), before
+# and after: a baseline commit (default 99f6454) against this working tree, on the layer of
+# bench/REPORT.md (D 256, H 4, d 64, P 2, batch 1, one thread) at N = 2048 and 4096, global and
+# window layers.
+#
+# Two measures, both printed per side with their ratio new / old:
+#  - diff: BM_layer_parts' nonattn_frac = 1 - (flash + gemm) / layer, the three timed apart in
+#    each iteration (wall and process-CPU time, medians over the rounds). A difference of timed
+#    parts: when the share is a few percent of a flash-bound layer its noise is as large as the
+#    share itself (the 4k global layer).
+#  - perf: the share of the layer's own profile samples (perf record of BM_layer, sampling on
+#    only inside the timed loop) in functions that are neither flash attention (its tile
+#    kernels, exponentials, packing, masks, drow) nor BLAS; kernel time the layer causes (page
+#    faults) counts as non-attention. The attribution rules are in share() below; the largest
+#    symbols of each class are printed so the rules can be checked.
+#
+# The baseline is rebuilt from the commit into $COMPARE_DIR (default build-compare/) with the
+# benchmark source of compat/ (the same BM_layer_parts and BM_layer as bench_attention, through
+# layer_parts.h); each binary loads its own build tree's libraries (RUNPATH), so the two never
+# share a library. Old and new alternate within each round, the order swapped every round.
+#
+# usage: bench/attention/compare_nonattn.sh [rounds (default 3)]
+#   env: BASE_COMMIT (99f6454), BUILD_DIR (build: this tree's build directory),
+#        COMPARE_DIR (build-compare), NO_PERF=1 (skip the profile measure)
+# Takes about 4 minutes for 3 rounds once both sides are built (the baseline's first build adds
+# about 2 minutes on 2 cores).
+set -euo pipefail
+
+rounds=${1:-3}
+repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+base=${BASE_COMMIT:-99f6454}
+build=${BUILD_DIR:-$repo/build}
+work=${COMPARE_DIR:-$repo/build-compare}
+compat=$repo/bench/attention/compat
+export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}  # as bench/run: OpenBLAS's AVX-512 sgemm
+
+base_src=$work/base-$base
+old_bin=$base_src/build/bench/attention/bench_layer_parts
+new_bin=$build/bench/attention/bench_attention
+mkdir -p "$work"
+
+# ---- the baseline: the commit's sources, the ported benchmark beside its bench_attention ----
+if [ ! -x "$old_bin" ]; then
+  echo "building the baseline $base in $base_src" >&2
+  rm -rf "$base_src"
+  mkdir -p "$base_src"
+  git -C "$repo" archive "$base" | tar -x -C "$base_src"
+  mkdir -p "$base_src/bench/attention/compat"
+  cp "$compat/bench_layer_parts.cpp" "$repo/bench/attention/layer_parts.h" "$base_src/bench/attention/compat/"
+  cat >>"$base_src/bench/attention/CMakeLists.txt" <<'EOF'
+add_executable(bench_layer_parts compat/bench_layer_parts.cpp)
+target_link_libraries(bench_layer_parts PRIVATE iha_attention benchmark::benchmark iha_options ${BLAS_LIBRARIES})
+EOF
+  cmake -S "$base_src" -B "$base_src/build" -DCMAKE_BUILD_TYPE=Release -DIHA_CUDA=OFF \
+    -DIHA_BUILD_TESTS=OFF -DIHA_BUILD_APPS=OFF >"$work/base-configure.log"
+  cmake --build "$base_src/build" -j"$(nproc)" --target bench_layer_parts >"$work/base-build.log"
+fi
+# ---- this tree ----
+[ -f "$build/CMakeCache.txt" ] ||
+  cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DIHA_CUDA=OFF >"$work/new-configure.log"
+cmake --build "$build" -j"$(nproc)" --target bench_attention >"$work/new-build.log"
+
+perf_ok=0
+if [ -z "${NO_PERF:-}" ] && command -v perf >/dev/null &&
+   perf record -q -e cpu-clock -o /dev/null -- true >/dev/null 2>&1; then
+  perf_ok=1
+fi
+
+run_perf_case() {  # side round case_filter tag
+  local side=$1 r=$2 filter=$3 tag=$4 bin
+  bin=$([ "$side" = old ] && echo "$old_bin" || echo "$new_bin")
+  local ctl=$work/perf-ctl ack=$work/perf-ack
+  rm -f "$ctl" "$ack"
+  mkfifo "$ctl" "$ack"
+  IHA_PERF_CTL=$ctl IHA_PERF_ACK=$ack perf record -q -e cpu-clock -F 1999 -D -1 \
+    --control "fifo:$ctl,$ack" -o "$work/perf-$side-$r-$tag.data" -- \
+    "$bin" --benchmark_filter="^BM_layer/$filter\$" >/dev/null 2>&1
+  rm -f "$ctl" "$ack"
+  perf report -i "$work/perf-$side-$r-$tag.data" --no-children --sort dso,sym -F sample,dso,sym \
+    -t '|' --stdio -q 2>/dev/null >"$work/perf-$side-$r-$tag.txt"
+  rm -f "$work/perf-$side-$r-$tag.data"
+}
+
+cases=("N:2048/window:0 2k_global" "N:2048/window:1 2k_window" "N:4096/window:0 4k_global"
+       "N:4096/window:1 4k_window")
+start=$(date +%s)
+for r in $(seq 1 "$rounds"); do
+  order=$([ $((r % 2)) = 1 ] && echo "old new" || echo "new old")
+  for side in $order; do
+    "$([ "$side" = old ] && echo "$old_bin" || echo "$new_bin")" \
+      --benchmark_filter='^BM_layer_parts/' --benchmark_format=json >"$work/parts-$side-$r.json" 2>/dev/null
+    if [ "$perf_ok" = 1 ]; then
+      for c in "${cases[@]}"; do run_perf_case "$side" "$r" ${c}; done
+    fi
+  done
+  echo "round $r of $rounds done ($(($(date +%s) - start)) s)" >&2
+done
+
+python3 - "$work" "$rounds" "$perf_ok" "$base" "$(git -C "$repo" rev-parse --short HEAD)" <<'EOF'
+import json, re, statistics, sys
+work, rounds, perf_ok, base, head = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4], sys.argv[5]
+cases = [("N:2048/window:0", "2k_global", "N 2048 global"), ("N:2048/window:1", "2k_window", "N 2048 window"),
+         ("N:4096/window:0", "4k_global", "N 4096 global"), ("N:4096/window:1", "4k_window", "N 4096 window")]
+
+def parts(side, r):
+    out = {}
+    for b in json.load(open(f"{work}/parts-{side}-{r}.json"))["benchmarks"]:
+        for key, _, _ in cases:
+            if f"/{key}/" in b["name"]:
+                out[key] = (b["nonattn_frac"], b["nonattn_frac_cpu"], b["real_time"])
+    return out
+
+# Attribution of profile samples: BLAS (the projection GEMMs), flash attention (the tile
+# kernels, the exponentials, key packing, masking, drow and the flash drivers), the rest.
+ATTN = re.compile(r"flash|scores_|accumulate_|exp|pack_panels|mask_tile|max_of|tile")
+def share(side, r, tag):
+    cls = {"gemm": 0, "attn": 0, "rest": 0}
+    top = {"gemm": {}, "attn": {}, "rest": {}}
+    for line in open(f"{work}/perf-{side}-{r}-{tag}.txt"):
+        f = [x.strip() for x in line.split("|")]
+        if len(f) < 3 or not f[0].isdigit():
+            continue
+        n, dso, sym = int(f[0]), f[1], f[2]
+        c = "gemm" if "blas" in dso else "attn" if ("sleef" in dso or ATTN.search(sym)) else "rest"
+        cls[c] += n
+        top[c][sym] = top[c].get(sym, 0) + n
+    total = sum(cls.values())
+    return cls["rest"] / total, total, top
+
+def med(xs):
+    return statistics.median(xs)
+
+P = {s: [parts(s, r) for r in range(1, rounds + 1)] for s in ("old", "new")}
+print(f"\nnon-attention share of one IHA layer (D 256, H 4, d 64, P 2, batch 1, 1 thread); "
+      f"old = {base}, new = {head}; {rounds} rounds, medians (min-max)")
+hdr = f"{'case':15} {'measure':10} {'old':>22} {'new':>22} {'new/old':>8}  halved"
+print(hdr)
+print("-" * len(hdr))
+def fmt(xs):
+    return f"{med(xs):.4f} ({min(xs):.4f}-{max(xs):.4f})"
+tops = {}
+for key, tag, label in cases:
+    rows = [("diff wall", 0), ("diff cpu", 1)]
+    for name, i in rows:
+        o = [p[key][i] for p in P["old"]]
+        n = [p[key][i] for p in P["new"]]
+        ratio = med(n) / med(o) if med(o) > 0 else float("nan")
+        print(f"{label:15} {name:10} {fmt(o):>22} {fmt(n):>22} {ratio:8.3f}  {'yes' if ratio <= 0.5 else 'no'}")
+    if perf_ok:
+        so = [share("old", r, tag) for r in range(1, rounds + 1)]
+        sn = [share("new", r, tag) for r in range(1, rounds + 1)]
+        o, n = [s[0] for s in so], [s[0] for s in sn]
+        ratio = med(n) / med(o)
+        print(f"{label:15} {'perf':10} {fmt(o):>22} {fmt(n):>22} {ratio:8.3f}  {'yes' if ratio <= 0.5 else 'no'}")
+        tops[label] = (so[-1], sn[-1])
+    lo = [p[key][2] for p in P["old"]]
+    ln = [p[key][2] for p in P["new"]]
+    print(f"{label:15} {'layer ms':10} {med(lo):22.1f} {med(ln):22.1f} {med(ln) / med(lo):8.3f}")
+if perf_ok:
+    print("\nlargest profile entries by class (last round; % of the layer's samples):")
+    for label, sides in tops.items():
+        for side, (frac, total, top) in zip(("old", "new"), sides):
+            print(f"  {label}, {side} ({total} samples)")
+            for c in ("rest", "attn", "gemm"):
+                items = sorted(top[c].items(), key=lambda kv: -kv[1])[:6 if c == "rest" else 3]
+                print(f"    {c:5} " + "; ".join(f"{s[:48]} {100 * v / total:.2f}" for s, v in items))
+EOF
