@@ -23,7 +23,7 @@
 #
 # usage: bench/attention/compare_nonattn.sh [rounds (default 3)]
 #   env: BASE_COMMIT (99f6454), BUILD_DIR (build: this tree's build directory),
-#        COMPARE_DIR (build-compare), NO_PERF=1 (skip the profile measure)
+#        COMPARE_DIR (build-compare), NO_PERF=1 (skip the profile measure), BLAS_CORE (SkylakeX)
 # Takes about 4 minutes for 3 rounds once both sides are built (the baseline's first build adds
 # about 2 minutes on 2 cores).
 set -euo pipefail
@@ -34,7 +34,9 @@ base=${BASE_COMMIT:-99f6454}
 build=${BUILD_DIR:-$repo/build}
 work=${COMPARE_DIR:-$repo/build-compare}
 compat=$repo/bench/attention/compat
-export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}  # as bench/run: OpenBLAS's AVX-512 sgemm
+# As bench/run on an AVX-512 machine: OpenBLAS's SkylakeX sgemm, whatever the environment names
+# (BLAS_CORE=... picks another; the table's header says which ran).
+export OPENBLAS_CORETYPE=${BLAS_CORE:-SkylakeX}
 
 base_src=$work/base-$base
 old_bin=$base_src/build/bench/attention/bench_layer_parts
@@ -76,7 +78,7 @@ run_perf_case() {  # side round case_filter tag
   mkfifo "$ctl" "$ack"
   IHA_PERF_CTL=$ctl IHA_PERF_ACK=$ack perf record -q -e cpu-clock -F 1999 -D -1 \
     --control "fifo:$ctl,$ack" -o "$work/perf-$side-$r-$tag.data" -- \
-    "$bin" --benchmark_filter="^BM_layer/$filter\$" >/dev/null 2>&1
+    "$bin" --benchmark_filter="^BM_layer/$filter/" >/dev/null 2>&1
   rm -f "$ctl" "$ack"
   perf report -i "$work/perf-$side-$r-$tag.data" --no-children --sort dso,sym -F sample,dso,sym \
     -t '|' --stdio -q 2>/dev/null >"$work/perf-$side-$r-$tag.txt"
@@ -104,9 +106,12 @@ work, rounds, perf_ok, base, head = sys.argv[1], int(sys.argv[2]), sys.argv[3] =
 cases = [("N:2048/window:0", "2k_global", "N 2048 global"), ("N:2048/window:1", "2k_window", "N 2048 window"),
          ("N:4096/window:0", "4k_global", "N 4096 global"), ("N:4096/window:1", "4k_window", "N 4096 window")]
 
+core = {}
 def parts(side, r):
     out = {}
-    for b in json.load(open(f"{work}/parts-{side}-{r}.json"))["benchmarks"]:
+    doc = json.load(open(f"{work}/parts-{side}-{r}.json"))
+    core[side] = doc["context"].get("openblas_core", "?")
+    for b in doc["benchmarks"]:
         for key, _, _ in cases:
             if f"/{key}/" in b["name"]:
                 out[key] = (b["nonattn_frac"], b["nonattn_frac_cpu"], b["real_time"])
@@ -134,7 +139,8 @@ def med(xs):
 
 P = {s: [parts(s, r) for r in range(1, rounds + 1)] for s in ("old", "new")}
 print(f"\nnon-attention share of one IHA layer (D 256, H 4, d 64, P 2, batch 1, 1 thread); "
-      f"old = {base}, new = {head}; {rounds} rounds, medians (min-max)")
+      f"old = {base}, new = {head}; {rounds} rounds, medians (min-max); OpenBLAS core "
+      f"{core['old']} / {core['new']}")
 hdr = f"{'case':15} {'measure':10} {'old':>22} {'new':>22} {'new/old':>8}  halved"
 print(hdr)
 print("-" * len(hdr))
