@@ -118,21 +118,29 @@ def parts(side, r):
     return out
 
 # Attribution of profile samples: BLAS (the projection GEMMs), flash attention (the tile
-# kernels, the exponentials, key packing, masking, drow and the flash drivers), the rest.
+# kernels, the exponentials, key packing, masking, drow and the flash drivers), the rest. Kernel
+# samples of scheduling and interrupts ("load": the process descheduled or interrupted, which
+# other work on the machine causes) are left out of every class; other kernel samples (page
+# faults, memory management) are the layer's and count as the rest.
 ATTN = re.compile(r"flash|scores_|accumulate_|exp|pack_panels|mask_tile|max_of|tile")
+LOAD = re.compile(r"sched|switch|irq|softirq|tick|timer|rcu|task_work|task_mm_cid|tcp_|net_rx|futex|"
+                  r"_raw_spin_unlock|ret_from|syscall|entry_")
 def share(side, r, tag):
-    cls = {"gemm": 0, "attn": 0, "rest": 0}
-    top = {"gemm": {}, "attn": {}, "rest": {}}
+    cls = {"gemm": 0, "attn": 0, "rest": 0, "load": 0}
+    top = {"gemm": {}, "attn": {}, "rest": {}, "load": {}}
     for line in open(f"{work}/perf-{side}-{r}-{tag}.txt"):
         f = [x.strip() for x in line.split("|")]
         if len(f) < 3 or not f[0].isdigit():
             continue
         n, dso, sym = int(f[0]), f[1], f[2]
-        c = "gemm" if "blas" in dso else "attn" if ("sleef" in dso or ATTN.search(sym)) else "rest"
+        if "kernel" in dso and LOAD.search(sym):
+            c = "load"
+        else:
+            c = "gemm" if "blas" in dso else "attn" if ("sleef" in dso or ATTN.search(sym)) else "rest"
         cls[c] += n
         top[c][sym] = top[c].get(sym, 0) + n
-    total = sum(cls.values())
-    return cls["rest"] / total, total, top
+    total = cls["gemm"] + cls["attn"] + cls["rest"]
+    return cls["rest"] / total, total, top, cls["load"]
 
 def med(xs):
     return statistics.median(xs)
@@ -167,8 +175,8 @@ for key, tag, label in cases:
 if perf_ok:
     print("\nlargest profile entries by class (last round; % of the layer's samples):")
     for label, sides in tops.items():
-        for side, (frac, total, top) in zip(("old", "new"), sides):
-            print(f"  {label}, {side} ({total} samples)")
+        for side, (frac, total, top, load) in zip(("old", "new"), sides):
+            print(f"  {label}, {side} ({total} samples; {load} more of scheduling/interrupts left out)")
             for c in ("rest", "attn", "gemm"):
                 items = sorted(top[c].items(), key=lambda kv: -kv[1])[:6 if c == "rest" else 3]
                 print(f"    {c:5} " + "; ".join(f"{s[:48]} {100 * v / total:.2f}" for s, v in items))
