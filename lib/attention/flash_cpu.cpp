@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -104,7 +105,7 @@ class TileProducts {
   // the keys a call can see are packed: a call over a few query rows of a long block (a
   // transfer's progress granule) then costs its visible keys, not the whole block.
   struct Panels {
-    std::vector<T> data;
+    std::unique_ptr<T[]> data;  // not zero-filled: pack_panels writes every element
     int64_t first = 0;  // panel index of data's first panel
   };
   Panels panels(const T* x, int64_t n, int64_t b, int64_t e) const {
@@ -114,8 +115,8 @@ class TileProducts {
         out.first = b / detail::kPanel;
         const int64_t r0 = out.first * detail::kPanel;
         const int64_t r1 = std::min(n, (e + detail::kPanel - 1) / detail::kPanel * detail::kPanel);
-        out.data.resize(static_cast<size_t>(detail::panel_floats(r1 - r0, d_)));
-        detail::pack_panels(x + r0 * d_, r1 - r0, d_, out.data.data());
+        out.data.reset(new T[static_cast<size_t>(detail::panel_floats(r1 - r0, d_))]);
+        detail::pack_panels(x + r0 * d_, r1 - r0, d_, out.data.get());
       }
     }
     return out;
@@ -129,7 +130,7 @@ class TileProducts {
     if constexpr (std::is_same_v<T, float>) {
       if (kernels_) {
         const int64_t p0 = c0 / detail::kPanel, p1 = (c0 + nc + detail::kPanel - 1) / detail::kPanel;
-        detail::scores_nt(a, d_, nr, x_panels.data.data(), d_, p0 - x_panels.first, p1 - p0, alpha, buf, ld);
+        detail::scores_nt(a, d_, nr, x_panels.data.get(), d_, p0 - x_panels.first, p1 - p0, alpha, buf, ld);
         return buf + (c0 - p0 * detail::kPanel);
       }
     }

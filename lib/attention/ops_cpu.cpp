@@ -30,13 +30,10 @@ template <class T>
 void mix_rope_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
                       const T* alpha, int64_t h_begin, int64_t h_end, const RopeTable<T>* rope, T* virt,
                       int64_t head_stride) {
-  // Token-major: a token's pre-mix row and its P RoPE rows stay in cache for all heads (a
-  // head-major order streams both once per head). Each output row's sum over m runs in
-  // ascending m whatever the loop order.
-  for (int64_t i = 0; i < n_tok; ++i) {
-    const T* row = pre + i * ld_pre;
-    for (int64_t h = h_begin; h < h_end; ++h) {
-      T* vh = virt + (h - h_begin) * head_stride;
+  for (int64_t h = h_begin; h < h_end; ++h) {
+    T* vh = virt + (h - h_begin) * head_stride;
+    for (int64_t i = 0; i < n_tok; ++i) {
+      const T* row = pre + i * ld_pre;
       for (int64_t j = 0; j < P; ++j) {
         T* out = vh + (i * P + j) * d;
         for (int64_t c = 0; c < d; ++c) out[c] = T(0);
@@ -57,17 +54,21 @@ void mix_rope_backward(T* dvirt, int64_t head_stride, const T* pre, int64_t ld_p
                        const RopeTable<T>* rope, T* dpre, int64_t ld_dpre, T* dalpha, bool accumulate) {
   if (!accumulate && h_begin >= h_end)
     for (int64_t i = 0; i < n_tok; ++i) std::fill(dpre + i * ld_dpre, dpre + i * ld_dpre + H * d, T(0));
-  // Token-major as the forward: dpre's row i takes its H * P terms while in cache. Per element
-  // the terms are added in the head-major order (h, then j), and each dalpha entry sums over i
-  // ascending, so the bits do not depend on the loop order.
-  for (int64_t i = 0; i < n_tok; ++i) {
-    const T* row = pre + i * ld_pre;
-    T* drow = dpre + i * ld_dpre;
-    for (int64_t h = h_begin; h < h_end; ++h) {
-      T* dvh = dvirt + (h - h_begin) * head_stride;
+  // The un-rotated gradient row goes to a scratch row in cache, not back into dvirt: dvirt's
+  // lines are then only read, never written back to memory.
+  std::vector<T> unrotated(rope ? d : 0);
+  for (int64_t h = h_begin; h < h_end; ++h) {
+    T* dvh = dvirt + (h - h_begin) * head_stride;
+    for (int64_t i = 0; i < n_tok; ++i) {
+      const T* row = pre + i * ld_pre;
+      T* drow = dpre + i * ld_dpre;
       for (int64_t j = 0; j < P; ++j) {
-        T* g = dvh + (i * P + j) * d;
-        if (rope) rope->rotate_row(g, i * P + j, true);
+        const T* g = dvh + (i * P + j) * d;
+        if (rope) {
+          std::copy(g, g + d, unrotated.begin());
+          rope->rotate_row(unrotated.data(), i * P + j, true);
+          g = unrotated.data();
+        }
         const bool first = !accumulate && h == h_begin && j == 0;
         for (int64_t m = 0; m < H; ++m) {
           const int64_t ai = (m * H + h) * P + j;
