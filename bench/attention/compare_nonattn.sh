@@ -10,11 +10,12 @@
 #    each iteration (wall and process-CPU time, medians over the rounds). A difference of timed
 #    parts: when the share is a few percent of a flash-bound layer its noise is as large as the
 #    share itself (the 4k global layer).
-#  - perf: the share of the layer's own profile samples (perf record of BM_layer, sampling on
-#    only inside the timed loop) in functions that are neither flash attention (its tile
-#    kernels, exponentials, packing, masks, drow) nor BLAS; kernel time the layer causes (page
-#    faults) counts as non-attention. The attribution rules are in share() below; the largest
-#    symbols of each class are printed so the rules can be checked.
+#  - perf: the share of the layer's own profile samples (perf record with call chains of
+#    BM_layer, sampling on only inside the timed loop) that belong to neither flash attention
+#    nor the projection GEMMs; a sample belongs to the innermost frame of its stack that is the
+#    project's code or BLAS, so a memset or page fault counts for whoever caused it. The rules
+#    are in classify() below; the largest entries of each class are printed so they can be
+#    checked. A share of one process's samples: other work taking the core does not move it.
 #
 # The baseline is rebuilt from the commit into $COMPARE_DIR (default build-compare/) with the
 # benchmark source of compat/ (the same BM_layer_parts and BM_layer as bench_attention, through
@@ -76,12 +77,11 @@ run_perf_case() {  # side round case_filter tag
   local ctl=$work/perf-ctl ack=$work/perf-ack
   rm -f "$ctl" "$ack"
   mkfifo "$ctl" "$ack"
-  IHA_PERF_CTL=$ctl IHA_PERF_ACK=$ack perf record -q -e cpu-clock -F 1999 -D -1 \
-    --control "fifo:$ctl,$ack" -o "$work/perf-$side-$r-$tag.data" -- \
+  IHA_PERF_CTL=$ctl IHA_PERF_ACK=$ack perf record -q -e cpu-clock -F 1999 --call-graph dwarf,4096 \
+    -D -1 --control "fifo:$ctl,$ack" -o "$work/perf-$side-$r-$tag.data" -- \
     "$bin" --benchmark_filter="^BM_layer/$filter/" >/dev/null 2>&1
   rm -f "$ctl" "$ack"
-  perf report -i "$work/perf-$side-$r-$tag.data" --no-children --sort dso,sym -F sample,dso,sym \
-    -t '|' --stdio -q 2>/dev/null >"$work/perf-$side-$r-$tag.txt"
+  perf script -i "$work/perf-$side-$r-$tag.data" -F ip,sym,dso 2>/dev/null >"$work/perf-$side-$r-$tag.txt"
   rm -f "$work/perf-$side-$r-$tag.data"
 }
 
@@ -117,28 +117,52 @@ def parts(side, r):
                 out[key] = (b["nonattn_frac"], b["nonattn_frac_cpu"], b["real_time"])
     return out
 
-# Attribution of profile samples: BLAS (the projection GEMMs), flash attention (the tile
-# kernels, the exponentials, key packing, masking, drow and the flash drivers), the rest. Kernel
-# samples of scheduling and interrupts ("load": the process descheduled or interrupted, which
-# other work on the machine causes) are left out of every class; other kernel samples (page
-# faults, memory management) are the layer's and count as the rest.
-ATTN = re.compile(r"flash|scores_|accumulate_|exp|pack_panels|mask_tile|max_of|tile")
+# Attribution of profile samples by their call chains: a sample belongs to the innermost frame
+# of its stack that is the project's code or BLAS (libc's memset, the kernel's page faults and
+# the like count for whoever called them: OpenBLAS zeroing C for beta = 0 is GEMM time, a
+# fill inside the flash kernel is attention time). Classes: BLAS and the layer's gemm calls
+# (the projection GEMMs); flash attention (the tile kernels, exponentials, key packing,
+# masking, drow and the flash drivers); the rest (mixing, RoPE, interleave, collapse, their
+# backward, the buffers they allocate and fill). Samples with no such frame go by their leaf;
+# kernel scheduling and interrupt samples among them ("load": the process descheduled or
+# interrupted by other work on the machine) are left out of every class.
+GEMM = re.compile(r"::gemm\b|::gemm<")
+ATTN = re.compile(r"flash|scores_|accumulate_|exp_|vexp|pack_panels|mask_tile|max_of|tile|Sleef")
 LOAD = re.compile(r"sched|switch|irq|softirq|tick|timer|rcu|task_work|task_mm_cid|tcp_|net_rx|futex|"
                   r"_raw_spin_unlock|ret_from|syscall|entry_")
+SYSTEM = re.compile(r"kernel|libc\.so|libm\.so|libstdc\+\+|libgcc|libgomp|ld-linux|unknown")
+FRAME = re.compile(r"^\s*[0-9a-f]+\s+(.*?)\s+\(([^()]*)\)\s*$")
+
+def classify(frames):
+    for sym, dso in frames:
+        if "blas" in dso or GEMM.search(sym):
+            return "gemm", sym
+        if "sleef" in dso or ATTN.search(sym):
+            return "attn", sym
+        if not SYSTEM.search(dso):
+            return "rest", sym
+    sym, dso = frames[0]
+    if "kernel" in dso and LOAD.search(sym):
+        return "load", sym
+    return "rest", sym
+
 def share(side, r, tag):
     cls = {"gemm": 0, "attn": 0, "rest": 0, "load": 0}
     top = {"gemm": {}, "attn": {}, "rest": {}, "load": {}}
+    frames = []
+    def flush():
+        if frames:
+            c, sym = classify(frames)
+            cls[c] += 1
+            top[c][sym] = top[c].get(sym, 0) + 1
+        frames.clear()
     for line in open(f"{work}/perf-{side}-{r}-{tag}.txt"):
-        f = [x.strip() for x in line.split("|")]
-        if len(f) < 3 or not f[0].isdigit():
-            continue
-        n, dso, sym = int(f[0]), f[1], f[2]
-        if "kernel" in dso and LOAD.search(sym):
-            c = "load"
-        else:
-            c = "gemm" if "blas" in dso else "attn" if ("sleef" in dso or ATTN.search(sym)) else "rest"
-        cls[c] += n
-        top[c][sym] = top[c].get(sym, 0) + n
+        m = FRAME.match(line)
+        if m:
+            frames.append((m.group(1), m.group(2)))
+        elif not line.strip():
+            flush()
+    flush()
     total = cls["gemm"] + cls["attn"] + cls["rest"]
     return cls["rest"] / total, total, top, cls["load"]
 
