@@ -45,21 +45,25 @@ new_bin=$build/bench/attention/bench_attention
 mkdir -p "$work"
 
 # ---- the baseline: the commit's sources, the ported benchmark beside its bench_attention ----
-if [ ! -x "$old_bin" ]; then
+if [ ! -f "$base_src/build/CMakeCache.txt" ]; then
   echo "building the baseline $base in $base_src" >&2
   rm -rf "$base_src"
   mkdir -p "$base_src"
   git -C "$repo" archive "$base" | tar -x -C "$base_src"
-  mkdir -p "$base_src/bench/attention/compat"
-  cp "$compat/bench_layer_parts.cpp" "$repo/bench/attention/layer_parts.h" "$base_src/bench/attention/compat/"
   cat >>"$base_src/bench/attention/CMakeLists.txt" <<'EOF'
 add_executable(bench_layer_parts compat/bench_layer_parts.cpp)
 target_link_libraries(bench_layer_parts PRIVATE iha_attention benchmark::benchmark iha_options ${BLAS_LIBRARIES})
 EOF
   cmake -S "$base_src" -B "$base_src/build" -DCMAKE_BUILD_TYPE=Release -DIHA_CUDA=OFF \
     -DIHA_BUILD_TESTS=OFF -DIHA_BUILD_APPS=OFF >"$work/base-configure.log"
-  cmake --build "$base_src/build" -j"$(nproc)" --target bench_layer_parts >"$work/base-build.log"
 fi
+# The benchmark source follows this tree (copied only when it changed, so that make sees no
+# change otherwise).
+mkdir -p "$base_src/bench/attention/compat"
+for f in "$compat/bench_layer_parts.cpp" "$repo/bench/attention/layer_parts.h"; do
+  cmp -s "$f" "$base_src/bench/attention/compat/${f##*/}" || cp "$f" "$base_src/bench/attention/compat/"
+done
+cmake --build "$base_src/build" -j"$(nproc)" --target bench_layer_parts >"$work/base-build.log"
 # ---- this tree ----
 [ -f "$build/CMakeCache.txt" ] ||
   cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DIHA_CUDA=OFF >"$work/new-configure.log"

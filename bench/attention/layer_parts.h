@@ -216,13 +216,16 @@ void BM_layer_parts(benchmark::State& state) {
   state.SetLabel(layer_label(attn.mask));
 }
 
+// The report's layer cases: N = 2048 and 4096, global and window.
+void layer_cases(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"N", "window"});
+  for (int64_t n : {2048, 4096})
+    for (int64_t w : {0, 1}) b->Args({n, w});
+  b->MinTime(1.5)->Unit(benchmark::kMillisecond);
+}
+
 BENCHMARK(BM_layer_parts)
-    ->ArgNames({"N", "window"})
-    ->Args({2048, 0})
-    ->Args({2048, 1})
-    ->Args({4096, 0})
-    ->Args({4096, 1})
-    ->MinTime(1.5)
+    ->Apply(layer_cases)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -275,13 +278,6 @@ void BM_layer(benchmark::State& state) {
   state.SetLabel(layer_label({run.cfg.mask, kP, run.cfg.window_virtual}));
 }
 
-BENCHMARK(BM_layer)
-    ->ArgNames({"N", "window"})
-    ->Args({2048, 0})
-    ->Args({2048, 1})
-    ->Args({4096, 0})
-    ->Args({4096, 1})
-    ->MinTime(1.5)
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_layer)->Apply(layer_cases);
 
 }  // namespace
