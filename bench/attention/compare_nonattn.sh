@@ -22,14 +22,14 @@
 # layer_parts.h); each binary loads its own build tree's libraries (RUNPATH), so the two never
 # share a library. Old and new alternate within each round, the order swapped every round.
 #
-# usage: bench/attention/compare_nonattn.sh [rounds (default 3)]
+# usage: bench/attention/compare_nonattn.sh [rounds (default 2)]
 #   env: BASE_COMMIT (99f6454), BUILD_DIR (build: this tree's build directory),
 #        COMPARE_DIR (build-compare), NO_PERF=1 (skip the profile measure), BLAS_CORE (SkylakeX)
-# Takes about 4 minutes for 3 rounds once both sides are built (the baseline's first build adds
-# about 2 minutes on 2 cores).
+# A round is about 1.5-2 minutes on an idle 2-core machine once both sides are built (3.3 at
+# load 10-16); the baseline's first build adds about 2 minutes.
 set -euo pipefail
 
-rounds=${1:-3}
+rounds=${1:-2}
 repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 base=${BASE_COMMIT:-99f6454}
 build=${BUILD_DIR:-$repo/build}
