@@ -25,8 +25,8 @@
 # usage: bench/attention/compare_nonattn.sh [rounds (default 2)]
 #   env: BASE_COMMIT (99f6454), BUILD_DIR (build: this tree's build directory),
 #        COMPARE_DIR (build-compare), NO_PERF=1 (skip the profile measure), BLAS_CORE (SkylakeX)
-# A round is about 1.5-2 minutes on an idle 2-core machine once both sides are built (3.3 at
-# load 10-16); the baseline's first build adds about 2 minutes.
+# A round takes about 1.6 minutes on 2 cores at load 5 once both sides are built (3.3 at load
+# 10-16); the baseline's first build adds about 2 minutes.
 set -euo pipefail
 
 rounds=${1:-2}
