@@ -23,38 +23,16 @@
 //   OPENBLAS_CORETYPE=SkylakeX build/bench/attention/bench_attention --benchmark_repetitions=5
 //     --benchmark_report_aggregates_only=true --benchmark_out=attn.json
 //   bench/attention/summarize.py attn.json
-#include <benchmark/benchmark.h>
 #include <cblas.h>
 
-#include <time.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdint>
 #include <map>
-#include <numeric>
-#include <string>
 #include <utility>
-#include <vector>
 
-#include "attention/flash.h"
-#include "attention/layer.h"
 #include "attention/tile_kernels.h"
-#include "core/blas.h"
 #include "core/cpu_level.h"
-#include "core/rng.h"
-
-extern "C" char* openblas_get_corename(void);
+#include "layer_parts.h"
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-constexpr int64_t kHeads = 4, kHeadDim = 64, kP = 2;
 
 // ---- the sgemm reference ----
 
@@ -109,14 +87,6 @@ struct RatioTimer {
   }
 };
 
-// ---- attention on the virtual sequence ----
-
-iha::MaskSpec bench_mask(int64_t NP, bool windowed) {
-  const int64_t N = NP / kP;
-  // Wv = N / (2P) virtual tokens, i.e. W = N / (2P^2) tokens.
-  return {iha::MaskKind::flat_causal, kP, windowed ? N / (2 * kP) : 0};
-}
-
 // Exact count of visible pairs: the mask predicate on every (query, key) pair.
 int64_t visible_pairs(const iha::MaskSpec& m, int64_t NP) {
   static std::map<std::pair<int64_t, int64_t>, int64_t> cache;
@@ -127,65 +97,6 @@ int64_t visible_pairs(const iha::MaskSpec& m, int64_t NP) {
     for (int64_t tk = 0; tk < NP; ++tk) count += iha::key_visible(m, tq, tk);
   cache[key] = count;
   return count;
-}
-
-// One layer's heads on a virtual sequence of length NP: H independent (q, k, v) sets.
-struct AttentionData {
-  int64_t NP;
-  iha::MaskSpec mask;
-  std::vector<int64_t> pos;
-  std::vector<float> q, k, v, o, lse, dout, drow, dq, dk, dv;
-
-  AttentionData(int64_t np, bool windowed) : NP(np), mask(bench_mask(np, windowed)), pos(np) {
-    std::iota(pos.begin(), pos.end(), int64_t(0));
-    const size_t n = size_t(kHeads) * NP * kHeadDim;
-    auto fill = [n](std::vector<float>& x, uint64_t stream) {
-      x.resize(n);
-      for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(iha::normal01(7, stream, i));
-    };
-    fill(q, 1);
-    fill(k, 2);
-    fill(v, 3);
-    fill(dout, 4);
-    o.resize(n);
-    dq.resize(n);
-    dk.resize(n);
-    dv.resize(n);
-    lse.resize(size_t(kHeads) * NP);
-    drow.resize(size_t(kHeads) * NP);
-  }
-  const float* head(const std::vector<float>& x, int64_t h) const { return x.data() + h * NP * kHeadDim; }
-  float* head(std::vector<float>& x, int64_t h) { return x.data() + h * NP * kHeadDim; }
-
-  iha::FlashStats forward() {
-    iha::FlashStats st;
-    for (int64_t h = 0; h < kHeads; ++h) {
-      const iha::FlashStats s = iha::flash_forward<float>(
-          mask, kHeadDim, head(q, h), pos.data(), NP, head(k, h), head(v, h), pos.data(), NP,
-          head(o, h), lse.data() + h * NP);
-      st.pairs_computed += s.pairs_computed;
-    }
-    return st;
-  }
-
-  // The backward as a layer runs it: drow from the final output, then the tile sweep.
-  iha::FlashStats backward() {
-    iha::FlashStats st;
-    for (int64_t h = 0; h < kHeads; ++h) {
-      iha::flash_drow<float>(head(o, h), head(dout, h), NP, kHeadDim, drow.data() + h * NP);
-      const iha::FlashStats s = iha::flash_backward<float>(
-          mask, kHeadDim, head(q, h), pos.data(), NP, head(k, h), head(v, h), pos.data(), NP,
-          head(dout, h), lse.data() + h * NP, drow.data() + h * NP, head(dq, h), head(dk, h),
-          head(dv, h));
-      st.pairs_computed += s.pairs_computed;
-    }
-    return st;
-  }
-};
-
-std::string layer_label(const iha::MaskSpec& m) {
-  return (m.window > 0 ? "window Wv=" + std::to_string(m.window) : std::string("global")) +
-         " openblas=" + openblas_get_corename();
 }
 
 void report_pairs(benchmark::State& state, const iha::MaskSpec& m, int64_t NP,
@@ -240,50 +151,6 @@ void attention_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_attention_forward)->Apply(attention_args);
 BENCHMARK(BM_attention_backward)->Apply(attention_args);
 
-// ---- the full single-device layer: forward + backward ----
-
-// The single-device layer (D = 256, H = 4, d = 64, P = 2, batch 1) at N tokens, global or with
-// the default window Wv = N / (2P), and one forward + backward of it.
-struct LayerRun {
-  iha::LayerConfig cfg;
-  iha::IhaLayer<float> layer;
-  iha::IhaWeights<float> w, grads;
-  iha::Tensor x, dz, z, dx;
-
-  static iha::LayerConfig config(int64_t N, bool windowed) {
-    iha::LayerConfig c;
-    c.D = kHeads * kHeadDim;
-    c.H = kHeads;
-    c.d = kHeadDim;
-    c.P = kP;
-    c.window_virtual = windowed ? N / (2 * kP) : 0;
-    return c;
-  }
-  LayerRun(int64_t N, bool windowed)
-      : cfg(config(N, windowed)),
-        layer(cfg, iha::make_local_core<float>(cfg, N)),
-        w(iha::IhaWeights<float>::zeros(cfg)),
-        grads(iha::IhaWeights<float>::zeros(cfg)),
-        x({1, N, cfg.D}, iha::DType::f32),
-        dz({1, N, cfg.D}, iha::DType::f32) {
-    w.init(cfg, 11, 1.0 / std::sqrt(double(cfg.D)));
-    for (int64_t i = 0; i < x.numel(); ++i) {
-      x.data<float>()[i] = static_cast<float>(iha::normal01(5, 1, i));
-      dz.data<float>()[i] = static_cast<float>(iha::normal01(5, 2, i));
-    }
-  }
-  void forward_backward() {
-    iha::IhaLayer<float>::Cache cache;
-    layer.forward(w, x, z, cache);
-    layer.backward(w, dz, cache, dx, grads);
-  }
-};
-
-// N = 4096 tokens, P = 2, D = 256, H = 4 (d = 64), batch 1, RoPE on, global collapse.
-// FLOPs counted (the rest, mixing/RoPE/collapse, is O(N P H^2 d) and left out, so the figure
-// understates the work):
-//   projections: forward 4 GEMMs of 2 N D (H d), backward twice that   -> 24 N D H d
-//   attention:   H * visible_pairs * (4 d + 10 d)
 void BM_layer_forward_backward(benchmark::State& state) {
   iha::set_num_threads(1);
   const int64_t N = 4096, D = kHeads * kHeadDim, H = kHeads, d = kHeadDim, P = kP;
@@ -306,87 +173,6 @@ BENCHMARK(BM_layer_forward_backward)
     ->ArgName("window")
     ->Arg(0)
     ->Arg(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-
-// ---- where one IHA layer's time goes: flash attention, projection GEMMs, the rest ----
-
-// Process CPU time (every thread; one is configured): robust to other work taking the core.
-double cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-// One iteration times the same shapes three ways, back to back: the whole single-device layer
-// (forward + backward), flash attention alone (forward, drow and backward over the H heads'
-// virtual sequences, as the local core calls it), and the 12 projection GEMMs alone (4 forward,
-// 8 backward, with IhaLayer's shapes and transposes). The non-attention share is
-//   nonattn = 1 - (flash + gemm) / layer
-// i.e. mixing, RoPE, interleave, collapse and their backward, with the buffers they fill: the
-// layer's time that neither the attention kernel nor BLAS accounts for. Measured on wall and
-// on process-CPU time (the `_cpu` counters: other work that takes the core does not count).
-// Components timed apart from the layer run from warmer caches than inside it, so the share
-// errs high rather than low.
-void BM_layer_parts(benchmark::State& state) {
-  iha::set_num_threads(1);
-  const int64_t N = state.range(0), D = kHeads * kHeadDim, Hd = D, P = kP;
-  const bool windowed = state.range(1) != 0;
-  LayerRun run(N, windowed);
-  AttentionData attn(N * P, windowed);
-  // Projection operands: activations N x D or N x Hd, weights D x Hd or Hd x D.
-  std::vector<float> a(size_t(N) * D), b(size_t(N) * D), c(size_t(N) * D), wt(size_t(D) * Hd), gw(size_t(D) * Hd);
-  for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = static_cast<float>(iha::normal01(6, 1, i));
-  for (size_t i = 0; i < wt.size(); ++i) wt[i] = static_cast<float>(iha::normal01(6, 2, i));
-  const auto projections = [&] {
-    for (int i = 0; i < 4; ++i)  // Q, K, V = X W; Z = O W_O
-      iha::gemm<float>(false, false, N, Hd, D, 1.f, a.data(), D, wt.data(), Hd, 0.f, c.data(), Hd);
-    for (int i = 0; i < 4; ++i)  // dW_O = O^T dZ; dW_Q, dW_K, dW_V = X^T dQ, ...
-      iha::gemm<float>(true, false, D, Hd, N, 1.f, a.data(), D, b.data(), Hd, 1.f, gw.data(), Hd);
-    for (int i = 0; i < 4; ++i)  // dO = dZ W_O^T; dX = dQ W_Q^T + dK W_K^T + dV W_V^T
-      iha::gemm<float>(false, true, N, D, Hd, 1.f, b.data(), Hd, wt.data(), Hd, i == 0 ? 0.f : 1.f, c.data(), D);
-    benchmark::DoNotOptimize(c.data());
-    benchmark::DoNotOptimize(gw.data());
-  };
-  double layer_s = 0, flash_s = 0, gemm_s = 0, layer_c = 0, flash_c = 0, gemm_c = 0;
-  const auto timed = [](double& wall, double& cpu, auto&& f) {
-    const double c0 = cpu_seconds();
-    const auto t0 = Clock::now();
-    f();
-    const double s = seconds_since(t0);
-    wall += s;
-    cpu += cpu_seconds() - c0;
-    return s;
-  };
-  for (auto _ : state) {
-    run.grads.zero();
-    state.SetIterationTime(timed(layer_s, layer_c, [&] { run.forward_backward(); }));
-    std::fill(attn.dq.begin(), attn.dq.end(), 0.0f);
-    std::fill(attn.dk.begin(), attn.dk.end(), 0.0f);
-    std::fill(attn.dv.begin(), attn.dv.end(), 0.0f);
-    timed(flash_s, flash_c, [&] {
-      attn.forward();
-      attn.backward();
-    });
-    timed(gemm_s, gemm_c, projections);
-  }
-  state.counters["flash_frac"] = flash_s / layer_s;
-  state.counters["gemm_frac"] = gemm_s / layer_s;
-  state.counters["nonattn_frac"] = 1.0 - (flash_s + gemm_s) / layer_s;
-  state.counters["flash_frac_cpu"] = flash_c / layer_c;
-  state.counters["gemm_frac_cpu"] = gemm_c / layer_c;
-  state.counters["nonattn_frac_cpu"] = 1.0 - (flash_c + gemm_c) / layer_c;
-  state.counters["oncpu"] = layer_c / layer_s;
-  state.SetLabel(layer_label(attn.mask));
-}
-
-BENCHMARK(BM_layer_parts)
-    ->ArgNames({"N", "window"})
-    ->Args({2048, 0})
-    ->Args({2048, 1})
-    ->Args({4096, 0})
-    ->Args({4096, 1})
-    ->MinTime(1.5)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -197,13 +197,15 @@ class Backend {
                                 int64_t P, CBuf alpha, int64_t h_begin, int64_t h_end,
                                 const RopeRows& rope, bool rotate, Buf virt,
                                 int64_t head_stride) const = 0;
-  // Its backward: g = RoPE^-1(dvirt); dpre[i][m] += sum_{h,j} alpha[m][h][j] g[h][i*P+j];
+  // Its backward: g = RoPE^-1(dvirt); dpre[i][m] += sum_{h,j} alpha[m][h][j] g[h][i*P+j]
+  // (accumulate == false: dpre's n_tok rows of H*d are written, =, not read);
   // dalpha += sum_i <pre[i][m], g[h][i*P+j]> (dalpha may be empty). dvirt, dpre, dalpha acc
   // dtype; dvirt is scratch (a backend may overwrite it).
   virtual void mix_rope_backward(Buf dvirt, int64_t head_stride, CBuf pre, int64_t ld_pre,
                                  int64_t n_tok, int64_t H, int64_t d, int64_t P, CBuf alpha,
                                  int64_t h_begin, int64_t h_end, const RopeRows& rope,
-                                 bool rotate, Buf dpre, int64_t ld_dpre, Buf dalpha) const = 0;
+                                 bool rotate, Buf dpre, int64_t ld_dpre, Buf dalpha,
+                                 bool accumulate = true) const = 0;
   // De-interleave + collapse (ops.h collapse_forward): y acc dtype, C acc, out compute.
   virtual void collapse_forward(CBuf y, int64_t head_stride, int64_t n_tok, int64_t H,
                                 int64_t d, int64_t P, Collapse form, CBuf C, Buf out,
@@ -224,11 +226,13 @@ class Backend {
   // drow[r] = <dout[r], o[r]> over rows of width d.
   virtual void flash_drow(CBuf o, CBuf dout, int64_t rows, int64_t d, Buf drow) const = 0;
   // dq, dk, dv accumulate (+=) from the final lse and drow of the query rows; a key/value
-  // head's dk, dv sum its `group` query heads in head order.
+  // head's dk, dv sum its `group` query heads in head order. accumulate == false: the three
+  // are written whole (rows no visible pair reaches are zeroed), so the caller need not zero
+  // them; the result equals accumulating into zeros.
   virtual void flash_backward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q,
                               CBuf q_pos, int64_t nq, CBuf k, CBuf v, CBuf k_pos, int64_t nk,
                               CBuf dout, CBuf lse, CBuf drow, Buf dq, Buf dk, Buf dv,
-                              int64_t group = 1) const = 0;
+                              int64_t group = 1, bool accumulate = true) const = 0;
   // (o, lse) <- merge.h's merge of (o, lse) and (o_part, lse_part), rows of width d.
   virtual void merge_partial(Buf o, Buf lse, CBuf o_part, CBuf lse_part, int64_t rows,
                              int64_t d) const = 0;
@@ -255,7 +259,7 @@ class Backend {
   void mix_rope_backward(Buf dvirt, int64_t head_stride, CBuf pre, int64_t ld_pre, int64_t n_tok,   \
                          int64_t H, int64_t d, int64_t P, CBuf alpha, int64_t h_begin,              \
                          int64_t h_end, const RopeRows& rope, bool rotate, Buf dpre,                \
-                         int64_t ld_dpre, Buf dalpha) const override;                               \
+                         int64_t ld_dpre, Buf dalpha, bool accumulate = true) const override;       \
   void collapse_forward(CBuf y, int64_t head_stride, int64_t n_tok, int64_t H, int64_t d,           \
                         int64_t P, Collapse form, CBuf C, Buf out, int64_t ld_out) const override;  \
   void collapse_backward(CBuf dout, int64_t ld_dout, CBuf y, int64_t head_stride, int64_t n_tok,    \
@@ -267,7 +271,8 @@ class Backend {
   void flash_drow(CBuf o, CBuf dout, int64_t rows, int64_t d, Buf drow) const override;             \
   void flash_backward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q, CBuf q_pos,           \
                       int64_t nq, CBuf k, CBuf v, CBuf k_pos, int64_t nk, CBuf dout, CBuf lse,      \
-                      CBuf drow, Buf dq, Buf dk, Buf dv, int64_t group = 1) const override;         \
+                      CBuf drow, Buf dq, Buf dk, Buf dv, int64_t group = 1,                         \
+                      bool accumulate = true) const override;                                       \
   void merge_partial(Buf o, Buf lse, CBuf o_part, CBuf lse_part, int64_t rows,                      \
                      int64_t d) const override;
 

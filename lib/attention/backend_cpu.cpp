@@ -160,12 +160,12 @@ template <class T>
 void CpuBackend<T>::mix_rope_backward(Buf dvirt, int64_t head_stride, CBuf pre, int64_t ld_pre, int64_t n_tok,
                                       int64_t H, int64_t d, int64_t P, CBuf alpha, int64_t h_begin,
                                       int64_t h_end, const RopeRows& rope, bool rotate, Buf dpre,
-                                      int64_t ld_dpre, Buf dalpha) const {
+                                      int64_t ld_dpre, Buf dalpha, bool accumulate) const {
   const char* op = "mix_rope_backward";
   IHA_CHECK(rope.rows() == n_tok * P, op, ": ", rope.rows(), " RoPE rows for ", n_tok * P, " pseudo-tokens");
   iha::mix_rope_backward<T>(dvirt.as<T>(op), head_stride, pre.as<T>(op), ld_pre, n_tok, H, d, P, alpha.as<T>(op),
                             h_begin, h_end, rotate ? &table_of<T>(rope) : nullptr, dpre.as<T>(op), ld_dpre,
-                            dalpha.as_or_null<T>(op));
+                            dalpha.as_or_null<T>(op), accumulate);
 }
 
 template <class T>
@@ -210,7 +210,8 @@ void CpuBackend<T>::flash_drow(CBuf o, CBuf dout, int64_t rows, int64_t d, Buf d
 template <class T>
 void CpuBackend<T>::flash_backward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q_b, CBuf q_pos,
                                    int64_t nq, CBuf k_b, CBuf v_b, CBuf k_pos, int64_t nk, CBuf dout_b,
-                                   CBuf lse_b, CBuf drow_b, Buf dq_b, Buf dk_b, Buf dv_b, int64_t group) const {
+                                   CBuf lse_b, CBuf drow_b, Buf dq_b, Buf dk_b, Buf dv_b, int64_t group,
+                                   bool accumulate) const {
   const char* op = "flash_backward";
   IHA_CHECK(group >= 1 && heads % group == 0, op, ": group ", group, " must divide heads ", heads);
   const T* q = q_b.as<T>(op);
@@ -224,13 +225,15 @@ void CpuBackend<T>::flash_backward(const MaskSpec& mask, int64_t d, int64_t head
   T* dq = dq_b.as<T>(op);
   T* dk = dk_b.as<T>(op);
   T* dv = dv_b.as<T>(op);
-  // One task per key/value head: its query heads accumulate into its dk, dv in a fixed order.
+  // One task per key/value head: its query heads accumulate into its dk, dv in a fixed order
+  // (without accumulate the first of them writes them).
   const int64_t kv_heads = heads / group;
 #pragma omp parallel for schedule(dynamic) if (kv_heads > 1 && num_threads() > 1)
   for (int64_t g0 = 0; g0 < kv_heads; ++g0)
     for (int64_t h = g0 * group; h < (g0 + 1) * group; ++h)
       iha::flash_backward(mask, d, q + h * nq * d, qp, nq, k + g0 * nk * d, v + g0 * nk * d, kp, nk, g + h * nq * d,
-                          lse + h * nq, dr + h * nq, dq + h * nq * d, dk + g0 * nk * d, dv + g0 * nk * d, tiles_);
+                          lse + h * nq, dr + h * nq, dq + h * nq * d, dk + g0 * nk * d, dv + g0 * nk * d, tiles_,
+                          !accumulate, !accumulate && h == g0 * group);
 }
 
 template <class T>

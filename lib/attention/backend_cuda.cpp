@@ -25,15 +25,11 @@ void CudaBackend::synchronize() const { IHA_CUDA_CHECK(cudaStreamSynchronize(0))
 
 void CudaBackend::cast(CBuf src, Buf dst, int64_t n) const { cast_cuda(src.p, src.t, dst.p, dst.t, n); }
 
-void CudaBackend::fill(Buf x, int64_t n, double value) const {
-  fill_cuda(x.as<float>("fill"), n, static_cast<float>(value));
-}
+void CudaBackend::fill(Buf x, int64_t n, double value) const { fill_cuda(x.as<float>("fill"), n, float(value)); }
 
 void CudaBackend::add(Buf dst, CBuf src, int64_t n) const { add_cuda(dst.as<float>("add"), src.as<float>("add"), n); }
 
-void CudaBackend::scale(Buf x, int64_t n, double factor) const {
-  scale_cuda(x.as<float>("scale"), n, static_cast<float>(factor));
-}
+void CudaBackend::scale(Buf x, int64_t n, double factor) const { scale_cuda(x.as<float>("scale"), n, float(factor)); }
 
 double CudaBackend::sum_of_squares(CBuf x, int64_t n) const {
   return sum_of_squares_cuda(x.as<float>("sum_of_squares"), n);

@@ -41,11 +41,14 @@ template <class T>
 void flash_drow(const T* o, const T* dout, int64_t nq, int64_t d, T* drow);
 
 // Accumulates (+=) dq, dk, dv for these queries and keys, recomputing the probabilities from
-// the final merged lse and drow of the query rows (never from a partial lse).
+// the final merged lse and drow of the query rows (never from a partial lse). write_dq
+// (write_dkv) writes dq (dk and dv) whole instead, rows no visible pair reaches becoming 0:
+// each row is zeroed just before its first block adds into it, while it is in cache, so the
+// caller's buffer needs no zeroing pass; the bits are those of accumulating into zeros.
 template <class T>
 FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int64_t* q_pos,
                           int64_t nq, const T* k, const T* v, const int64_t* k_pos, int64_t nk,
                           const T* dout, const T* lse, const T* drow, T* dq, T* dk, T* dv,
-                          const FlashTiles& tiles = {});
+                          const FlashTiles& tiles = {}, bool write_dq = false, bool write_dkv = false);
 
 }  // namespace iha

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -104,7 +105,7 @@ class TileProducts {
   // the keys a call can see are packed: a call over a few query rows of a long block (a
   // transfer's progress granule) then costs its visible keys, not the whole block.
   struct Panels {
-    std::vector<T> data;
+    std::unique_ptr<T[]> data;  // not zero-filled: pack_panels writes every element
     int64_t first = 0;  // panel index of data's first panel
   };
   Panels panels(const T* x, int64_t n, int64_t b, int64_t e) const {
@@ -114,8 +115,8 @@ class TileProducts {
         out.first = b / detail::kPanel;
         const int64_t r0 = out.first * detail::kPanel;
         const int64_t r1 = std::min(n, (e + detail::kPanel - 1) / detail::kPanel * detail::kPanel);
-        out.data.resize(static_cast<size_t>(detail::panel_floats(r1 - r0, d_)));
-        detail::pack_panels(x + r0 * d_, r1 - r0, d_, out.data.data());
+        out.data.reset(new T[static_cast<size_t>(detail::panel_floats(r1 - r0, d_))]);
+        detail::pack_panels(x + r0 * d_, r1 - r0, d_, out.data.get());
       }
     }
     return out;
@@ -129,7 +130,7 @@ class TileProducts {
     if constexpr (std::is_same_v<T, float>) {
       if (kernels_) {
         const int64_t p0 = c0 / detail::kPanel, p1 = (c0 + nc + detail::kPanel - 1) / detail::kPanel;
-        detail::scores_nt(a, d_, nr, x_panels.data.data(), d_, p0 - x_panels.first, p1 - p0, alpha, buf, ld);
+        detail::scores_nt(a, d_, nr, x_panels.data.get(), d_, p0 - x_panels.first, p1 - p0, alpha, buf, ld);
         return buf + (c0 - p0 * detail::kPanel);
       }
     }
@@ -282,10 +283,22 @@ template <class T>
 FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int64_t* q_pos,
                           int64_t nq, const T* k, const T* v, const int64_t* k_pos, int64_t nk,
                           const T* dout, const T* lse, const T* drow, T* dq, T* dk, T* dv,
-                          const FlashTiles& tiles) {
+                          const FlashTiles& tiles, bool write_dq, bool write_dkv) {
   check_args(d, nq, nk, tiles);
   FlashStats st;
-  if (nq == 0) return st;
+  // Key rows below `zeroed` are zero or hold their sum so far: the mark rises to each block's
+  // key range before the block adds into it, and to nk at the end.
+  int64_t zeroed = write_dkv ? 0 : nk;
+  const auto zero_keys_below = [&](int64_t end) {
+    if (end <= zeroed) return;
+    std::fill(dk + zeroed * d, dk + end * d, T(0));
+    std::fill(dv + zeroed * d, dv + end * d, T(0));
+    zeroed = end;
+  };
+  if (nq == 0) {
+    zero_keys_below(nk);
+    return st;
+  }
   const T scale = static_cast<T>(mask.logit_scale) / std::sqrt(T(d));
   const int64_t BQ = tiles.q, BK = tiles.k;
   const TileProducts<T> tp(d, use_tile_kernels<T>(d));
@@ -298,6 +311,7 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
   // dS = scale A * (dA - drow) (the score scale folded in once); dQ += dS K; dK += dS^T Q.
   auto block = [&](const Block& b) {
     const int64_t nr = b.nr, nc = b.nc;
+    zero_keys_below(b.c0 + nc);
     T* ab = tp.scores(q + b.r0 * d, nr, k, k_panels, b.c0, nc, scale, a.data(), lds);
     if (b.mask == TileMask::partial) mask_tile(mask, q_pos, b.r0, nr, k_pos + b.c0, nc, ab, lds);
     for (int64_t r = 0; r < nr; ++r) {
@@ -323,11 +337,13 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
 
   for (int64_t i0 = 0; i0 < nq; i0 += BQ) {
     const int64_t rows = std::min(BQ, nq - i0);
+    if (write_dq) std::fill(dq + i0 * d, dq + (i0 + rows) * d, T(0));
     for_each_key_tile(mask, q_pos, i0, rows, k_pos, nk, BK, tp.align(),
                       [&](int64_t j0, int64_t cols) {
                         for_each_block(mask, q_pos, i0, rows, k_pos, j0, cols, st, block);
                       });
   }
+  zero_keys_below(nk);
   return st;
 }
 
@@ -339,7 +355,7 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
   template FlashStats flash_backward<T>(const MaskSpec&, int64_t, const T*, const int64_t*,    \
                                         int64_t, const T*, const T*, const int64_t*, int64_t,   \
                                         const T*, const T*, const T*, T*, T*, T*,               \
-                                        const FlashTiles&);
+                                        const FlashTiles&, bool, bool);
 IHA_FLASH_INSTANTIATE(float)
 IHA_FLASH_INSTANTIATE(double)
 #undef IHA_FLASH_INSTANTIATE

@@ -912,8 +912,10 @@ void CudaBackend::flash_drow(CBuf o_b, CBuf dout_b, int64_t rows, int64_t d, Buf
 
 void CudaBackend::flash_backward(const MaskSpec& mask, int64_t d, int64_t heads, CBuf q_b, CBuf q_pos, int64_t nq,
                                  CBuf k_b, CBuf v_b, CBuf k_pos, int64_t nk, CBuf dout_b, CBuf lse_b, CBuf drow_b,
-                                 Buf dq_b, Buf dk_b, Buf dv_b, int64_t group) const {
+                                 Buf dq_b, Buf dk_b, Buf dv_b, int64_t group, bool accumulate) const {
   const char* op = "flash_backward";
+  if (!accumulate)  // written whole: the kernels add into zeros
+    for (Buf b : {dq_b, dk_b, dv_b}) fill(b, (b.p == dq_b.p ? heads * nq : heads / group * nk) * d, 0);
   const FlashPlan plan = plan_flash(mask, compute_, d, heads, nq, nk, group, kernel_, true);
   with_compute_type(compute_, [&](auto* tag) {
     using A = std::remove_pointer_t<decltype(tag)>;

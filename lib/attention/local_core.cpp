@@ -68,7 +68,8 @@ class LocalCore final : public AttentionCore<T> {
     const int64_t H = c.H, Hkv = c.kv_heads(), G = c.group(), d = c.d, P = c.P, NP = N_ * P, Hd = H * d,
                   Kd = Hkv * d, hs = NP * d;
     const MixView mv = this->mix_view(w);
-    // Written whole by collapse_backward and flash_drow; the flash backward's gradients add up.
+    // Written whole by collapse_backward, flash_drow, flash_backward and mix_rope_backward
+    // (accumulate off): none is zero-filled first.
     Tensor dov = be.alloc_overwritten({B, H, NP, d}, be.compute_dtype()),
            drow = be.alloc_overwritten({B, H, NP}, be.acc_dtype());
     for (int64_t b = 0; b < B; ++b)
@@ -77,26 +78,25 @@ class LocalCore final : public AttentionCore<T> {
     be.flash_drow(cache.ov, dov, B * H * NP, d, drow);
     // The output's last use: released before the gradient buffers are allocated.
     cache.ov = Tensor();
-    Tensor dqv = be.alloc_acc({B, H, NP, d}), dkv = be.alloc_acc({B, Hkv, NP, d}), dvv = be.alloc_acc({B, Hkv, NP, d});
+    const DType at = be.acc_dtype();
+    Tensor dqv = be.alloc_overwritten({B, H, NP, d}, at), dkv = be.alloc_overwritten({B, Hkv, NP, d}, at),
+           dvv = be.alloc_overwritten({B, Hkv, NP, d}, at);
     const Tensor& pos = rope_->positions();
     for_each_call(B, cache.qseg, [&](const MaskSpec& m, int64_t b0, int64_t nb) {
       const int64_t qo = b0 * H * hs, ko = b0 * Hkv * hs, lo = b0 * H * NP;
       be.flash_backward(m, d, nb * H, CBuf(cache.qv).at(qo), pos, NP, CBuf(cache.kv).at(ko), CBuf(cache.vv).at(ko),
                         pos, NP, CBuf(dov).at(qo), CBuf(cache.lse).at(lo), CBuf(drow).at(lo), Buf(dqv).at(qo),
-                        Buf(dkv).at(ko), Buf(dvv).at(ko), G);
+                        Buf(dkv).at(ko), Buf(dvv).at(ko), G, false);
     });
     cache.qseg = Tensor();
-    be.fill(dq, B * N_ * Hd, 0);
-    be.fill(dk, B * N_ * Kd, 0);
-    be.fill(dv, B * N_ * Kd, 0);
     for (int64_t b = 0; b < B; ++b) {
       const int64_t in = b * N_ * Hd, o = b * H * hs, kin = b * N_ * Kd, ko = b * Hkv * hs;
       be.mix_rope_backward(Buf(dqv).at(o), hs, q.at(in), Hd, N_, H, d, P, mv.aq, 0, H, *rope_, true, dq.at(in), Hd,
-                           this->mix_grad(grads.aq));
+                           this->mix_grad(grads.aq), false);
       be.mix_rope_backward(Buf(dkv).at(ko), hs, k.at(kin), Kd, N_, Hkv, d, P, mv.ak, 0, Hkv, *rope_, true, dk.at(kin),
-                           Kd, this->mix_grad(grads.ak));
+                           Kd, this->mix_grad(grads.ak), false);
       be.mix_rope_backward(Buf(dvv).at(ko), hs, v.at(kin), Kd, N_, Hkv, d, P, mv.av, 0, Hkv, *rope_, false, dv.at(kin),
-                           Kd, this->mix_grad(grads.av));
+                           Kd, this->mix_grad(grads.av), false);
     }
   }
 

@@ -56,14 +56,16 @@ template <class T>
 void mix_rope_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,
                       const T* alpha, int64_t h_begin, int64_t h_end, const RopeTable<T>* rope,
                       T* virt, int64_t head_stride);
-// Backward, one pass: g = RoPE^-1(dvirt) (in place in dvirt; untouched when rope is null),
-// dpre[i][m] += sum_{h,j} alpha[m][h][j] g[h][i*P+j];
+// Backward, one pass: g = RoPE^-1(dvirt) (dvirt is only read; the backend interface still
+// lets an implementation use it as scratch),
+// dpre[i][m] += sum_{h,j} alpha[m][h][j] g[h][i*P+j] (accumulate == false: the first term,
+// h_begin and j = 0, is written, so dpre needs no zeroing pass; same bits as adding to 0);
 // dalpha[m][h][j] += sum_i <pre[i][m], g[h][i*P+j]> (dalpha may be null).
 template <class T>
 void mix_rope_backward(T* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre, int64_t n_tok,
                        int64_t H, int64_t d, int64_t P, const T* alpha, int64_t h_begin,
                        int64_t h_end, const RopeTable<T>* rope, T* dpre, int64_t ld_dpre,
-                       T* dalpha);
+                       T* dalpha, bool accumulate = true);
 // The mixing alone (no RoPE).
 template <class T>
 void mix_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, int64_t d, int64_t P,

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "attention/ops.h"
@@ -10,9 +11,10 @@ namespace {
 
 // sum_c a[c] * b[c] as kLanes interleaved partial sums added in a fixed order: independent
 // chains the compiler vectorises (one running sum is a serial chain it may not reorder), and a
-// result that depends on n alone.
+// result that depends on n alone. Inlined: a call per d-wide row pair costs as much as the
+// sums at d = 64.
 template <class T>
-T dot(const T* a, const T* b, int64_t n) {
+__attribute__((always_inline)) inline T dot(const T* a, const T* b, int64_t n) {
   constexpr int64_t kLanes = 8;
   T acc[kLanes] = {};
   int64_t c = 0;
@@ -49,20 +51,34 @@ void mix_rope_forward(const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H, in
 template <class T>
 void mix_rope_backward(T* dvirt, int64_t head_stride, const T* pre, int64_t ld_pre, int64_t n_tok, int64_t H,
                        int64_t d, int64_t P, const T* alpha, int64_t h_begin, int64_t h_end,
-                       const RopeTable<T>* rope, T* dpre, int64_t ld_dpre, T* dalpha) {
+                       const RopeTable<T>* rope, T* dpre, int64_t ld_dpre, T* dalpha, bool accumulate) {
+  if (!accumulate && h_begin >= h_end)
+    for (int64_t i = 0; i < n_tok; ++i) std::fill(dpre + i * ld_dpre, dpre + i * ld_dpre + H * d, T(0));
+  // The un-rotated gradient row goes to a scratch row in cache, not back into dvirt: dvirt's
+  // lines are then only read, never written back to memory.
+  std::vector<T> unrotated(rope ? d : 0);
   for (int64_t h = h_begin; h < h_end; ++h) {
     T* dvh = dvirt + (h - h_begin) * head_stride;
     for (int64_t i = 0; i < n_tok; ++i) {
       const T* row = pre + i * ld_pre;
       T* drow = dpre + i * ld_dpre;
       for (int64_t j = 0; j < P; ++j) {
-        T* g = dvh + (i * P + j) * d;
-        if (rope) rope->rotate_row(g, i * P + j, true);
+        const T* g = dvh + (i * P + j) * d;
+        if (rope) {
+          std::copy(g, g + d, unrotated.begin());
+          rope->rotate_row(unrotated.data(), i * P + j, true);
+          g = unrotated.data();
+        }
+        const bool first = !accumulate && h == h_begin && j == 0;
         for (int64_t m = 0; m < H; ++m) {
           const int64_t ai = (m * H + h) * P + j;
           const T a = alpha[ai];
           T* dst = drow + m * d;
-          for (int64_t c = 0; c < d; ++c) dst[c] += a * g[c];
+          if (first) {
+            for (int64_t c = 0; c < d; ++c) dst[c] = a * g[c];
+          } else {
+            for (int64_t c = 0; c < d; ++c) dst[c] += a * g[c];
+          }
           if (dalpha) dalpha[ai] += dot(row + m * d, g, d);
         }
       }
@@ -176,7 +192,7 @@ std::vector<int64_t> virtual_positions(const std::vector<int64_t>& tokens, int64
                                     const T*, int64_t, int64_t, const RopeTable<T>*, T*, int64_t); \
   template void mix_rope_backward<T>(T*, int64_t, const T*, int64_t, int64_t, int64_t, int64_t,  \
                                      int64_t, const T*, int64_t, int64_t, const RopeTable<T>*, T*, \
-                                     int64_t, T*);                                              \
+                                     int64_t, T*, bool);                                        \
   template class RopeTable<T>;                                                                  \
   template void collapse_forward<T>(const T*, int64_t, int64_t, int64_t, int64_t, int64_t,      \
                                     Collapse, const T*, T*, int64_t);                           \

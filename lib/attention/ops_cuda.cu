@@ -68,7 +68,7 @@ __global__ void mix_rope_backward_kernel(const float* dvirt, int64_t head_stride
                                          int64_t ld_pre, int64_t n_tok, int H, int d, int P,
                                          const float* alpha, int h_begin, int h_end,
                                          const int64_t* vpos, RopeSpec rope, float* dpre, int64_t ld_dpre, float* ws,
-                                         int half) {
+                                         int half, bool accumulate) {
   extern __shared__ float ops_smem[];
   const int Hl = h_end - h_begin, E = H * Hl * P;
   float* pre_s = ops_smem;        // [H][d]: this token's pre-mix row
@@ -104,7 +104,7 @@ __global__ void mix_rope_backward_kernel(const float* dvirt, int64_t head_stride
       float acc = 0.f;
       for (int hl = 0; hl < Hl; ++hl)
         for (int j = 0; j < P; ++j) acc += alpha[(m * H + h_begin + hl) * P + j] * g_s[(hl * P + j) * d + c];
-      dpre[i * ld_dpre + m * d + c] += acc;
+      dpre[i * ld_dpre + m * d + c] = acc + (accumulate ? dpre[i * ld_dpre + m * d + c] : 0.f);
     }
     if (ws_b) {
       for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -236,7 +236,7 @@ void CudaBackend::mix_rope_forward(CBuf pre_b, int64_t ld_pre, int64_t n_tok, in
 void CudaBackend::mix_rope_backward(Buf dvirt_b, int64_t head_stride, CBuf pre_b, int64_t ld_pre, int64_t n_tok,
                                     int64_t H, int64_t d, int64_t P, CBuf alpha_b, int64_t h_begin, int64_t h_end,
                                     const RopeRows& rope, bool rotate, Buf dpre_b, int64_t ld_dpre,
-                                    Buf dalpha_b) const {
+                                    Buf dalpha_b, bool accumulate) const {
   const char* op = "mix_rope_backward";
   const RopeSpec spec = rope.spec(rotate);
   const TokenBlockPlan plan = plan_mix_rope(op, n_tok, H, d, P, h_begin, h_end, spec.on);
@@ -253,7 +253,7 @@ void CudaBackend::mix_rope_backward(Buf dvirt_b, int64_t head_stride, CBuf pre_b
            plan.smem, 0, dvirt, head_stride, pre, ld_pre, n_tok, static_cast<int>(H), static_cast<int>(d),
            static_cast<int>(P), alpha, static_cast<int>(h_begin), static_cast<int>(h_end),
            rope.positions().template data<int64_t>(), spec, dpre, ld_dpre, scratch.as<float>(),
-           mix_rope_pair_half(d, spec.on));
+           mix_rope_pair_half(d, spec.on), accumulate);
     if (dalpha) reduce_blocks(scratch.as<float>(), plan, dalpha, (h_end - h_begin) * P, H * P, h_begin * P);
   });
 }

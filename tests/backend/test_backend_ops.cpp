@@ -263,7 +263,40 @@ TEST_P(BackendOps, MixRopeForwardAndBackward) {
             }
       EXPECT_TRUE(close_normwise(get(dpre), want_dpre, tau(at()), "mix_rope_backward dpre"));
       EXPECT_TRUE(close_normwise(get(dalpha), want_dalpha, tau(at()), "mix_rope_backward dalpha"));
+      // Without accumulate dpre is written: what it held does not matter, and the bits are those
+      // of accumulating into zeros (dvirt is scratch: each call gets its own copy).
+      Tensor dpre_zero = be_->alloc_acc({c.n * ld}), dpre_set = put(std::vector<double>(c.n * ld, 7.0), at());
+      be_->mix_rope_backward(put(dvirt, at()), nP * c.d, put(pre, ct()), ld, c.n, c.H, c.d, c.P, put(alpha, at()),
+                             c.h_begin, c.h_end, *rows, rotate, dpre_zero, ld, Buf());
+      be_->mix_rope_backward(put(dvirt, at()), nP * c.d, put(pre, ct()), ld, c.n, c.H, c.d, c.P, put(alpha, at()),
+                             c.h_begin, c.h_end, *rows, rotate, dpre_set, ld, Buf(), false);
+      const std::vector<double> acc = get(dpre_zero), set = get(dpre_set);
+      for (int64_t i = 0; i < c.n; ++i)  // the columns past H*d are not dpre's
+        for (int64_t e = 0; e < c.H * c.d; ++e)
+          ASSERT_EQ(set[i * ld + e], acc[i * ld + e]) << "written dpre, token " << i << " column " << e;
     }
+}
+
+// Without accumulate, flash_backward's dq, dk, dv are written whole, whatever they held: the
+// bits of accumulating into zeros, rows no visible pair reaches included.
+void expect_written_gradients(const Backend& be, const MaskSpec& m, int64_t d, int64_t heads, const Tensor& Q,
+                              const Tensor& qp, int64_t nq, const Tensor& K, const Tensor& V, const Tensor& kp,
+                              int64_t nk, const Tensor& G, const Tensor& L, const Tensor& drow, int64_t group,
+                              const std::vector<Tensor>& accumulated) {
+  const std::vector<int64_t> rows = {heads * nq, heads / group * nk, heads / group * nk};
+  std::vector<Tensor> set;
+  for (int64_t r : rows) {
+    set.push_back(be.alloc_acc({r * d}));
+    be.fill(set.back(), r * d, 7.0);
+  }
+  be.flash_backward(m, d, heads, Q, qp, nq, K, V, kp, nk, G, L, drow, set[0], set[1], set[2], group, false);
+  be.synchronize();
+  const char* names[] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<double> a = test::as_f64(accumulated[i].to(Device::cpu)), s = test::as_f64(set[i].to(Device::cpu));
+    ASSERT_EQ(a.size(), s.size());
+    for (size_t e = 0; e < a.size(); ++e) ASSERT_EQ(s[e], a[e]) << "written " << names[i] << " element " << e;
+  }
 }
 
 TEST_P(BackendOps, CollapseForwardAndBackward) {
@@ -350,6 +383,8 @@ std::vector<FlashCase> flash_cases() {
       {"token_P3_window", {MaskKind::token_causal, 3, 7}, 8, 3, range(0, 30), range(0, 30)},
       {"ring_step", {MaskKind::flat_causal, 2, 0}, 16, 2, range(40, 60), range(0, 24)},
       {"halo_window_masked_rows", {MaskKind::flat_causal, 2, 5}, 8, 1, range(20, 33), range(0, 18)},
+      // The last 18 keys are past every query: no pair reaches them.
+      {"keys_past_queries", {MaskKind::flat_causal, 2, 0}, 8, 2, range(0, 12), range(0, 30)},
       {"d64", {MaskKind::flat_causal, 1, 0}, 64, 1, range(0, 70), range(0, 70)},
       // Documents: one-token ones, a window longer than a document, rows whose document starts
       // after every key of the block (they see nothing).
@@ -419,6 +454,7 @@ TEST_P(BackendOps, FlashForwardDrowBackwardMerge) {
     EXPECT_TRUE(close_normwise(get(dQ), dq_ref, 5 * tau(at()), "flash dq"));
     EXPECT_TRUE(close_normwise(get(dK), dk_ref, 5 * tau(at()), "flash dk"));
     EXPECT_TRUE(close_normwise(get(dV), dv_ref, 5 * tau(at()), "flash dv"));
+    expect_written_gradients(*be_, dm, d, Hh, Q, qp, nq, K, V, kp, nk, G, L, drow, 1, {dQ, dK, dV});
 
     // Merge: the keys split in two blocks, merged, equal the whole.
     const int64_t k1 = nk / 2;
@@ -479,6 +515,7 @@ TEST_P(BackendOps, FlashGroupedQueryHeads) {
     EXPECT_TRUE(close_normwise(get(dQ), dq_ref, 5 * tau(at()), "grouped flash dq"));
     EXPECT_TRUE(close_normwise(get(dK), dk_ref, 5 * tau(at()), "grouped flash dk"));
     EXPECT_TRUE(close_normwise(get(dV), dv_ref, 5 * tau(at()), "grouped flash dv"));
+    expect_written_gradients(*be_, mask, d, Hh, Q, qp, nq, K, V, kp, nk, G, L, drow, group, {dQ, dK, dV});
   }
 }
 
