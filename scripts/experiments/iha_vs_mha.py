@@ -90,6 +90,22 @@ CANDIDATES = [
          sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=1000, length=32, extend=[2500]),
     dict(name="multikey-2-N32", task="multikey retrieval, 2 pairs, 16 key ids, 16 value ids (chance 1/16), N=32, lr 3e-3, batches of 32",
          sets=MULTIKEY + [("data.pairs", "2")], lr="3.0e-3", batch=32, steps=1000, length=32, extend=[2500]),
+    # 2-block models at the demo's N = 128, where the demo's recipe got a windowed MHA (LG) off
+    # the copy plateau by step 700 but not a global one (GG) by 800: constant lr to 3000 steps
+    # (the cap raised to what a 2-block comparison affords), at the demo's rate, at twice it,
+    # with faster-turning RoPE frequencies (base 100: more of the 8 rotation frequencies resolve
+    # the offset of a neighbouring token, which the retrieval circuit's previous-token step needs
+    # from a global block), and with 8 pairs (copy level 1/8: the floor is the band's own 0.30).
+    # With 2 blocks the window/global schedule is LG (1:1), not 4:1.
+    dict(name="n128-mk4", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 3e-3, batches of 32, 2 blocks",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=3000, length=128, layers=2),
+    dict(name="n128-mk4-lr6e-3", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 6e-3, batches of 32, 2 blocks",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="6.0e-3", batch=32, steps=3000, length=128, layers=2),
+    dict(name="n128-mk4-rope100", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 3e-3, batches of 32, 2 blocks, rope_base 100",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=3000, length=128, layers=2,
+         extra=[("model.rope_base", "100")]),
+    dict(name="n128-mk8", task="multikey retrieval, 8 pairs (chance 1/16), N=128, lr 3e-3, batches of 32, 2 blocks",
+         sets=MULTIKEY + [("data.pairs", "8")], lr="3.0e-3", batch=32, steps=3000, length=128, layers=2),
 ]
 
 # When no candidate qualifies, the comparison still runs, on this candidate and budget (fixed
@@ -98,16 +114,31 @@ CANDIDATES = [
 # inside the band.
 FALLBACK = ("multikey-4-N32", 1000)
 
+def schedule(layers):
+    """The window/global schedule of a model with `layers` blocks: window blocks then one
+    global block, at most 4 windows per global one (LLLLG at 5 blocks; LG, 1:1, at 2)."""
+    return "".join("G" if i % 5 == 4 or i == layers - 1 else "L" for i in range(layers))
+
+
+# name, description (pattern filled in from the block count), pattern, attention kind
 MODELS = [
-    ("iha-4:1", "IHA P=2, LLLLG (matched FLOPs)", [("model.pattern", "LLLLG")]),
-    ("iha-global", "IHA P=2, GGGGG (matched parameters)", [("model.pattern", "GGGGG")]),
-    ("mha-global", "MHA, GGGGG (baseline)", [("model.pattern", "GGGGG"), ("model.global_kind", "mha"),
-                                             ("model.window_kind", "mha")]),
-    # Control: the 4:1 schedule with MHA blocks, to tell what the schedule's sliding windows do
+    ("iha-sched", "IHA P=2, %s (matched FLOPs: the window/global schedule)", schedule, "iha"),
+    ("iha-global", "IHA P=2, %s (matched parameters)", lambda n: "G" * n, "iha"),
+    ("mha-global", "MHA, %s (baseline)", lambda n: "G" * n, "mha"),
+    # Control: the schedule with MHA blocks, to tell what the schedule's sliding windows do
     # from what IHA does.
-    ("mha-4:1", "MHA, LLLLG (control: the schedule without IHA)",
-     [("model.pattern", "LLLLG"), ("model.global_kind", "mha"), ("model.window_kind", "mha")]),
+    ("mha-sched", "MHA, %s (control: the schedule without IHA)", schedule, "mha"),
 ]
+
+
+def model_sets(model, layers):
+    _, _, pattern, kind = model
+    return [("model.pattern", pattern(layers))] + (
+        [("model.global_kind", "mha"), ("model.window_kind", "mha")] if kind == "mha" else [])
+
+
+def model_description(model, layers):
+    return model[1] % model[2](layers)
 
 
 COPY_MARGIN = 0.15
@@ -136,7 +167,12 @@ def main():
     ap.add_argument("--eval-every", type=int, default=50, help="calibration evaluation interval")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--length", type=int, default=64)
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=3, help="seeds of every model before the variance is seen")
+    ap.add_argument("--target-se", type=float, default=0.03,
+                    help="seeds are added until the largest sd over the first --seeds gives this standard error")
+    ap.add_argument("--max-seeds", type=int, default=5)
+    ap.add_argument("--fallback", default="%s:%d" % FALLBACK,
+                    help="NAME:STEPS compared (uncalibrated) when no candidate qualifies, or 'none'")
     ap.add_argument("--eval-sequences", type=int, default=512, help="held-out sequences of a comparison run")
     ap.add_argument("--calib-sequences", type=int, default=256, help="held-out sequences of a calibration evaluation")
     ap.add_argument("--band", default="0.3,0.8", help="MHA accuracy band a candidate must land in")
@@ -149,6 +185,7 @@ def main():
     cands = [c for c in CANDIDATES if a.candidates is None or c["name"] in a.candidates.split(",")]
     if a.smoke:
         a.eval_every, a.batch, a.seeds, a.eval_sequences, a.calib_sequences = 2, 4, 2, 8, 8
+        a.target_se, a.max_seeds = 0, 3  # the added-seed round too
         a.band = "0,1"  # any accuracy is in the band: the smoke run exercises the comparison
         cands = [dict(c, steps=4, extend=[6]) for c in cands[:1]]  # the continuation path too
         a.max_budget = 4
@@ -156,7 +193,7 @@ def main():
     t_start = time.time()
     r = expkit.Runner(a.build, a.out, force=a.smoke)
 
-    def sets_of(name, cand, model_sets, seed, steps, eval_every, eval_sequences):
+    def sets_of(name, cand, model, seed, steps, eval_every, eval_sequences):
         d = os.path.join(r.out, name)
         return [("mesh.sp", "1"), ("sequence.length", str(cand.get("length", a.length))), ("model.layers", str(cand.get("layers", 5))),
                 ("train.steps", str(steps)), ("optim.lr", cand["lr"]), ("optim.min_lr", cand["lr"]),
@@ -166,8 +203,8 @@ def main():
                 ("eval.every", str(eval_every)), ("eval.sequences", str(eval_sequences)),
                 ("logging.every", "50"),
                 ("checkpoint.dir", os.path.join(d, "ck")), ("checkpoint.every", "0"),
-                ("logging.jsonl", os.path.join(d, "log.jsonl"))] + cand["sets"] + model_sets + (
-                    [("model.pattern", "G" * cand["layers"])] if "layers" in cand else []) + cand.get("extra", [])
+                ("logging.jsonl", os.path.join(d, "log.jsonl"))] + cand["sets"] + model_sets(
+                    model, cand.get("layers", 5)) + cand.get("extra", [])
 
     def summary(names):
         """One model's result from its chain of stages (a run and its continuations)."""
@@ -197,7 +234,7 @@ def main():
         for total in [c["steps"]] + (c.get("extend", []) if continued else []):
             name = "calib-%s" % c["name"] + ("-to%d" % total if prev else "")
             r.stage(name, "train", "configs/demo.yaml",
-                    sets_of(name, c, mha[2], 1, total, a.eval_every, a.calib_sequences),
+                    sets_of(name, c, mha, 1, total, a.eval_every, a.calib_sequences),
                     resume_from=os.path.join(r.out, prev, "ck") if prev else None)
             names.append(name)
             prev = name
@@ -219,34 +256,54 @@ def main():
         if chosen:
             break
     note = ""
-    if not chosen:
+    if not chosen and a.fallback == "none":
         note = ("no candidate put MHA in the band (%.2f or the copy level + 0.15, to %.2f) at two consecutive"
-                " evaluations: the comparison below is the fallback (%s, %d steps), uncalibrated" % (
-                    lo, hi, FALLBACK[0], FALLBACK[1]))
-        chosen = [c for c in CANDIDATES if c["name"] == FALLBACK[0]][0]
-        budget = (FALLBACK[1], None)
-    steps = budget[0]
-    results = {}
-    jobs = [("%s-%s-s%d" % (chosen["name"], mname, seed),
-             sets_of("%s-%s-s%d" % (chosen["name"], mname, seed), chosen, msets, seed, steps, 0, a.eval_sequences))
-            for mname, _, msets in MODELS for seed in range(1, a.seeds + 1)]
-    in_parallel(lambda j: r.stage(j[0], "train", "configs/demo.yaml", j[1]), jobs)
-    runs = iter([summary([name]) for name, _ in jobs])
-    res = {"task": chosen["task"], "steps": steps, "calibrated": not note, "models": {}}
-    for mname, mdesc, _ in MODELS:
-        rs = [dict(next(runs), seed=seed) for seed in range(1, a.seeds + 1)]
-        accs = [x["accuracy"] for x in rs]
-        sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
-        res["models"][mname] = {
-            "description": mdesc, "runs": rs, "mean": statistics.mean(accs), "sd": sd,
-            "se": sd / math.sqrt(len(accs)), "min": min(accs), "max": max(accs),
-            "params": rs[0]["params"], "flops_per_step": rs[0]["flops_per_step"]}
-    base = res["models"][mha[0]]
-    for mname, m in res["models"].items():
-        if mname != mha[0]:
-            m["diff_to_mha"] = m["mean"] - base["mean"]
-            m["diff_se"] = math.hypot(m["se"], base["se"])
-    results[chosen["name"]] = res
+                " evaluations: no comparison was run (--fallback none)" % (lo, hi))
+    elif not chosen:
+        fb_name, fb_steps = a.fallback.rsplit(":", 1)
+        note = ("no candidate put MHA in the band (%.2f or the copy level + 0.15, to %.2f) at two consecutive"
+                " evaluations: the comparison below is the fallback (%s, %s steps), uncalibrated" % (
+                    lo, hi, fb_name, fb_steps))
+        chosen = [c for c in CANDIDATES if c["name"] == fb_name][0]
+        budget = (int(fb_steps), None)
+    results, steps = {}, None
+    if chosen:
+        steps = budget[0]
+        layers = chosen.get("layers", 5)
+
+        def compare(seeds):
+            jobs = [("%s-%s-s%d" % (chosen["name"], m[0], seed),
+                     sets_of("%s-%s-s%d" % (chosen["name"], m[0], seed), chosen, m, seed, steps, 0, a.eval_sequences))
+                    for m in MODELS for seed in seeds]
+            in_parallel(lambda j: r.stage(j[0], "train", "configs/demo.yaml", j[1]), jobs)
+
+        def accuracies(seeds):
+            return {m[0]: [summary(["%s-%s-s%d" % (chosen["name"], m[0], s)])["accuracy"] for s in seeds] for m in MODELS}
+
+        # The number of seeds from the observed variance: after --seeds, enough seeds for the
+        # largest sample standard deviation of any model to give a standard error of the mean of
+        # at most --target-se, capped at --max-seeds.
+        compare(range(1, a.seeds + 1))
+        worst_sd = max(statistics.stdev(v) for v in accuracies(range(1, a.seeds + 1)).values())
+        seeds = max(a.seeds, min(a.max_seeds, math.ceil((worst_sd / a.target_se) ** 2) if a.target_se > 0 else a.max_seeds))
+        compare(range(a.seeds + 1, seeds + 1))
+        res = {"task": chosen["task"], "steps": steps, "calibrated": not note, "models": {}, "layers": layers,
+               "seeds": seeds, "seed_rule": {"first": a.seeds, "worst_sd": worst_sd, "target_se": a.target_se,
+                                             "max_seeds": a.max_seeds}}
+        for m in MODELS:
+            rs = [dict(summary(["%s-%s-s%d" % (chosen["name"], m[0], seed)]), seed=seed) for seed in range(1, seeds + 1)]
+            accs = [x["accuracy"] for x in rs]
+            sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            res["models"][m[0]] = {
+                "description": model_description(m, layers), "runs": rs, "mean": statistics.mean(accs), "sd": sd,
+                "se": sd / math.sqrt(len(accs)), "min": min(accs), "max": max(accs),
+                "params": rs[0]["params"], "flops_per_step": rs[0]["flops_per_step"]}
+        base = res["models"][mha[0]]
+        for mname, m in res["models"].items():
+            if mname != mha[0]:
+                m["diff_to_mha"] = m["mean"] - base["mean"]
+                m["diff_se"] = math.hypot(m["se"], base["se"])
+        results[chosen["name"]] = res
 
     # Continuations past the budget cap (they inform, they never choose): does MHA leave the
     # copy plateau with more steps than the comparison can afford?
@@ -273,7 +330,11 @@ def main():
                   " sd = sample standard deviation over seeds, se = sd / sqrt(seeds):" % (
                       tname, res["task"], res["steps"],
                       "the calibrated budget" if res["calibrated"] else "the fallback budget: UNCALIBRATED, MHA below the band",
-                      a.seeds, a.eval_sequences), "",
+                      res["seeds"], a.eval_sequences), "",
+                  "Seeds: %d first; the largest sample sd among the models over them, %.3f, asks for"
+                  " (sd / %.2f)^2 seeds for a standard error of %.2f, capped at %d: %d seeds." % (
+                      res["seed_rule"]["first"], res["seed_rule"]["worst_sd"], res["seed_rule"]["target_se"],
+                      res["seed_rule"]["target_se"], res["seed_rule"]["max_seeds"], res["seeds"]), "",
                   "| model | params | GFLOP/step | accuracy per seed | mean | sd | se | mean - MHA (+- se) |",
                   "|---|---|---|---|---|---|---|---|"]
         for mname, m in res["models"].items():
