@@ -1,13 +1,14 @@
-#!/usr/bin/env python3
 """IHA against MHA at matched FLOPs and at matched parameters, on a task calibrated first.
 
-Models (5 blocks, D=64, H=4, d=16, ffn=128, the same training budget for each):
-  iha-4:1     IHA (P=2), pattern LLLLG: 4 sliding-window blocks per global one, the schedule
+Models (a candidate's block count, 5 unless it says; D=64, H=4, d=16, ffn=128, the same
+training budget for each):
+  iha-sched   IHA (P=2) with the window/global schedule: sliding-window blocks then a global
+              one, at most 4 windows per global (LLLLG at 5 blocks, LG at 2), the schedule
               that brings IHA's attention FLOPs near MHA's (matched FLOPs)
-  iha-global  IHA (P=2), pattern GGGGG: the same blocks as MHA plus the mixing and collapse
-              maps (matched parameters; P^2 = 4x the attention FLOPs)
-  mha-global  MHA, pattern GGGGG: the baseline
-  mha-4:1     MHA, pattern LLLLG: a control (what the schedule's windows do without IHA)
+  iha-global  IHA (P=2), every block global: the same blocks as MHA plus the mixing and
+              collapse maps (matched parameters; P^2 = 4x the attention FLOPs)
+  mha-global  MHA, every block global: the baseline
+  mha-sched   MHA with the schedule: a control (what the schedule's windows do without IHA)
 FLOPs per step and parameter counts are iha-train's own (its start event).
 
 Stage 1, calibration (decides the task and the budget before any IHA model is trained). The
@@ -23,10 +24,13 @@ budget S is the qualifying evaluation closest to the band's middle. The first qu
 candidate in the list is compared; candidates after it are not run. With --jobs J the
 candidates are calibrated J at a time in list order (the choice is the same; only candidates
 after the chosen one in its group of J are extra runs). Diagnostic candidates never qualify.
-If none qualifies, the comparison runs on FALLBACK and is reported as uncalibrated.
+If none qualifies, the comparison runs on --fallback (default FALLBACK) and is reported as
+uncalibrated, or with --fallback none does not run.
 
 Stage 2, comparison: every model trains S steps on the chosen candidate with seeds 1..--seeds
-(train.seed = data.seed = seed; held-out sequences from the seed derived from data.seed); the
+(train.seed = data.seed = seed; held-out sequences from the seed derived from data.seed), then
+with as many more seeds as the largest sample sd of any model over those asks for a standard
+error of --target-se, at most --max-seeds in all; the
 held-out answer accuracy after S steps, mean, sample standard deviation over seeds and the
 standard error of the mean (sd / sqrt(seeds)); the difference of each model's mean to MHA
 global's with its standard error (the two standard errors combined).
@@ -106,6 +110,15 @@ CANDIDATES = [
          extra=[("model.rope_base", "100")]),
     dict(name="n128-mk8", task="multikey retrieval, 8 pairs (chance 1/16), N=128, lr 3e-3, batches of 32, 2 blocks",
          sets=MULTIKEY + [("data.pairs", "8")], lr="3.0e-3", batch=32, steps=3000, length=128, layers=2),
+    # After those four (all on the plateau to 3000 steps): the demo's MHA LG left the plateau
+    # at step 700 while its cosine rate was near its floor (about 4e-4): a constant low rate,
+    # and (diagnostic) the windowed MHA LG at the constant rate of the first candidate - is it
+    # the window or the decayed rate that let it out?
+    dict(name="n128-mk4-lr5e-4", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 5e-4, batches of 32, 2 blocks",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="5.0e-4", batch=32, steps=2000, length=128, layers=2),
+    dict(name="diag-n128-LG", task="multikey retrieval, 4 pairs, N=128, lr 3e-3, batches of 32, MHA LG (2 blocks: a window, then a global one)",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=2000, length=128, layers=2,
+         diagnostic=True, extra=[("model.pattern", "LG")]),
 ]
 
 # When no candidate qualifies, the comparison still runs, on this candidate and budget (fixed
@@ -178,6 +191,8 @@ def main():
     ap.add_argument("--band", default="0.3,0.8", help="MHA accuracy band a candidate must land in")
     ap.add_argument("--max-budget", type=int, default=1000,
                     help="largest comparison budget (steps) a calibration may choose: what the comparison can afford")
+    ap.add_argument("--calibrate-only", action="store_true",
+                    help="stop after the calibration (when the comparison would not fit the time left)")
     ap.add_argument("--jobs", type=int, default=1, help="iha-train runs at a time (one rank each)")
     ap.add_argument("--candidates", default=None,
                     help="comma-separated names: calibrate only these (in list order)")
@@ -256,7 +271,13 @@ def main():
         if chosen:
             break
     note = ""
-    if not chosen and a.fallback == "none":
+    if a.calibrate_only:
+        note = "calibration only (--calibrate-only): no comparison was run; " + (
+            "%s qualified at %d steps (MHA %.2f)" % (chosen["name"], budget[0], budget[1]) if chosen else
+            "no candidate put MHA in the band (%.2f or the copy level + 0.15, to %.2f) at two consecutive"
+            " evaluations" % (lo, hi))
+        chosen = None
+    elif not chosen and a.fallback == "none":
         note = ("no candidate put MHA in the band (%.2f or the copy level + 0.15, to %.2f) at two consecutive"
                 " evaluations: no comparison was run (--fallback none)" % (lo, hi))
     elif not chosen:
