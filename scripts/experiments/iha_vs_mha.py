@@ -116,15 +116,15 @@ CANDIDATES = [
     # the window or the decayed rate that let it out?
     dict(name="n128-mk4-lr5e-4", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 5e-4, batches of 32, 2 blocks",
          sets=MULTIKEY + [("data.pairs", "4")], lr="5.0e-4", batch=32, steps=2000, length=128, layers=2),
+    dict(name="diag-n128-LG", task="multikey retrieval, 4 pairs, N=128, lr 3e-3, batches of 32, MHA LG (2 blocks: a window, then a global one)",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=2000, length=128, layers=2,
+         diagnostic=True, extra=[("model.pattern", "LG")]),
     # Global MHA stayed on the plateau in all six; the windowed MHA LG (diag-n128-LG) left it
     # at step 400. The first candidate's task calibrated on MHA with the schedule (mha-sched,
     # LG) instead: the comparison's differences are then to mha-sched, the same schedule.
     dict(name="n128-mk4-sched", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 3e-3, batches of 32, 2 blocks; calibrated on MHA LG",
          sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=1000, length=128, layers=2,
          baseline="mha-sched"),
-    dict(name="diag-n128-LG", task="multikey retrieval, 4 pairs, N=128, lr 3e-3, batches of 32, MHA LG (2 blocks: a window, then a global one)",
-         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=2000, length=128, layers=2,
-         diagnostic=True, extra=[("model.pattern", "LG")]),
 ]
 
 # When no candidate qualifies, the comparison still runs, on this candidate and budget (fixed
