@@ -119,12 +119,6 @@ CANDIDATES = [
     dict(name="diag-n128-LG", task="multikey retrieval, 4 pairs, N=128, lr 3e-3, batches of 32, MHA LG (2 blocks: a window, then a global one)",
          sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=2000, length=128, layers=2,
          diagnostic=True, extra=[("model.pattern", "LG")]),
-    # Global MHA stayed on the plateau in all six; the windowed MHA LG (diag-n128-LG) left it
-    # at step 400. The first candidate's task calibrated on MHA with the schedule (mha-sched,
-    # LG) instead: the comparison's differences are then to mha-sched, the same schedule.
-    dict(name="n128-mk4-sched", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 3e-3, batches of 32, 2 blocks; calibrated on MHA LG",
-         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=1000, length=128, layers=2,
-         baseline="mha-sched"),
 ]
 
 # When no candidate qualifies, the comparison still runs, on this candidate and budget (fixed
@@ -246,10 +240,7 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
             return list(pool.map(fn, items))
 
-    def baseline(c):
-        """The model that calibrates candidate c and that the comparison's differences are
-        taken to: MHA global unless the candidate names another (`baseline`)."""
-        return [m for m in MODELS if m[0] == c.get("baseline", "mha-global")][0]
+    mha = MODELS[2]  # the baseline: calibration and the differences are MHA global's
 
     def calibrate(c, continued=False):
         """MHA, seed 1, on candidate c for c["steps"] steps; continued: then on (bit-identically,
@@ -258,7 +249,7 @@ def main():
         for total in [c["steps"]] + (c.get("extend", []) if continued else []):
             name = "calib-%s" % c["name"] + ("-to%d" % total if prev else "")
             r.stage(name, "train", "configs/demo.yaml",
-                    sets_of(name, c, baseline(c), 1, total, a.eval_every, a.calib_sequences),
+                    sets_of(name, c, mha, 1, total, a.eval_every, a.calib_sequences),
                     resume_from=os.path.join(r.out, prev, "ck") if prev else None)
             names.append(name)
             prev = name
@@ -273,7 +264,7 @@ def main():
                 [p for p in cr["curve"] if p[0] <= a.max_budget], floor, hi)
             cr.update(task=c["task"], steps=cr["curve"][-1][0], budget=b, diagnostic=bool(c.get("diagnostic")),
                       floor=floor, length=dict(c.get("extra", [])).get("sequence.length", c.get("length", a.length)),
-                      batch=c.get("batch", a.batch), baseline=baseline(c)[0])
+                      batch=c.get("batch", a.batch))
             calib[c["name"]] = cr
             if b and not chosen:
                 chosen, budget = c, b
@@ -304,7 +295,7 @@ def main():
         def compare(seeds):
             jobs = [("%s-%s-s%d" % (chosen["name"], m[0], seed),
                      sets_of("%s-%s-s%d" % (chosen["name"], m[0], seed), chosen, m, seed, steps, 0, a.eval_sequences))
-                    for m in MODELS for seed in seeds]
+                    for seed in seeds for m in MODELS]  # seed by seed: a stopped run leaves whole seeds
             in_parallel(lambda j: r.stage(j[0], "train", "configs/demo.yaml", j[1]), jobs)
 
         def accuracies(seeds):
@@ -328,11 +319,9 @@ def main():
                 "description": model_description(m, layers), "runs": rs, "mean": statistics.mean(accs), "sd": sd,
                 "se": sd / math.sqrt(len(accs)), "min": min(accs), "max": max(accs),
                 "params": rs[0]["params"], "flops_per_step": rs[0]["flops_per_step"]}
-        base_name = baseline(chosen)[0]
-        res["baseline"] = base_name
-        base = res["models"][base_name]
+        base = res["models"][mha[0]]
         for mname, m in res["models"].items():
-            if mname != base_name:
+            if mname != mha[0]:
                 m["diff_to_mha"] = m["mean"] - base["mean"]
                 m["diff_se"] = math.hypot(m["se"], base["se"])
         results[chosen["name"]] = res
@@ -367,7 +356,7 @@ def main():
                   " (sd / %.2f)^2 seeds for a standard error of %.2f, capped at %d: %d seeds." % (
                       res["seed_rule"]["first"], res["seed_rule"]["worst_sd"], res["seed_rule"]["target_se"],
                       res["seed_rule"]["target_se"], res["seed_rule"]["max_seeds"], res["seeds"]), "",
-                  "| model | params | GFLOP/step | accuracy per seed | mean | sd | se | mean - %s (+- se) |" % res["baseline"],
+                  "| model | params | GFLOP/step | accuracy per seed | mean | sd | se | mean - MHA (+- se) |",
                   "|---|---|---|---|---|---|---|---|"]
         for mname, m in res["models"].items():
             diff = "%+.3f +- %.3f" % (m["diff_to_mha"], m["diff_se"]) if "diff_to_mha" in m else "-"
@@ -418,15 +407,14 @@ def plot(out_dir, calib, results, lo, hi, a, tag):
     for i, (name, c) in enumerate(calib.items()):
         ax.plot([s for s, _ in c["curve"]], [v for _, v in c["curve"]], marker=".", color="C%d" % (i % 10),
                 linestyle=":" if c["diagnostic"] else "-",
-                label="%s (N=%s, batch %d)%s%s" % (name, c["length"], c["batch"], ", diagnostic" if c["diagnostic"] else "",
-                                                   "" if c["baseline"] == "mha-global" else ", calibrated on " + c["baseline"]))
+                label="%s (N=%s, batch %d)%s" % (name, c["length"], c["batch"], ", diagnostic" if c["diagnostic"] else ""))
         if c["budget"]:
             ax.plot([c["budget"][0]], [c["budget"][1]], marker="*", markersize=14, color="C%d" % (i % 10),
                     linestyle="none", label="chosen budget: %d steps" % c["budget"][0])
     ax.axvline(a.max_budget, color="black", linestyle="--", linewidth=0.8)
     ax.text(a.max_budget, 0.02, " budget cap: later steps inform, never choose", fontsize=7)
     ax.set_xlabel("training steps")
-    ax.set_ylabel("MHA held-out answer accuracy (global MHA unless the legend says)")
+    ax.set_ylabel("MHA held-out answer accuracy")
     ax.set_ylim(0, 1.05)
     ax.set_title("1. calibration: the MHA baseline (seed 1) on each candidate task", fontsize=9)
     ax.grid(alpha=0.3)
