@@ -433,7 +433,8 @@ def plot(out_dir, calib, results, lo, hi, a, tag):
             ax.errorbar([i + 0.15], [m["mean"]], yerr=[m["sd"]], fmt="D", color="black", capsize=4,
                         label="mean +- sd over seeds" if i == 0 else None)
         ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(["%s\n%.2f GFLOP/step\n%d params" % (n, res["models"][n]["flops_per_step"] / 1e9,
+        ax.set_xticklabels(["%s (%s)\n%.2f GFLOP/step\n%d params" % (
+            n, res["models"][n]["description"].split(", ")[1].split(" ")[0], res["models"][n]["flops_per_step"] / 1e9,
                                                                 res["models"][n]["params"]) for n in names], fontsize=8)
         ax.set_ylabel("held-out answer accuracy after %d steps" % res["steps"])
         ax.set_ylim(0, 1.05)
