@@ -1,13 +1,14 @@
-#!/usr/bin/env python3
 """IHA against MHA at matched FLOPs and at matched parameters, on a task calibrated first.
 
-Models (5 blocks, D=64, H=4, d=16, ffn=128, the same training budget for each):
-  iha-4:1     IHA (P=2), pattern LLLLG: 4 sliding-window blocks per global one, the schedule
+Models (a candidate's block count, 5 unless it says; D=64, H=4, d=16, ffn=128, the same
+training budget for each):
+  iha-sched   IHA (P=2) with the window/global schedule: sliding-window blocks then a global
+              one, at most 4 windows per global (LLLLG at 5 blocks, LG at 2), the schedule
               that brings IHA's attention FLOPs near MHA's (matched FLOPs)
-  iha-global  IHA (P=2), pattern GGGGG: the same blocks as MHA plus the mixing and collapse
-              maps (matched parameters; P^2 = 4x the attention FLOPs)
-  mha-global  MHA, pattern GGGGG: the baseline
-  mha-4:1     MHA, pattern LLLLG: a control (what the schedule's windows do without IHA)
+  iha-global  IHA (P=2), every block global: the same blocks as MHA plus the mixing and
+              collapse maps (matched parameters; P^2 = 4x the attention FLOPs)
+  mha-global  MHA, every block global: the baseline
+  mha-sched   MHA with the schedule: a control (what the schedule's windows do without IHA)
 FLOPs per step and parameter counts are iha-train's own (its start event).
 
 Stage 1, calibration (decides the task and the budget before any IHA model is trained). The
@@ -23,10 +24,13 @@ budget S is the qualifying evaluation closest to the band's middle. The first qu
 candidate in the list is compared; candidates after it are not run. With --jobs J the
 candidates are calibrated J at a time in list order (the choice is the same; only candidates
 after the chosen one in its group of J are extra runs). Diagnostic candidates never qualify.
-If none qualifies, the comparison runs on FALLBACK and is reported as uncalibrated.
+If none qualifies, the comparison runs on --fallback (default FALLBACK) and is reported as
+uncalibrated, or with --fallback none does not run.
 
 Stage 2, comparison: every model trains S steps on the chosen candidate with seeds 1..--seeds
-(train.seed = data.seed = seed; held-out sequences from the seed derived from data.seed); the
+(train.seed = data.seed = seed; held-out sequences from the seed derived from data.seed), then
+with as many more seeds as the largest sample sd of any model over those asks for a standard
+error of --target-se, at most --max-seeds in all; the
 held-out answer accuracy after S steps, mean, sample standard deviation over seeds and the
 standard error of the mean (sd / sqrt(seeds)); the difference of each model's mean to MHA
 global's with its standard error (the two standard errors combined).
@@ -90,6 +94,31 @@ CANDIDATES = [
          sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=1000, length=32, extend=[2500]),
     dict(name="multikey-2-N32", task="multikey retrieval, 2 pairs, 16 key ids, 16 value ids (chance 1/16), N=32, lr 3e-3, batches of 32",
          sets=MULTIKEY + [("data.pairs", "2")], lr="3.0e-3", batch=32, steps=1000, length=32, extend=[2500]),
+    # 2-block models at the demo's N = 128, where the demo's recipe got a windowed MHA (LG) off
+    # the copy plateau by step 700 but not a global one (GG) by 800: constant lr to 3000 steps
+    # (the cap raised to what a 2-block comparison affords), at the demo's rate, at twice it,
+    # with faster-turning RoPE frequencies (base 100: more of the 8 rotation frequencies resolve
+    # the offset of a neighbouring token, which the retrieval circuit's previous-token step needs
+    # from a global block), and with 8 pairs (copy level 1/8: the floor is the band's own 0.30).
+    # With 2 blocks the window/global schedule is LG (1:1), not 4:1.
+    dict(name="n128-mk4", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 3e-3, batches of 32, 2 blocks",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=3000, length=128, layers=2),
+    dict(name="n128-mk4-lr6e-3", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 6e-3, batches of 32, 2 blocks",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="6.0e-3", batch=32, steps=3000, length=128, layers=2),
+    dict(name="n128-mk4-rope100", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 3e-3, batches of 32, 2 blocks, rope_base 100",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=3000, length=128, layers=2,
+         extra=[("model.rope_base", "100")]),
+    dict(name="n128-mk8", task="multikey retrieval, 8 pairs (chance 1/16), N=128, lr 3e-3, batches of 32, 2 blocks",
+         sets=MULTIKEY + [("data.pairs", "8")], lr="3.0e-3", batch=32, steps=3000, length=128, layers=2),
+    # After those four (all on the plateau to 3000 steps): the demo's MHA LG left the plateau
+    # at step 700 while its cosine rate was near its floor (about 4e-4): a constant low rate,
+    # and (diagnostic) the windowed MHA LG at the constant rate of the first candidate - is it
+    # the window or the decayed rate that let it out?
+    dict(name="n128-mk4-lr5e-4", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 5e-4, batches of 32, 2 blocks",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="5.0e-4", batch=32, steps=2000, length=128, layers=2),
+    dict(name="diag-n128-LG", task="multikey retrieval, 4 pairs, N=128, lr 3e-3, batches of 32, MHA LG (2 blocks: a window, then a global one)",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=2000, length=128, layers=2,
+         diagnostic=True, extra=[("model.pattern", "LG")]),
 ]
 
 # When no candidate qualifies, the comparison still runs, on this candidate and budget (fixed
@@ -98,16 +127,31 @@ CANDIDATES = [
 # inside the band.
 FALLBACK = ("multikey-4-N32", 1000)
 
+def schedule(layers):
+    """The window/global schedule of a model with `layers` blocks: window blocks then one
+    global block, at most 4 windows per global one (LLLLG at 5 blocks; LG, 1:1, at 2)."""
+    return "".join("G" if i % 5 == 4 or i == layers - 1 else "L" for i in range(layers))
+
+
+# name, description (pattern filled in from the block count), pattern, attention kind
 MODELS = [
-    ("iha-4:1", "IHA P=2, LLLLG (matched FLOPs)", [("model.pattern", "LLLLG")]),
-    ("iha-global", "IHA P=2, GGGGG (matched parameters)", [("model.pattern", "GGGGG")]),
-    ("mha-global", "MHA, GGGGG (baseline)", [("model.pattern", "GGGGG"), ("model.global_kind", "mha"),
-                                             ("model.window_kind", "mha")]),
-    # Control: the 4:1 schedule with MHA blocks, to tell what the schedule's sliding windows do
+    ("iha-sched", "IHA P=2, %s (matched FLOPs: the window/global schedule)", schedule, "iha"),
+    ("iha-global", "IHA P=2, %s (matched parameters)", lambda n: "G" * n, "iha"),
+    ("mha-global", "MHA, %s (baseline)", lambda n: "G" * n, "mha"),
+    # Control: the schedule with MHA blocks, to tell what the schedule's sliding windows do
     # from what IHA does.
-    ("mha-4:1", "MHA, LLLLG (control: the schedule without IHA)",
-     [("model.pattern", "LLLLG"), ("model.global_kind", "mha"), ("model.window_kind", "mha")]),
+    ("mha-sched", "MHA, %s (control: the schedule without IHA)", schedule, "mha"),
 ]
+
+
+def model_sets(model, layers):
+    _, _, pattern, kind = model
+    return [("model.pattern", pattern(layers))] + (
+        [("model.global_kind", "mha"), ("model.window_kind", "mha")] if kind == "mha" else [])
+
+
+def model_description(model, layers):
+    return model[1] % model[2](layers)
 
 
 COPY_MARGIN = 0.15
@@ -136,12 +180,19 @@ def main():
     ap.add_argument("--eval-every", type=int, default=50, help="calibration evaluation interval")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--length", type=int, default=64)
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=3, help="seeds of every model before the variance is seen")
+    ap.add_argument("--target-se", type=float, default=0.03,
+                    help="seeds are added until the largest sd over the first --seeds gives this standard error")
+    ap.add_argument("--max-seeds", type=int, default=5)
+    ap.add_argument("--fallback", default="%s:%d" % FALLBACK,
+                    help="NAME:STEPS compared (uncalibrated) when no candidate qualifies, or 'none'")
     ap.add_argument("--eval-sequences", type=int, default=512, help="held-out sequences of a comparison run")
     ap.add_argument("--calib-sequences", type=int, default=256, help="held-out sequences of a calibration evaluation")
     ap.add_argument("--band", default="0.3,0.8", help="MHA accuracy band a candidate must land in")
     ap.add_argument("--max-budget", type=int, default=1000,
                     help="largest comparison budget (steps) a calibration may choose: what the comparison can afford")
+    ap.add_argument("--calibrate-only", action="store_true",
+                    help="stop after the calibration (when the comparison would not fit the time left)")
     ap.add_argument("--jobs", type=int, default=1, help="iha-train runs at a time (one rank each)")
     ap.add_argument("--candidates", default=None,
                     help="comma-separated names: calibrate only these (in list order)")
@@ -149,6 +200,7 @@ def main():
     cands = [c for c in CANDIDATES if a.candidates is None or c["name"] in a.candidates.split(",")]
     if a.smoke:
         a.eval_every, a.batch, a.seeds, a.eval_sequences, a.calib_sequences = 2, 4, 2, 8, 8
+        a.target_se, a.max_seeds = 0, 3  # the added-seed round too
         a.band = "0,1"  # any accuracy is in the band: the smoke run exercises the comparison
         cands = [dict(c, steps=4, extend=[6]) for c in cands[:1]]  # the continuation path too
         a.max_budget = 4
@@ -156,7 +208,7 @@ def main():
     t_start = time.time()
     r = expkit.Runner(a.build, a.out, force=a.smoke)
 
-    def sets_of(name, cand, model_sets, seed, steps, eval_every, eval_sequences):
+    def sets_of(name, cand, model, seed, steps, eval_every, eval_sequences):
         d = os.path.join(r.out, name)
         return [("mesh.sp", "1"), ("sequence.length", str(cand.get("length", a.length))), ("model.layers", str(cand.get("layers", 5))),
                 ("train.steps", str(steps)), ("optim.lr", cand["lr"]), ("optim.min_lr", cand["lr"]),
@@ -166,8 +218,8 @@ def main():
                 ("eval.every", str(eval_every)), ("eval.sequences", str(eval_sequences)),
                 ("logging.every", "50"),
                 ("checkpoint.dir", os.path.join(d, "ck")), ("checkpoint.every", "0"),
-                ("logging.jsonl", os.path.join(d, "log.jsonl"))] + cand["sets"] + model_sets + (
-                    [("model.pattern", "G" * cand["layers"])] if "layers" in cand else []) + cand.get("extra", [])
+                ("logging.jsonl", os.path.join(d, "log.jsonl"))] + cand["sets"] + model_sets(
+                    model, cand.get("layers", 5)) + cand.get("extra", [])
 
     def summary(names):
         """One model's result from its chain of stages (a run and its continuations)."""
@@ -197,7 +249,7 @@ def main():
         for total in [c["steps"]] + (c.get("extend", []) if continued else []):
             name = "calib-%s" % c["name"] + ("-to%d" % total if prev else "")
             r.stage(name, "train", "configs/demo.yaml",
-                    sets_of(name, c, mha[2], 1, total, a.eval_every, a.calib_sequences),
+                    sets_of(name, c, mha, 1, total, a.eval_every, a.calib_sequences),
                     resume_from=os.path.join(r.out, prev, "ck") if prev else None)
             names.append(name)
             prev = name
@@ -219,34 +271,60 @@ def main():
         if chosen:
             break
     note = ""
-    if not chosen:
+    if a.calibrate_only:
+        note = "calibration only (--calibrate-only): no comparison was run; " + (
+            "%s qualified at %d steps (MHA %.2f)" % (chosen["name"], budget[0], budget[1]) if chosen else
+            "no candidate put MHA in the band (%.2f or the copy level + 0.15, to %.2f) at two consecutive"
+            " evaluations" % (lo, hi))
+        chosen = None
+    elif not chosen and a.fallback == "none":
         note = ("no candidate put MHA in the band (%.2f or the copy level + 0.15, to %.2f) at two consecutive"
-                " evaluations: the comparison below is the fallback (%s, %d steps), uncalibrated" % (
-                    lo, hi, FALLBACK[0], FALLBACK[1]))
-        chosen = [c for c in CANDIDATES if c["name"] == FALLBACK[0]][0]
-        budget = (FALLBACK[1], None)
-    steps = budget[0]
-    results = {}
-    jobs = [("%s-%s-s%d" % (chosen["name"], mname, seed),
-             sets_of("%s-%s-s%d" % (chosen["name"], mname, seed), chosen, msets, seed, steps, 0, a.eval_sequences))
-            for mname, _, msets in MODELS for seed in range(1, a.seeds + 1)]
-    in_parallel(lambda j: r.stage(j[0], "train", "configs/demo.yaml", j[1]), jobs)
-    runs = iter([summary([name]) for name, _ in jobs])
-    res = {"task": chosen["task"], "steps": steps, "calibrated": not note, "models": {}}
-    for mname, mdesc, _ in MODELS:
-        rs = [dict(next(runs), seed=seed) for seed in range(1, a.seeds + 1)]
-        accs = [x["accuracy"] for x in rs]
-        sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
-        res["models"][mname] = {
-            "description": mdesc, "runs": rs, "mean": statistics.mean(accs), "sd": sd,
-            "se": sd / math.sqrt(len(accs)), "min": min(accs), "max": max(accs),
-            "params": rs[0]["params"], "flops_per_step": rs[0]["flops_per_step"]}
-    base = res["models"][mha[0]]
-    for mname, m in res["models"].items():
-        if mname != mha[0]:
-            m["diff_to_mha"] = m["mean"] - base["mean"]
-            m["diff_se"] = math.hypot(m["se"], base["se"])
-    results[chosen["name"]] = res
+                " evaluations: no comparison was run (--fallback none)" % (lo, hi))
+    elif not chosen:
+        fb_name, fb_steps = a.fallback.rsplit(":", 1)
+        note = ("no candidate put MHA in the band (%.2f or the copy level + 0.15, to %.2f) at two consecutive"
+                " evaluations: the comparison below is the fallback (%s, %s steps), uncalibrated" % (
+                    lo, hi, fb_name, fb_steps))
+        chosen = [c for c in CANDIDATES if c["name"] == fb_name][0]
+        budget = (int(fb_steps), None)
+    results, steps = {}, None
+    if chosen:
+        steps = budget[0]
+        layers = chosen.get("layers", 5)
+
+        def compare(seeds):
+            jobs = [("%s-%s-s%d" % (chosen["name"], m[0], seed),
+                     sets_of("%s-%s-s%d" % (chosen["name"], m[0], seed), chosen, m, seed, steps, 0, a.eval_sequences))
+                    for seed in seeds for m in MODELS]  # seed by seed: a stopped run leaves whole seeds
+            in_parallel(lambda j: r.stage(j[0], "train", "configs/demo.yaml", j[1]), jobs)
+
+        def accuracies(seeds):
+            return {m[0]: [summary(["%s-%s-s%d" % (chosen["name"], m[0], s)])["accuracy"] for s in seeds] for m in MODELS}
+
+        # The number of seeds from the observed variance: after --seeds, enough seeds for the
+        # largest sample standard deviation of any model to give a standard error of the mean of
+        # at most --target-se, capped at --max-seeds.
+        compare(range(1, a.seeds + 1))
+        worst_sd = max(statistics.stdev(v) for v in accuracies(range(1, a.seeds + 1)).values())
+        seeds = max(a.seeds, min(a.max_seeds, math.ceil((worst_sd / a.target_se) ** 2) if a.target_se > 0 else a.max_seeds))
+        compare(range(a.seeds + 1, seeds + 1))
+        res = {"task": chosen["task"], "steps": steps, "calibrated": not note, "models": {}, "layers": layers,
+               "seeds": seeds, "seed_rule": {"first": a.seeds, "worst_sd": worst_sd, "target_se": a.target_se,
+                                             "max_seeds": a.max_seeds}}
+        for m in MODELS:
+            rs = [dict(summary(["%s-%s-s%d" % (chosen["name"], m[0], seed)]), seed=seed) for seed in range(1, seeds + 1)]
+            accs = [x["accuracy"] for x in rs]
+            sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            res["models"][m[0]] = {
+                "description": model_description(m, layers), "runs": rs, "mean": statistics.mean(accs), "sd": sd,
+                "se": sd / math.sqrt(len(accs)), "min": min(accs), "max": max(accs),
+                "params": rs[0]["params"], "flops_per_step": rs[0]["flops_per_step"]}
+        base = res["models"][mha[0]]
+        for mname, m in res["models"].items():
+            if mname != mha[0]:
+                m["diff_to_mha"] = m["mean"] - base["mean"]
+                m["diff_se"] = math.hypot(m["se"], base["se"])
+        results[chosen["name"]] = res
 
     # Continuations past the budget cap (they inform, they never choose): does MHA leave the
     # copy plateau with more steps than the comparison can afford?
@@ -273,7 +351,11 @@ def main():
                   " sd = sample standard deviation over seeds, se = sd / sqrt(seeds):" % (
                       tname, res["task"], res["steps"],
                       "the calibrated budget" if res["calibrated"] else "the fallback budget: UNCALIBRATED, MHA below the band",
-                      a.seeds, a.eval_sequences), "",
+                      res["seeds"], a.eval_sequences), "",
+                  "Seeds: %d first; the largest sample sd among the models over them, %.3f, asks for"
+                  " (sd / %.2f)^2 seeds for a standard error of %.2f, capped at %d: %d seeds." % (
+                      res["seed_rule"]["first"], res["seed_rule"]["worst_sd"], res["seed_rule"]["target_se"],
+                      res["seed_rule"]["target_se"], res["seed_rule"]["max_seeds"], res["seeds"]), "",
                   "| model | params | GFLOP/step | accuracy per seed | mean | sd | se | mean - MHA (+- se) |",
                   "|---|---|---|---|---|---|---|---|"]
         for mname, m in res["models"].items():
@@ -334,7 +416,7 @@ def plot(out_dir, calib, results, lo, hi, a, tag):
     ax.set_xlabel("training steps")
     ax.set_ylabel("MHA held-out answer accuracy")
     ax.set_ylim(0, 1.05)
-    ax.set_title("1. calibration: MHA baseline (seed 1) on each candidate task", fontsize=9)
+    ax.set_title("1. calibration: the MHA baseline (seed 1) on each candidate task", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6.5, loc="upper left", ncol=2)
     ax = axes[1]
@@ -351,7 +433,8 @@ def plot(out_dir, calib, results, lo, hi, a, tag):
             ax.errorbar([i + 0.15], [m["mean"]], yerr=[m["sd"]], fmt="D", color="black", capsize=4,
                         label="mean +- sd over seeds" if i == 0 else None)
         ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(["%s\n%.2f GFLOP/step\n%d params" % (n, res["models"][n]["flops_per_step"] / 1e9,
+        ax.set_xticklabels(["%s (%s)\n%.2f GFLOP/step\n%d params" % (
+            n, res["models"][n]["description"].split(", ")[1].split(" ")[0], res["models"][n]["flops_per_step"] / 1e9,
                                                                 res["models"][n]["params"]) for n in names], fontsize=8)
         ax.set_ylabel("held-out answer accuracy after %d steps" % res["steps"])
         ax.set_ylim(0, 1.05)
