@@ -21,6 +21,7 @@
 #include <limits>
 #include <filesystem>
 #include <random>
+#include <utility>
 #include <set>
 #include <sstream>
 
@@ -330,6 +331,34 @@ TEST(TensorParallel, Float64GradientsMatchOneProcess) {
   for (const TpSetup& s : chosen) expect_first_gradients_match_one_process(s);
 }
 
+TpSetup one_process(TpSetup s) {
+  s.mesh = {1, 1, 1, 1};
+  return s;
+}
+
+// s's config with a held-out evaluation of 6 sequences in batches of 3.
+RunConfig eval_config(const TpSetup& s) {
+  RunConfig c = config(s);
+  c.eval.sequences = 6;
+  c.eval.batch = 3;
+  return c;
+}
+
+// One training step of each, then the held-out loss within 1e-12 and the target count and
+// accuracy equal (ref: the one-process run). Returns both evaluations, ref's first.
+std::pair<EvalStats, EvalStats> ref_and_got_evaluations_match(Trainer<double>& ref, Trainer<double>& got) {
+  ref.init();
+  got.init();
+  ref.train_step();
+  got.train_step();
+  const EvalStats e1 = ref.evaluate(), e = got.evaluate();
+  EXPECT_GT(e1.targets, 0);
+  EXPECT_EQ(e.targets, e1.targets);
+  EXPECT_NEAR(e.loss, e1.loss, 1e-12 * e1.loss);
+  EXPECT_EQ(e.accuracy, e1.accuracy);
+  return {e1, e};
+}
+
 // Held-out loss and accuracy (the arg-max over the vocabulary slices) and the logits of the
 // rank's rows (the one place whole logits are gathered) against one process.
 TEST(TensorParallel, EvaluationAndLogitsMatchOneProcess) {
@@ -338,21 +367,9 @@ TEST(TensorParallel, EvaluationAndLogitsMatchOneProcess) {
   if (all.empty()) GTEST_SKIP() << "tensor-parallel meshes are run on 2 and 4 ranks";
   for (const TpSetup& s : {all.front(), all.back()}) {
     SCOPED_TRACE(s.str());
-    TpSetup one = s;
-    one.mesh = {1, 1, 1, 1};
-    RunConfig c1 = config(one), c = config(s);
-    c1.eval.sequences = c.eval.sequences = 6;
-    c1.eval.batch = c.eval.batch = 3;
-    Trainer<double> ref(c1, self_comm()), got(c, test::world_ptr());
-    ref.init();
-    got.init();
-    ref.train_step();
-    got.train_step();
-    const EvalStats e1 = ref.evaluate(), e = got.evaluate();
-    EXPECT_GT(e1.targets, 0);
-    EXPECT_EQ(e.targets, e1.targets);
-    EXPECT_NEAR(e.loss, e1.loss, 1e-12 * e1.loss);
-    EXPECT_EQ(e.accuracy, e1.accuracy);
+    const RunConfig c = eval_config(s);
+    Trainer<double> ref(eval_config(one_process(s)), self_comm()), got(c, test::world_ptr());
+    const auto [e1, e] = ref_and_got_evaluations_match(ref, got);
     EXPECT_EQ(e.answer_accuracy, e1.answer_accuracy);
     EXPECT_NEAR(e.answer_loss, e1.answer_loss, 1e-12 * std::max(1.0, e1.answer_loss));
     const auto source = make_data_source(c, true);
@@ -641,21 +658,9 @@ TEST(TensorParallelBalanced, FirstStepGradientsAndEvaluationMatchOneProcess) {
   for (const TpSetup& s : {all.front(), all.back()}) {
     expect_first_gradients_match_one_process(s);
     // Held-out loss and accuracy on the packed file: each batch of 3 gets its own map.
-    TpSetup one = s;
-    one.mesh = {1, 1, 1, 1};
-    RunConfig c1 = config(one), c = config(s);
-    c1.eval.sequences = c.eval.sequences = 6;
-    c1.eval.batch = c.eval.batch = 3;
-    Trainer<double> ref(c1, self_comm()), got(c, test::world_ptr());
-    ref.init();
-    got.init();
-    ref.train_step();
-    got.train_step();
-    const EvalStats e1 = ref.evaluate(), e = got.evaluate();
-    EXPECT_GT(e1.targets, 0);
-    EXPECT_EQ(e.targets, e1.targets);
-    EXPECT_NEAR(e.loss, e1.loss, 1e-12 * e1.loss);
-    EXPECT_EQ(e.accuracy, e1.accuracy);
+    SCOPED_TRACE(s.str());
+    Trainer<double> ref(eval_config(one_process(s)), self_comm()), got(eval_config(s), test::world_ptr());
+    ref_and_got_evaluations_match(ref, got);
   }
 }
 
