@@ -119,6 +119,13 @@ CANDIDATES = [
     dict(name="diag-n128-LG", task="multikey retrieval, 4 pairs, N=128, lr 3e-3, batches of 32, MHA LG (2 blocks: a window, then a global one)",
          sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=2000, length=128, layers=2,
          diagnostic=True, extra=[("model.pattern", "LG")]),
+    # The 4:1 schedule needs 5 blocks (LLLLG). The 2-block task that qualified (4 pairs, N =
+    # 128, batches of 32, constant lr 5e-4) with 5 blocks, and at a lower constant rate (a
+    # deeper residual stack at the same rate takes larger steps in function space).
+    dict(name="n128-5b-mk4-lr5e-4", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 5e-4, batches of 32, 5 blocks",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="5.0e-4", batch=32, steps=2500, length=128),
+    dict(name="n128-5b-mk4-lr3e-4", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 3e-4, batches of 32, 5 blocks",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-4", batch=32, steps=2500, length=128),
 ]
 
 # When no candidate qualifies, the comparison still runs, on this candidate and budget (fixed
@@ -175,6 +182,15 @@ def qualifying_budget(curve, lo, hi):
     return min(ok, key=lambda p: (abs(p[1] - mid), p[0])) if ok else None
 
 
+def deadline_of(text):
+    """Seconds since the epoch of a UTC time YYYY-MM-DDTHH:MM (--seed-deadline)."""
+    import calendar
+    try:
+        return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M"))
+    except ValueError:
+        raise SystemExit("error: --seed-deadline %r is not a UTC time YYYY-MM-DDTHH:MM" % text)
+
+
 def main():
     ap = expkit.experiment_args(__doc__, "iha_vs_mha")
     ap.add_argument("--eval-every", type=int, default=50, help="calibration evaluation interval")
@@ -184,6 +200,9 @@ def main():
     ap.add_argument("--target-se", type=float, default=0.03,
                     help="seeds are added until the largest sd over the first --seeds gives this standard error")
     ap.add_argument("--max-seeds", type=int, default=5)
+    ap.add_argument("--seed-deadline", default=None,
+                    help="UTC time (YYYY-MM-DDTHH:MM): seeds beyond --seeds are added only as far as they"
+                         " finish by then, at the first seeds' measured wall time per seed")
     ap.add_argument("--fallback", default="%s:%d" % FALLBACK,
                     help="NAME:STEPS compared (uncalibrated) when no candidate qualifies, or 'none'")
     ap.add_argument("--eval-sequences", type=int, default=512, help="held-out sequences of a comparison run")
@@ -196,7 +215,11 @@ def main():
     ap.add_argument("--jobs", type=int, default=1, help="iha-train runs at a time (one rank each)")
     ap.add_argument("--candidates", default=None,
                     help="comma-separated names: calibrate only these (in list order)")
+    ap.add_argument("--figure-name", default="iha_vs_mha",
+                    help="name of the plot and results copied to --figures (NAME.png, NAME_results.md/.json)")
     a = ap.parse_args()
+    if a.seed_deadline:
+        deadline_of(a.seed_deadline)  # a bad time is named now, not after hours of runs
     cands = [c for c in CANDIDATES if a.candidates is None or c["name"] in a.candidates.split(",")]
     if a.smoke:
         a.eval_every, a.batch, a.seeds, a.eval_sequences, a.calib_sequences = 2, 4, 2, 8, 8
@@ -304,13 +327,27 @@ def main():
         # The number of seeds from the observed variance: after --seeds, enough seeds for the
         # largest sample standard deviation of any model to give a standard error of the mean of
         # at most --target-se, capped at --max-seeds.
+        t_first = time.time()
         compare(range(1, a.seeds + 1))
+        per_seed = (time.time() - t_first) / a.seeds  # wall time; about 0 when the seeds were done before
         worst_sd = max(statistics.stdev(v) for v in accuracies(range(1, a.seeds + 1)).values())
-        seeds = max(a.seeds, min(a.max_seeds, math.ceil((worst_sd / a.target_se) ** 2) if a.target_se > 0 else a.max_seeds))
+        asked = max(a.seeds, min(a.max_seeds, math.ceil((worst_sd / a.target_se) ** 2) if a.target_se > 0 else a.max_seeds))
+        seeds, cut = asked, None
+        if a.seed_deadline and asked > a.seeds:
+            left = (deadline_of(a.seed_deadline) - time.time())
+            # Seeds already run (a rerun of the same command) cost nothing again.
+            done = [s for s in range(a.seeds + 1, asked + 1)
+                    if all(r.seconds("%s-%s-s%d" % (chosen["name"], m[0], s)) for m in MODELS)]
+            fit = len(done) + (max(0, int(left // per_seed)) if per_seed > 1 else asked)
+            if a.seeds + fit < asked:
+                seeds = a.seeds + fit
+                cut = ("the rule asked for %d seeds; at %.0f s of wall time per seed (the first %d), %d more"
+                       " finish by --seed-deadline %s UTC: %d seeds" % (asked, per_seed, a.seeds, fit,
+                                                                      a.seed_deadline, seeds))
         compare(range(a.seeds + 1, seeds + 1))
         res = {"task": chosen["task"], "steps": steps, "calibrated": not note, "models": {}, "layers": layers,
                "seeds": seeds, "seed_rule": {"first": a.seeds, "worst_sd": worst_sd, "target_se": a.target_se,
-                                             "max_seeds": a.max_seeds}}
+                                             "max_seeds": a.max_seeds, "asked": asked, "deadline_cut": cut}}
         for m in MODELS:
             rs = [dict(summary(["%s-%s-s%d" % (chosen["name"], m[0], seed)]), seed=seed) for seed in range(1, seeds + 1)]
             accs = [x["accuracy"] for x in rs]
@@ -355,7 +392,8 @@ def main():
                   "Seeds: %d first; the largest sample sd among the models over them, %.3f, asks for"
                   " (sd / %.2f)^2 seeds for a standard error of %.2f, capped at %d: %d seeds." % (
                       res["seed_rule"]["first"], res["seed_rule"]["worst_sd"], res["seed_rule"]["target_se"],
-                      res["seed_rule"]["target_se"], res["seed_rule"]["max_seeds"], res["seeds"]), "",
+                      res["seed_rule"]["target_se"], res["seed_rule"]["max_seeds"], res["seed_rule"]["asked"])
+                  + (" Cut by time: %s." % res["seed_rule"]["deadline_cut"] if res["seed_rule"]["deadline_cut"] else ""), "",
                   "| model | params | GFLOP/step | accuracy per seed | mean | sd | se | mean - MHA (+- se) |",
                   "|---|---|---|---|---|---|---|---|"]
         for mname, m in res["models"].items():
@@ -381,9 +419,9 @@ def main():
     print(md)
     plot(r.out, calib, results, lo, hi, a, tag)
     if a.figures:
-        expkit.copy_outputs(r.out, a.figures, [("iha_vs_mha.png", "iha_vs_mha.png"),
-                                               ("results.md", "iha_vs_mha_results.md"),
-                                               ("results.json", "iha_vs_mha_results.json")])
+        expkit.copy_outputs(r.out, a.figures, [("iha_vs_mha.png", a.figure_name + ".png"),
+                                               ("results.md", a.figure_name + "_results.md"),
+                                               ("results.json", a.figure_name + "_results.json")])
     return 0
 
 
