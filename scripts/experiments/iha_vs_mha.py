@@ -327,18 +327,22 @@ def main():
         # The number of seeds from the observed variance: after --seeds, enough seeds for the
         # largest sample standard deviation of any model to give a standard error of the mean of
         # at most --target-se, capped at --max-seeds.
-        t_first = time.time()
         compare(range(1, a.seeds + 1))
-        per_seed = (time.time() - t_first) / a.seeds  # wall time; about 0 when the seeds were done before
+        # Wall time per seed, from the stage times recorded when the first seeds ran (so a rerun
+        # of the same command, which skips them, estimates the same), J stages at a time.
+        per_seed = sum(r.seconds("%s-%s-s%d" % (chosen["name"], m[0], s)) or 0.0
+                       for s in range(1, a.seeds + 1) for m in MODELS) / max(1, a.jobs) / a.seeds
         worst_sd = max(statistics.stdev(v) for v in accuracies(range(1, a.seeds + 1)).values())
         asked = max(a.seeds, min(a.max_seeds, math.ceil((worst_sd / a.target_se) ** 2) if a.target_se > 0 else a.max_seeds))
         seeds, cut = asked, None
         if a.seed_deadline and asked > a.seeds:
             left = (deadline_of(a.seed_deadline) - time.time())
             # Seeds already run (a rerun of the same command) cost nothing again.
-            done = [s for s in range(a.seeds + 1, asked + 1)
-                    if all(r.seconds("%s-%s-s%d" % (chosen["name"], m[0], s)) for m in MODELS)]
-            fit = len(done) + (max(0, int(left // per_seed)) if per_seed > 1 else asked)
+            done = 0
+            while a.seeds + done < asked and all(
+                    r.seconds("%s-%s-s%d" % (chosen["name"], m[0], a.seeds + done + 1)) for m in MODELS):
+                done += 1
+            fit = done + (max(0, int(left // per_seed)) if per_seed > 0 else asked)
             if a.seeds + fit < asked:
                 seeds = a.seeds + fit
                 cut = ("the rule asked for %d seeds; at %.0f s of wall time per seed (the first %d), %d more"
