@@ -8,7 +8,9 @@ training budget for each):
   iha-global  IHA (P=2), every block global: the same blocks as MHA plus the mixing and
               collapse maps (matched parameters; P^2 = 4x the attention FLOPs)
   mha-global  MHA, every block global: the baseline
-  mha-sched   MHA with the schedule: a control (what the schedule's windows do without IHA)
+  mha-sched   MHA with the schedule: a control (what the schedule's windows do without IHA);
+              with --baseline mha-sched the baseline instead (IHA against MHA with the same
+              blocks: calibration and differences are its)
 FLOPs per step and parameter counts are iha-train's own (its start event).
 
 Stage 1, calibration (decides the task and the budget before any IHA model is trained). The
@@ -215,6 +217,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=1, help="iha-train runs at a time (one rank each)")
     ap.add_argument("--candidates", default=None,
                     help="comma-separated names: calibrate only these (in list order)")
+    ap.add_argument("--baseline", default="mha-global", choices=["mha-global", "mha-sched"],
+                    help="the MHA model that calibrates and that the differences are to: global MHA, or MHA"
+                         " with the window/global schedule (IHA against MHA with the same blocks)")
     ap.add_argument("--figure-name", default="iha_vs_mha",
                     help="name of the plot and results copied to --figures (NAME.png, NAME_results.md/.json)")
     a = ap.parse_args()
@@ -263,7 +268,12 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
             return list(pool.map(fn, items))
 
-    mha = MODELS[2]  # the baseline: calibration and the differences are MHA global's
+    # The baseline: calibration and the differences are its (global MHA unless --baseline).
+    mha = [m for m in MODELS if m[0] == a.baseline][0]
+    if a.baseline != "mha-global":
+        MODELS[2:] = [(MODELS[2][0], "MHA, %s (global)") + MODELS[2][2:],
+                      (MODELS[3][0], "MHA, %s (baseline: the schedule without IHA)") + MODELS[3][2:]]
+        mha = MODELS[3]
 
     def calibrate(c, continued=False):
         """MHA, seed 1, on candidate c for c["steps"] steps; continued: then on (bit-identically,
@@ -350,6 +360,7 @@ def main():
                                                                       a.seed_deadline, seeds))
         compare(range(a.seeds + 1, seeds + 1))
         res = {"task": chosen["task"], "steps": steps, "calibrated": not note, "models": {}, "layers": layers,
+               "baseline": mha[0],
                "seeds": seeds, "seed_rule": {"first": a.seeds, "worst_sd": worst_sd, "target_se": a.target_se,
                                              "max_seeds": a.max_seeds, "asked": asked, "deadline_cut": cut}}
         for m in MODELS:
@@ -375,10 +386,10 @@ def main():
                                 steps=cr["curve"][-1][0])
 
     tag = " (SMOKE: tiny sizes, numbers mean nothing)" if a.smoke else ""
-    lines = ["Calibration (MHA baseline, 5 blocks unless said, seed 1, batches of %d sequences at N=%d unless said,"
+    lines = ["Calibration (MHA baseline %s, 5 blocks unless said, seed 1, batches of %d sequences at N=%d unless said,"
              " constant lr after 30 warmup steps unless said; band %.2f-%.2f, its floor raised to the copy level + 0.15;"
              " held-out accuracy on %d sequences every %d steps):"
-             % (a.batch, a.length, lo, hi, a.calib_sequences, a.eval_every), "",
+             % (mha[0], a.batch, a.length, lo, hi, a.calib_sequences, a.eval_every), "",
              "| candidate | MHA accuracy by step | qualifies (budget) |", "|---|---|---|"]
     for name, c in calib.items():
         lines.append("| %s: %s | %s | %s |" % (
@@ -398,7 +409,8 @@ def main():
                       res["seed_rule"]["first"], res["seed_rule"]["worst_sd"], res["seed_rule"]["target_se"],
                       res["seed_rule"]["target_se"], res["seed_rule"]["max_seeds"], res["seed_rule"]["asked"])
                   + (" Cut by time: %s." % res["seed_rule"]["deadline_cut"] if res["seed_rule"]["deadline_cut"] else ""), "",
-                  "| model | params | GFLOP/step | accuracy per seed | mean | sd | se | mean - MHA (+- se) |",
+                  "| model | params | GFLOP/step | accuracy per seed | mean | sd | se | mean - %s (+- se) |"
+                  % ("MHA" if mha[0] == "mha-global" else mha[0]),
                   "|---|---|---|---|---|---|---|---|"]
         for mname, m in res["models"].items():
             diff = "%+.3f +- %.3f" % (m["diff_to_mha"], m["diff_se"]) if "diff_to_mha" in m else "-"
@@ -421,7 +433,7 @@ def main():
     with open(os.path.join(r.out, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
     print(md)
-    plot(r.out, calib, results, lo, hi, a, tag)
+    plot(r.out, calib, results, lo, hi, a, tag, mha[0])
     if a.figures:
         expkit.copy_outputs(r.out, a.figures, [("iha_vs_mha.png", a.figure_name + ".png"),
                                                ("results.md", a.figure_name + "_results.md"),
@@ -433,7 +445,7 @@ def results_task_sets(name):
     return [c for c in CANDIDATES if c["name"] == name][0]["sets"]
 
 
-def plot(out_dir, calib, results, lo, hi, a, tag):
+def plot(out_dir, calib, results, lo, hi, a, tag, baseline):
     """Left: the calibration curves of MHA with the band and the chosen budget; right: the
     comparison (one dot per seed, mean +- sd) with FLOPs per step under each model."""
     plt = expkit._pyplot()
@@ -456,9 +468,9 @@ def plot(out_dir, calib, results, lo, hi, a, tag):
     ax.axvline(a.max_budget, color="black", linestyle="--", linewidth=0.8)
     ax.text(a.max_budget, 0.02, " budget cap: later steps inform, never choose", fontsize=7)
     ax.set_xlabel("training steps")
-    ax.set_ylabel("MHA held-out answer accuracy")
+    ax.set_ylabel("%s held-out answer accuracy" % ("MHA" if baseline == "mha-global" else baseline))
     ax.set_ylim(0, 1.05)
-    ax.set_title("1. calibration: the MHA baseline (seed 1) on each candidate task", fontsize=9)
+    ax.set_title("1. calibration: the MHA baseline %s (seed 1) on each candidate task" % baseline, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6.5, loc="upper left", ncol=2)
     ax = axes[1]
