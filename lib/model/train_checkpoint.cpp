@@ -142,6 +142,7 @@ std::string TrainCheckpoints<T>::save(const std::string& root) {
   ckpt_.set_meta("format", std::string(kFormat));
   ckpt_.set_meta("step", s.step);
   ckpt_.set_meta("data/cursor", s.data_cursor);
+  ckpt_.set_meta("optim/updates", s.updates);
   ckpt_.set_meta("rng/seed", s.rng.seed);
   ckpt_.set_meta("rng/counter", s.rng.counter);
   ckpt_.set_meta("config", cfg.text);
@@ -196,6 +197,8 @@ CheckpointInfo TrainCheckpoints<T>::load(const std::string& path, StateParts par
     TrainerScalars& s = t_.scalars();
     s.step = info.get<int64_t>("step");
     s.data_cursor = info.get<int64_t>("data/cursor");
+    // Checkpoints written before the count was kept: every step then counted as an update.
+    s.updates = info.has_meta("optim/updates") ? info.get<int64_t>("optim/updates") : s.step;
     s.rng.seed = info.get<uint64_t>("rng/seed");
     s.rng.counter = info.get<uint64_t>("rng/counter");
   }

@@ -295,7 +295,8 @@ StepStats Trainer<T>::train_step() {
   if (count == 0) {
     // Nothing to learn from (e.g. every document of the batch is one token long, or no answer
     // token in it): the step consumes its data and changes nothing else, the same on every rank
-    // as the count is global. The caller reports it (StepStats::targets == 0).
+    // as the count is global; AdamW's update count (its bias correction) stays. The caller
+    // reports it (StepStats::targets == 0).
     scalars_.step += 1;
     scalars_.data_cursor += cfg_.batch_size;
     StepStats s;
@@ -391,18 +392,19 @@ StepStats Trainer<T>::train_step() {
   s.lr = learning_rate(cfg_.optim, scalars_.step, cfg_.steps);
   if (level == 3) {
     // The shard is the masters: the next forward gathers it.
-    opt_.update(cfg_.optim, scalars_.step + 1, s.lr, Buf(param_shard_), CBuf(g));
+    opt_.update(cfg_.optim, scalars_.updates + 1, s.lr, Buf(param_shard_), CBuf(g));
   } else if (level > 0) {
     // Update this rank's shard of the masters (fp32 in a bf16 run; the model refreshes its
     // compute copy from them at the next forward), then gather every holder's shard.
     const Tensor& whole = level == 2 ? param_whole_ : params.flat();
     for (const ShardRange& r : opt_.ranges()) be.cast(CBuf(whole).at(r.begin), Buf(param_shard_).at(r.local), r.size());
-    opt_.update(cfg_.optim, scalars_.step + 1, s.lr, Buf(param_shard_), CBuf(g));
+    opt_.update(cfg_.optim, scalars_.updates + 1, s.lr, Buf(param_shard_), CBuf(g));
     gather_params();
   } else {
-    opt_.update(cfg_.optim, scalars_.step + 1, s.lr, params, grads);
+    opt_.update(cfg_.optim, scalars_.updates + 1, s.lr, params, grads);
   }
   scalars_.step += 1;
+  scalars_.updates += 1;
   scalars_.data_cursor += cfg_.batch_size;
   s.step = scalars_.step;
   return s;

@@ -115,6 +115,9 @@ struct EvalStats {
 
 struct TrainerScalars {
   int64_t step = 0;
+  // AdamW updates applied: its bias-correction count. A step without targets advances `step`
+  // (the data and the learning-rate schedule move on) but updates nothing, so not this.
+  int64_t updates = 0;
   int64_t data_cursor = 0;
   Rng rng;
 };

@@ -298,7 +298,9 @@ TEST(FullMeshZero, StepTrafficFollowsTheFormula) {
       EXPECT_EQ(c.bytes("train.params"), static_cast<uint64_t>(R - 1) * window / R);
       EXPECT_EQ(c.bytes("train.norm"), static_cast<uint64_t>((R - 1) * es));
     }
-    if (level == 1) EXPECT_EQ(window, static_cast<uint64_t>(((L + R - 1) / R) * R * es));
+    if (level == 1) {
+      EXPECT_EQ(window, static_cast<uint64_t>(((L + R - 1) / R) * R * es));
+    }
   }
 }
 

@@ -3,7 +3,8 @@
 // (float64); fine-tuning loads the weights at a longer context with the window rule of
 // DESIGN.md section 1; a model of another architecture is refused naming the key; evaluation
 // of loaded weights equals that of the run that saved them. A step whose batch has no target
-// (every document one token long) changes nothing but the step count and data cursor.
+// (every document one token long) changes nothing but the step count and data cursor (not
+// AdamW's update count).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -254,8 +255,8 @@ TEST(Steps, ABatchWithoutTargetsChangesNothing) {
     }
   }
   world().barrier();
-  const RunConfig cfg =
-      tiny(W, 1, "float64", N, {"data={kind: hdf5, path: " + f + "}", "eval={sequences: 0}"});
+  const RunConfig cfg = tiny(W, 1, "float64", N,
+                             {"data={kind: hdf5, path: " + f + "}", "eval={sequences: 0}", "optim.weight_decay=0"});
   Trainer<double> t(cfg, test::world_ptr());
   t.init();
   const std::vector<double> p0 = params_of(t);
@@ -263,14 +264,39 @@ TEST(Steps, ABatchWithoutTargetsChangesNothing) {
   EXPECT_EQ(empty.targets, 0);
   EXPECT_EQ(empty.step, 1);
   EXPECT_EQ(t.step(), 1);
+  EXPECT_EQ(t.scalars().updates, 0);
   EXPECT_EQ(t.scalars().data_cursor, cfg.batch_size);
   EXPECT_EQ(params_of(t), p0);
   for (double m : test::as_f64(t.optimizer().m())) ASSERT_EQ(m, 0.0);
   for (double v : test::as_f64(t.optimizer().v())) ASSERT_EQ(v, 0.0);
+  {  // A checkpoint after it keeps both counts.
+    test::SharedDir ck_dir("empty_step_ck");
+    TrainCheckpoints<double>(t, 2).save(ck_dir.str());
+    Trainer<double> back(cfg, test::world_ptr());
+    back.init();
+    TrainCheckpoints<double>(back, 2).load(ck_dir.str(), StateParts::everything);
+    EXPECT_EQ(back.step(), 1);
+    EXPECT_EQ(back.scalars().updates, 0);
+  }
   const StepStats next = t.train_step();
   EXPECT_GT(next.targets, 0);
   EXPECT_TRUE(std::isfinite(next.loss));
-  EXPECT_NE(params_of(t), p0);
+  EXPECT_EQ(t.step(), 2);
+  EXPECT_EQ(t.scalars().updates, 1);
+  // The next step is AdamW's first update: bias correction of step 1, so each parameter moves
+  // by lr * m^ / (sqrt(v^) + eps) with m^ = m / (1 - beta1), v^ = v / (1 - beta2) (no weight
+  // decay here). Counting the empty step (bias correction of step 2) moves it 0.74 times that.
+  const std::vector<double> p1 = params_of(t), m = test::as_f64(t.optimizer().m()),
+                            v = test::as_f64(t.optimizer().v());
+  ASSERT_EQ(m.size(), p0.size());
+  const OptimConfig& o = cfg.optim;
+  int64_t moved = 0;
+  for (size_t i = 0; i < p0.size(); ++i) {
+    const double expect = next.lr * (m[i] / (1 - o.beta1)) / (std::sqrt(v[i] / (1 - o.beta2)) + o.eps);
+    ASSERT_NEAR(p0[i] - p1[i], expect, 1e-9 * next.lr) << "parameter " << i;
+    moved += std::abs(expect) > 0.5 * next.lr;
+  }
+  EXPECT_GT(moved, static_cast<int64_t>(p0.size()) / 4);  // the check is not vacuous
 }
 
 }  // namespace

@@ -850,7 +850,9 @@ TEST(TensorParallelZero, StepTrafficAndStateBytesFollowTheFormula) {
     int64_t both[2];
     t.mesh().tensor().all_gather(&mine, both, 1, DType::i64, "test");
     global += both[0] + both[1];
-    if (level == 3) EXPECT_LE(static_cast<double>(4 * shard * W) / static_cast<double>(4 * global), 1.02);
+    if (level == 3) {
+      EXPECT_LE(static_cast<double>(4 * shard * W) / static_cast<double>(4 * global), 1.02);
+    }
   }
 }
 
