@@ -128,6 +128,11 @@ CANDIDATES = [
          sets=MULTIKEY + [("data.pairs", "4")], lr="5.0e-4", batch=32, steps=2500, length=128),
     dict(name="n128-5b-mk4-lr3e-4", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 3e-4, batches of 32, 5 blocks",
          sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-4", batch=32, steps=2500, length=128),
+    # At higher constant rates, where the 2-block MHA LG left the plateau at step 400 (3e-3).
+    dict(name="n128-5b-mk4-lr3e-3", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 3e-3, batches of 32, 5 blocks",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=2500, length=128),
+    dict(name="n128-5b-mk4-lr1e-3", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 1e-3, batches of 32, 5 blocks",
+         sets=MULTIKEY + [("data.pairs", "4")], lr="1.0e-3", batch=32, steps=2500, length=128),
 ]
 
 # When no candidate qualifies, the comparison still runs, on this candidate and budget (fixed
