@@ -91,9 +91,11 @@ wait_for_text "$work/p4.0" start 30 && sleep 1 && scancel "$p4"
 wait_for_text "$work/p5.0" start 30 && sleep 1 && scancel --batch --signal=TERM "$p5"
 
 # ---------------------------------------------------------------- 2. the reference run
-# The demo model, shortened to 40 steps (0.05-0.4 s each on 2 cores, by load); a checkpoint every 16.
+# The demo model, shortened to 64 steps (0.05-0.4 s each on 2 cores, by load); a checkpoint every 16.
+# The interruptions come after step 3-22: at least 42 steps (2-17 s) before the end for the signal
+# or the requeue to land in, on a loaded machine too.
 export IHA_CONFIG=$src/configs/demo.yaml IHA_TRAIN=$train
-export IHA_SET="--set mesh.sp=2 --set train.steps=40 --set logging.every=1 --set checkpoint.every=16 --set eval.every=0 --set eval.sequences=16"
+export IHA_SET="--set mesh.sp=2 --set train.steps=64 --set logging.every=1 --set checkpoint.every=16 --set eval.every=0 --set eval.sequences=16"
 # --time leaves the script's --signal=USR1@600 far off (that path is probe p1's).
 sbatch_args=(--nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=60)
 ref=$(sbatch --parsable "${sbatch_args[@]}" -o ref.out --wrap \
