@@ -189,6 +189,26 @@ def qualifying_budget(curve, lo, hi):
     return min(ok, key=lambda p: (abs(p[1] - mid), p[0])) if ok else None
 
 
+def paired_difference(m, base):
+    """Model m against base, paired by seed (a seed fixes the training data stream and the
+    held-out set for every model): the per-seed differences, their mean and its standard error,
+    in how many seeds m is ahead and behind, and a two-sided sign test of that split."""
+    d = [x["accuracy"] - y["accuracy"] for x, y in zip(m["runs"], base["runs"])]
+    ahead, behind = sum(x > 0 for x in d), sum(x < 0 for x in d)
+    return {"diffs": d, "mean": statistics.mean(d),
+            "se": statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else 0.0,
+            "ahead": ahead, "behind": behind, "sign_p": sign_test(ahead, behind)}
+
+
+def sign_test(ahead, behind):
+    """Two-sided sign test: the probability, with ahead and behind equally likely in each seed
+    (ties dropped), of a split at least as uneven as ahead-behind."""
+    n, k = ahead + behind, max(ahead, behind)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n)
+
+
 def deadline_of(text):
     """Seconds since the epoch of a UTC time YYYY-MM-DDTHH:MM (--seed-deadline)."""
     import calendar
@@ -381,6 +401,16 @@ def main():
             if mname != mha[0]:
                 m["diff_to_mha"] = m["mean"] - base["mean"]
                 m["diff_se"] = math.hypot(m["se"], base["se"])
+                m["paired"] = paired_difference(m, base)
+        # The three questions, whichever the baseline: IHA against MHA with the same blocks
+        # (the schedule; all global: matched parameters), and IHA with the schedule against
+        # global MHA (matched FLOPs).
+        ms = res["models"]
+        res["pairs"] = [dict(paired_difference(ms[x], ms[y]), a=x, b=y, what=what,
+                             unpaired=ms[x]["mean"] - ms[y]["mean"], unpaired_se=math.hypot(ms[x]["se"], ms[y]["se"]))
+                        for x, y, what in [("iha-sched", "mha-sched", "the same blocks, the window/global schedule"),
+                                           ("iha-global", "mha-global", "the same blocks, all global (matched parameters)"),
+                                           ("iha-sched", "mha-global", "IHA with the schedule against global MHA (matched FLOPs)")]]
         results[chosen["name"]] = res
 
     # Continuations past the budget cap (they inform, they never choose): does MHA leave the
@@ -415,13 +445,24 @@ def main():
                       res["seed_rule"]["target_se"], res["seed_rule"]["max_seeds"], res["seed_rule"]["asked"])
                   + (" Cut by time: %s." % res["seed_rule"]["deadline_cut"] if res["seed_rule"]["deadline_cut"] else ""), "",
                   "| model | params | GFLOP/step | accuracy per seed | mean | sd | se | mean - %s (+- se) |"
+                  " paired by seed: mean difference (+- se), seeds ahead-behind, sign test p |"
                   % ("MHA" if mha[0] == "mha-global" else mha[0]),
-                  "|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|"]
         for mname, m in res["models"].items():
             diff = "%+.3f +- %.3f" % (m["diff_to_mha"], m["diff_se"]) if "diff_to_mha" in m else "-"
-            lines.append("| %s (%s) | %d | %.2f | %s | %.3f | %.3f | %.3f | %s |" % (
+            pr = m.get("paired")
+            paired = "%+.3f +- %.3f, %d-%d, p = %.3f" % (pr["mean"], pr["se"], pr["ahead"], pr["behind"],
+                                                      pr["sign_p"]) if pr else "-"
+            lines.append("| %s (%s) | %d | %.2f | %s | %.3f | %.3f | %.3f | %s | %s |" % (
                 mname, m["description"], m["params"], m["flops_per_step"] / 1e9,
-                ", ".join("%.3f" % x["accuracy"] for x in m["runs"]), m["mean"], m["sd"], m["se"], diff))
+                ", ".join("%.3f" % x["accuracy"] for x in m["runs"]), m["mean"], m["sd"], m["se"], diff, paired))
+        lines += ["", "| pair | GFLOP/step | difference of means (+- se) | paired by seed (+- se) | seeds ahead-behind | sign test p |",
+                  "|---|---|---|---|---|---|"]
+        for pr in res["pairs"]:
+            lines.append("| %s - %s (%s) | %.2f / %.2f | %+.3f +- %.3f | %+.3f +- %.3f | %d-%d | %.3f |" % (
+                pr["a"], pr["b"], pr["what"], res["models"][pr["a"]]["flops_per_step"] / 1e9,
+                res["models"][pr["b"]]["flops_per_step"] / 1e9, pr["unpaired"], pr["unpaired_se"], pr["mean"], pr["se"],
+                pr["ahead"], pr["behind"], pr["sign_p"]))
     wall = time.time() - t_start
     ran = [t for _, _, t in r.commands if t is not None]
     recorded = [r.seconds(st) for st, _, _ in r.commands]
