@@ -511,10 +511,10 @@ def plot(out_dir, calib, results, lo, hi, a, tag, baseline):
         if c["budget"] and name in results:
             ax.plot([c["budget"][0]], [c["budget"][1]], marker="*", markersize=14, color="C%d" % (i % 10),
                     linestyle="none", label="chosen budget: %d steps" % c["budget"][0])
-        elif c["budget"]:  # qualified, but a candidate before it in the list was chosen
+        elif c["budget"]:  # qualified, not compared (an earlier candidate was, or --calibrate-only)
             ax.plot([c["budget"][0]], [c["budget"][1]], marker="*", markersize=14, markerfacecolor="none",
                     color="C%d" % (i % 10), linestyle="none",
-                    label="qualifies at %d steps (not compared: an earlier candidate was)" % c["budget"][0])
+                    label="qualifies at %d steps (not compared)" % c["budget"][0])
     ax.axvline(a.max_budget, color="black", linestyle="--", linewidth=0.8)
     ax.text(a.max_budget, 0.02, " budget cap: later steps inform, never choose", fontsize=7)
     ax.set_xlabel("training steps")
