@@ -32,10 +32,14 @@ uncalibrated, or with --fallback none does not run.
 Stage 2, comparison: every model trains S steps on the chosen candidate with seeds 1..--seeds
 (train.seed = data.seed = seed; held-out sequences from the seed derived from data.seed), then
 with as many more seeds as the largest sample sd of any model over those asks for a standard
-error of --target-se, at most --max-seeds in all; the
-held-out answer accuracy after S steps, mean, sample standard deviation over seeds and the
-standard error of the mean (sd / sqrt(seeds)); the difference of each model's mean to MHA
-global's with its standard error (the two standard errors combined).
+error of --target-se, at most --max-seeds in all, and (--seed-deadline) only as many of the
+added seeds as finish by a given time; the held-out answer accuracy after S steps, mean,
+sample standard deviation over seeds and the standard error of the mean (sd / sqrt(seeds));
+the difference of each model's mean to the baseline's (global MHA, or --baseline) with its
+standard error (the two standard errors combined), and the same paired by seed (the mean of
+the per-seed differences and its standard error, the seeds ahead and behind, a sign test); the
+same for the three pairs IHA - MHA with the schedule, IHA - MHA all global, IHA with the
+schedule - global MHA.
 
 Stage 3, continuations: candidates with `extend` continue (resumed from their checkpoint,
 bit-identical to an uninterrupted run) to longer step counts; these only show whether a budget
