@@ -128,16 +128,12 @@ CANDIDATES = [
     # The 4:1 schedule needs 5 blocks (LLLLG). The 2-block task that qualified (4 pairs, N =
     # 128, batches of 32, constant lr 5e-4) with 5 blocks, and at a lower constant rate (a
     # deeper residual stack at the same rate takes larger steps in function space).
-    dict(name="n128-5b-mk4-lr5e-4", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 5e-4, batches of 32, 5 blocks",
-         sets=MULTIKEY + [("data.pairs", "4")], lr="5.0e-4", batch=32, steps=2500, length=128),
-    dict(name="n128-5b-mk4-lr3e-4", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 3e-4, batches of 32, 5 blocks",
-         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-4", batch=32, steps=2500, length=128),
-    # At higher constant rates, where the 2-block MHA LG left the plateau at step 400 (3e-3).
-    dict(name="n128-5b-mk4-lr3e-3", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 3e-3, batches of 32, 5 blocks",
-         sets=MULTIKEY + [("data.pairs", "4")], lr="3.0e-3", batch=32, steps=2500, length=128),
-    dict(name="n128-5b-mk4-lr1e-3", task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr 1e-3, batches of 32, 5 blocks",
-         sets=MULTIKEY + [("data.pairs", "4")], lr="1.0e-3", batch=32, steps=2500, length=128),
-]
+    # Then (added later) at higher constant rates, where the 2-block MHA LG left the plateau at
+    # step 400 (3e-3).
+] + [dict(name="n128-5b-mk4-lr%s" % rate,
+          task="multikey retrieval, 4 pairs (chance 1/16), N=128, lr %s, batches of 32, 5 blocks" % rate,
+          sets=MULTIKEY + [("data.pairs", "4")], lr=lr, batch=32, steps=2500, length=128)
+     for rate, lr in [("5e-4", "5.0e-4"), ("3e-4", "3.0e-4"), ("3e-3", "3.0e-3"), ("1e-3", "1.0e-3")]]
 
 # When no candidate qualifies, the comparison still runs, on this candidate and budget (fixed
 # before any IHA model was trained), and is reported as uncalibrated: MHA sits below the band
