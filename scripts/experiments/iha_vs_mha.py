@@ -294,11 +294,10 @@ def main():
             return list(pool.map(fn, items))
 
     # The baseline: calibration and the differences are its (global MHA unless --baseline).
-    mha = [m for m in MODELS if m[0] == a.baseline][0]
-    if a.baseline != "mha-global":
+    if a.baseline != "mha-global":  # the two MHA models' descriptions say which is the baseline
         MODELS[2:] = [(MODELS[2][0], "MHA, %s (global)") + MODELS[2][2:],
                       (MODELS[3][0], "MHA, %s (baseline: the schedule without IHA)") + MODELS[3][2:]]
-        mha = MODELS[3]
+    mha = [m for m in MODELS if m[0] == a.baseline][0]
 
     def calibrate(c, continued=False):
         """MHA, seed 1, on candidate c for c["steps"] steps; continued: then on (bit-identically,
