@@ -1,90 +1,214 @@
 #!/usr/bin/env bash
 # Checks for what the build, the tests and CI need (commands, headers, libraries, Python
 # modules), and on Debian/Ubuntu installs the packages that provide whatever is missing
-# (apt-get, with sudo when not root). Elsewhere (no apt-get, or no root) it lists what is
-# missing with the Debian package names as a hint, and exits 1 if the build itself cannot
-# succeed, 0 if only test or CI extras are missing.
+# (apt-get, with sudo when not root; PyPI-only Python packages into .venv/ with pip). Elsewhere
+# (no apt-get, or no root) it lists what is missing with the Debian package names as a hint, and
+# exits 1 if the build cannot succeed (tests needing a missing "test" item fail, never skip).
+#
+#   scripts/install-deps.sh              what the build needs (kind "build"): scripts/build.sh,
+#                                        and so the demo
+#   scripts/install-deps.sh --all        also what the tests and scripts need (kind "test"):
+#                                        scripts/test.sh
+#   scripts/install-deps.sh --list       prints every requirement: name, kind, packages
+#   scripts/install-deps.sh --self-check checks the table itself (every requirement has a check
+#                                        function, a kind and Debian packages; every check
+#                                        answers yes or no, never an error) and exits 1 if not
+#
+# Each requirement is one `require` line naming a check function defined above it: no shell
+# code inside a delimited string, so nothing can split a check into the package field.
+# IHA_DEPS_EXTRA=FILE sources FILE after the table (more `require` lines; the tests use it to
+# show that a broken requirement is caught).
 # Headers and libraries are looked up by the C++ compiler (${CXX:-c++}), so CPATH and
 # LIBRARY_PATH count; the build itself finds them with CMake (CMAKE_PREFIX_PATH and friends).
-# --bench also checks what bench/run's report needs for its plots (matplotlib, PIL); CI skips
-# it. The CUDA toolkit (nvcc, NCCL) is optional and not checked here: when present, the CUDA
+# The CUDA toolkit (nvcc, NCCL) is optional and not checked here: when present, the CUDA
 # targets are built too.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 cxx=${CXX:-c++}
 probe_dir=$(mktemp -d)
 trap 'rm -rf "$probe_dir"' EXIT
 
-have_cmd() { command -v "$1" >/dev/null; }
+have_cmd() { command -v "$1" >/dev/null 2>&1; }
 # A header the compiler finds, and (when given) a library the linker finds, built with flags.
-have_cxx() {  # header library [flags]
+have_cxx() {  # header [library] [flags]
   have_cmd "$cxx" || return 1
   printf '#include <%s>\nint main() { return 0; }\n' "$1" > "$probe_dir/p.cpp"
   # shellcheck disable=SC2086
   "$cxx" "$probe_dir/p.cpp" -o "$probe_dir/p" ${3:-} ${2:+-l$2} >/dev/null 2>&1
 }
-# The tests run Debian's python3 when there is one, before any other on PATH (tests/*/CMakeLists.txt).
+# The tests run Debian's python3 when there is one, before any other on PATH; PyPI-only
+# packages live in .venv/ (made with --system-site-packages, so it also sees Debian's).
 python=python3
 [ -x /usr/bin/python3 ] && python=/usr/bin/python3
+venv_python=.venv/bin/python3
 have_py() { have_cmd "$python" && "$python" -c "import $1" >/dev/null 2>&1; }
-cmake_new_enough() {
+have_venv_py() { [ -x "$venv_python" ] && "$venv_python" -c "import $1" >/dev/null 2>&1; }
+
+# ---- the checks: one function each, answering 0 (present) or 1 (missing) ----
+check_cxx() { have_cmd "$cxx"; }
+check_cmake() {
   have_cmd cmake || return 1
   local v
   v=$(cmake --version | sed -n 's/^cmake version \([0-9]*\.[0-9]*\).*/\1/p')
-  [ "$(printf '%s\n3.24\n' "$v" | sort -V | head -1)" = 3.24 ]
+  [ -n "$v" ] && [ "$(printf '%s\n3.24\n' "$v" | sort -V | head -1)" = 3.24 ]
 }
+check_pkg_config() { have_cmd pkg-config; }
+check_openmp() { have_cxx omp.h '' -fopenmp; }
+check_mpi() { have_cmd mpicc && have_cmd mpicxx && have_cmd mpiexec; }
+check_hdf5() { have_cmd h5cc || have_cmd h5pcc; }
+check_yaml_cpp() { have_cxx yaml-cpp/yaml.h yaml-cpp; }
+check_json() { have_cxx nlohmann/json.hpp; }
+check_sentencepiece() {
+  have_cxx sentencepiece_trainer.h sentencepiece -lsentencepiece_train &&
+    pkg-config --exists sentencepiece 2>/dev/null
+}
+check_blas() { have_cxx cblas.h openblas; }
+check_sleef() { have_cxx sleef.h sleef; }
+check_gtest() { have_cxx gtest/gtest.h gtest -pthread; }
+check_benchmark() { have_cxx benchmark/benchmark.h benchmark -pthread; }
+check_h5dump() { have_cmd h5dump; }
+check_python() { have_py numpy && have_py h5py; }
+check_plots() { have_py matplotlib && have_py PIL; }
+check_slurm() {
+  have_cmd munged && have_cmd slurmctld && have_cmd slurmd && have_cmd sbatch && have_cmd srun &&
+    have_cmd pgrep
+}
+check_fortunes() {
+  [ -f /usr/share/games/fortunes/fortunes ] && [ -f /usr/share/games/fortunes/wisdom ]
+}
+check_spm_train() { have_cmd spm_train; }
+check_mpich() { have_cmd mpicc.mpich && have_cmd mpicxx.mpich && have_cmd mpiexec.mpich; }
 
-# what it is | check | Debian packages | build or extra
-requirements=(
-  "C++17 compiler (c++)|have_cmd $cxx|build-essential|build"
-  "CMake >= 3.24|cmake_new_enough|cmake|build"
-  "pkg-config|have_cmd pkg-config|pkg-config|build"
-  "OpenMP (-fopenmp, omp.h)|have_cxx omp.h '' -fopenmp|build-essential|build"
-  "MPI compiler wrappers and launcher (mpicc, mpicxx, mpiexec)|have_cmd mpicc && have_cmd mpicxx && have_cmd mpiexec|libopenmpi-dev openmpi-bin|build"
-  "HDF5 C library and its compiler wrapper (h5cc, or h5pcc of a parallel build)|have_cmd h5cc || have_cmd h5pcc|libhdf5-dev|build"
-  "yaml-cpp (yaml-cpp/yaml.h, -lyaml-cpp)|have_cxx yaml-cpp/yaml.h yaml-cpp|libyaml-cpp-dev|build"
-  "nlohmann/json (iha-convert: Hugging Face config.json and safetensors headers; iha-data: JSON lines)|have_cxx nlohmann/json.hpp|nlohmann-json3-dev|build"
-  "SentencePiece (iha-data's tokenizer: sentencepiece_processor.h, -lsentencepiece, pkg-config)|have_cxx sentencepiece_trainer.h sentencepiece '-lsentencepiece_train' && pkg-config --exists sentencepiece|libsentencepiece-dev|build"
-  "OpenBLAS with CBLAS (cblas.h, -lopenblas)|have_cxx cblas.h openblas|libopenblas-dev|build"
-  "SLEEF vectorised maths (sleef.h, -lsleef)|have_cxx sleef.h sleef|libsleef-dev|build"
-  "GoogleTest (gtest/gtest.h, -lgtest)|have_cxx gtest/gtest.h gtest -pthread|libgtest-dev|build"
-  "Google Benchmark (benchmark/benchmark.h, -lbenchmark)|have_cxx benchmark/benchmark.h benchmark -pthread|libbenchmark-dev|build"
-  "h5dump (checkpoint schema tests)|have_cmd h5dump|hdf5-tools|extra"
-  "python3 with numpy and h5py (schema and interop tests)|have_py numpy && have_py h5py|python3 python3-numpy python3-h5py|extra"
-  "munge and Slurm (the one-node Slurm test, tests/slurm: munged, slurmctld, slurmd, sbatch, srun)|have_cmd munged && have_cmd slurmctld && have_cmd slurmd && have_cmd sbatch && have_cmd srun|munge slurmctld slurmd slurm-client|extra"
-  "the fortune files (the packed-documents corpus: scripts/make-packed-corpus.sh, tests/apps)|test -f /usr/share/games/fortunes/fortunes && test -f /usr/share/games/fortunes/wisdom|fortunes-min fortunes|extra"
-  "spm_train (SentencePiece's command-line trainer, docs/data.md)|have_cmd spm_train|sentencepiece|extra"
-  "MPICH beside the default MPI (mpicc.mpich, mpicxx.mpich, mpiexec.mpich: scripts/test-mpich.sh)|have_cmd mpicc.mpich && have_cmd mpicxx.mpich && have_cmd mpiexec.mpich|mpich libmpich-dev|extra"
-)
-if [ "${1:-}" = "--bench" ]; then
-  requirements+=("matplotlib and PIL (bench/report plots)|have_py matplotlib && have_py PIL|python3-matplotlib python3-pil|extra")
+# ---- the table ----
+# require NAME KIND "what it is (what needs it)" DEBIAN-PACKAGE...
+# The check is check_NAME. KIND: build (the build fails without it) or test (a test or a
+# script fails without it). A requirement with PyPI-only parts lists them in pip_NAME (an array,
+# exact versions), installed into .venv/ once the Debian packages are in.
+req_names=()
+require() {
+  local name=$1 kind=$2 what=$3
+  shift 3
+  req_names+=("$name")
+  printf -v "kind_$name" '%s' "$kind"
+  printf -v "what_$name" '%s' "$what"
+  printf -v "debs_$name" '%s' "$*"
+}
+require cxx            build "C++17 compiler ($cxx)" build-essential
+require cmake          build "CMake >= 3.24" cmake
+require pkg_config     build "pkg-config" pkg-config
+require openmp         build "OpenMP (-fopenmp, omp.h)" build-essential
+require mpi            build "MPI compiler wrappers and launcher (mpicc, mpicxx, mpiexec)" \
+                             libopenmpi-dev openmpi-bin
+require hdf5           build "HDF5 C library and its compiler wrapper (h5cc, or h5pcc of a parallel build)" \
+                             libhdf5-dev
+require yaml_cpp       build "yaml-cpp (yaml-cpp/yaml.h, -lyaml-cpp)" libyaml-cpp-dev
+require json           build "nlohmann/json (iha-convert: config.json and safetensors headers; iha-data: JSON lines)" \
+                             nlohmann-json3-dev
+require sentencepiece  build "SentencePiece (iha-data's tokenizer: headers, -lsentencepiece, pkg-config)" \
+                             libsentencepiece-dev
+require blas           build "OpenBLAS with CBLAS (cblas.h, -lopenblas)" libopenblas-dev
+require sleef          build "SLEEF vectorised maths (sleef.h, -lsleef)" libsleef-dev
+require gtest          build "GoogleTest (gtest/gtest.h, -lgtest)" libgtest-dev
+require benchmark      build "Google Benchmark (benchmark/benchmark.h, -lbenchmark)" libbenchmark-dev
+require h5dump         test  "h5dump (checkpoint schema tests)" hdf5-tools
+require python         test  "python3 with numpy and h5py (schema, interop and app tests)" \
+                             python3 python3-numpy python3-h5py
+require plots          test  "matplotlib and PIL (experiment scripts' smoke tests, bench/report plots)" \
+                             python3-matplotlib python3-pil
+require slurm          test  "munge, Slurm and pgrep (the one-node Slurm test, tests/slurm)" \
+                             munge slurmctld slurmd slurm-client procps
+require fortunes       test  "the fortune files (packed-documents corpus: scripts/make-packed-corpus.sh, tests/apps)" \
+                             fortunes-min fortunes
+require spm_train      test  "spm_train (SentencePiece's command-line trainer, docs/data.md)" sentencepiece
+require mpich          test  "MPICH beside the default MPI (scripts/test-mpich.sh)" mpich libmpich-dev
+if [ -n "${IHA_DEPS_EXTRA:-}" ]; then
+  # shellcheck disable=SC1090
+  source "$IHA_DEPS_EXTRA"
 fi
 
-# Fills missing_what, missing_pkgs; returns 0 when nothing the build needs is missing.
-check_all() {
-  missing_what=()
-  missing_pkgs=()
-  local build_ok=0 r what check pkgs kind
-  for r in "${requirements[@]}"; do
-    IFS='|' read -r what check pkgs kind <<< "$r"
-    if ! eval "$check"; then
-      missing_what+=("$what [$kind; Debian: $pkgs]")
-      # shellcheck disable=SC2206
-      missing_pkgs+=($pkgs)
-      [ "$kind" = build ] && build_ok=1
+# ---- the checks on the table itself ----
+self_check() {
+  local name kind debs pkg bad=0 rc
+  declare -A seen=()
+  for name in "${req_names[@]}"; do
+    if [ -n "${seen[$name]:-}" ]; then echo "install-deps: self-check: '$name' is listed twice"; bad=1; fi
+    seen[$name]=1
+    kind_var="kind_$name" debs_var="debs_$name" what_var="what_$name"
+    kind=${!kind_var} debs=${!debs_var}
+    case "$kind" in build | test) ;; *)
+      echo "install-deps: self-check: '$name' has kind '$kind' (build or test)"; bad=1 ;;
+    esac
+    if [ -z "${!what_var}" ]; then echo "install-deps: self-check: '$name' says nothing of what it is"; bad=1; fi
+    if [ -z "$debs" ]; then
+      echo "install-deps: self-check: '$name' names no Debian package"; bad=1
+    fi
+    for pkg in $debs; do
+      if ! [[ $pkg =~ ^[a-z0-9][a-z0-9.+-]+$ ]]; then
+        echo "install-deps: self-check: '$name' names '$pkg', which is not a Debian package name"; bad=1
+      fi
+    done
+    if ! declare -F "check_$name" >/dev/null; then
+      echo "install-deps: self-check: '$name' has no function check_$name"; bad=1
+      continue
+    fi
+    # A check answers 0 or 1; anything else (127: a command or function that does not exist,
+    # 2: a syntax or usage error) is a broken check, whatever is installed.
+    rc=0
+    "check_$name" >/dev/null 2>"$probe_dir/err" || rc=$?
+    if [ "$rc" -gt 1 ] || [ -s "$probe_dir/err" ]; then
+      echo "install-deps: self-check: check_$name is broken (exit $rc): $(head -c 300 "$probe_dir/err")"; bad=1
     fi
   done
-  return $build_ok
+  [ "$bad" -eq 0 ] && echo "install-deps: self-check: ${#req_names[@]} requirements, all well formed"
+  return "$bad"
+}
+
+want_kinds=" build "
+case "${1:-}" in
+  "") ;;
+  --all) want_kinds=" build test " ;;
+  --self-check) self_check; exit ;;
+  --list)
+    for name in "${req_names[@]}"; do
+      kv="kind_$name" dv="debs_$name" wv="what_$name"
+      printf '%-14s %-5s %-50s %s\n' "$name" "${!kv}" "${!dv}" "${!wv}"
+    done
+    exit 0 ;;
+  -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "install-deps: unknown argument '$1' (--all, --list, --self-check, --help)" >&2; exit 2 ;;
+esac
+
+# Fills missing (names), missing_pkgs and build_missing (1 when the build itself cannot succeed).
+check_all() {
+  missing=()
+  missing_pkgs=()
+  build_missing=0
+  local name kind debs
+  for name in "${req_names[@]}"; do
+    kind_var="kind_$name" debs_var="debs_$name"
+    kind=${!kind_var} debs=${!debs_var}
+    [[ $want_kinds == *" $kind "* ]] || continue
+    if ! "check_$name"; then
+      missing+=("$name")
+      # shellcheck disable=SC2206
+      missing_pkgs+=($debs)
+      [ "$kind" = build ] && build_missing=1
+    fi
+  done
+  return 0
 }
 
 report_missing() {
-  local m
-  for m in "${missing_what[@]}"; do echo "install-deps: missing: $m"; done
+  local name kv dv wv
+  for name in "${missing[@]}"; do
+    kv="kind_$name" dv="debs_$name" wv="what_$name"
+    echo "install-deps: missing: ${!wv} [${!kv}; Debian: ${!dv}]"
+  done
 }
 
-build_ok=0
-check_all || build_ok=1
-if [ ${#missing_what[@]} -eq 0 ]; then
+check_all
+if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: everything present"
   exit 0
 fi
@@ -97,9 +221,8 @@ if have_cmd apt-get && have_cmd dpkg && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing_pkgs[@]}" >/dev/null
-  build_ok=0
-  check_all || build_ok=1
-  if [ ${#missing_what[@]} -eq 0 ]; then
+  check_all
+  if [ ${#missing[@]} -eq 0 ]; then
     echo "install-deps: done"
     exit 0
   fi
@@ -108,9 +231,9 @@ else
   echo "install-deps: no apt-get (or no root/sudo) here; install these yourself:"
 fi
 report_missing
-if [ "$build_ok" -ne 0 ]; then
+if [ "$build_missing" -ne 0 ]; then
   echo "install-deps: the build cannot succeed without the [build] items above"
   exit 1
 fi
-echo "install-deps: the build can proceed; tests or scripts needing the [extra] items will fail"
+echo "install-deps: the build can proceed; the tests or scripts needing the [test] items above will fail"
 exit 0

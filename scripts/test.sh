@@ -5,6 +5,8 @@
 # MPICH (scripts/test-mpich.sh, build-mpich/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# What the tests need beyond the build (h5dump, Slurm, MPICH, Python modules, ...): --all.
+bash scripts/install-deps.sh --all
 bash scripts/build.sh "$@"
 source scripts/env.sh
 ctest --test-dir build --output-on-failure -j "${IHA_JOBS:-$(nproc)}" --timeout 900
