@@ -22,7 +22,7 @@
 #
 # Needs root (debootstrap, chroot, mounts) on a Debian-family machine; installs debootstrap
 # with apt-get when it is missing. A rerun on the same machine reuses the cached root tarball
-# and apt's downloaded packages (IHA_FRESH_CACHE, default /var/cache/iha-fresh-machine), so it
+# and apt's and pip's downloaded packages (IHA_FRESH_CACHE, default /var/cache/iha-fresh-machine), so it
 # costs the package installation, the build and the tests, not the downloads. The root lives
 # under IHA_FRESH_WORKDIR (default /var/tmp) and is removed afterwards, after every mount in it
 # is undone. Logs and summary.txt go to IHA_FRESH_RESULTS (default fresh-machine-results/ in
@@ -61,7 +61,7 @@ commit=$(git -C "$repo" rev-parse --verify "$rev^{commit}") ||
 
 cache=${IHA_FRESH_CACHE:-/var/cache/iha-fresh-machine}
 results=${IHA_FRESH_RESULTS:-$repo/fresh-machine-results}
-mkdir -p "$cache/apt-archives/partial" "$cache/debootstrap" "$results"
+mkdir -p "$cache/apt-archives/partial" "$cache/debootstrap" "$cache/pip" "$results"
 log() { echo "fresh-machine-test: $*"; }
 now() { date +%s; }
 
@@ -151,6 +151,8 @@ mount_in -t tmpfs tmpfs "$root/run"
 # apt downloads as its own user: the cache's partial/ must be that user's inside the root.
 chown "$(chroot "$root" id -u _apt)" "$cache/apt-archives/partial"
 mount_in --bind "$cache/apt-archives" "$root/var/cache/apt/archives"
+# pip's cache (the PyPI-only packages install-deps puts in .venv/), kept the same way.
+mount_in --bind "$cache/pip" "$root/root/.cache/pip"
 
 # The clone: as a new user gets it (no hard links into this repository, no hooks, nothing
 # uncommitted), checked out at the commit.

@@ -67,6 +67,7 @@ check_blas() { have_cxx cblas.h openblas; }
 check_sleef() { have_cxx sleef.h sleef; }
 check_gtest() { have_cxx gtest/gtest.h gtest -pthread; }
 check_benchmark() { have_cxx benchmark/benchmark.h benchmark -pthread; }
+check_python3() { have_cmd "$python"; }
 check_h5dump() { have_cmd h5dump; }
 check_python() { have_py numpy && have_py h5py; }
 check_plots() { have_py matplotlib && have_py PIL; }
@@ -111,9 +112,10 @@ require blas           build "OpenBLAS with CBLAS (cblas.h, -lopenblas)" libopen
 require sleef          build "SLEEF vectorised maths (sleef.h, -lsleef)" libsleef-dev
 require gtest          build "GoogleTest (gtest/gtest.h, -lgtest)" libgtest-dev
 require benchmark      build "Google Benchmark (benchmark/benchmark.h, -lbenchmark)" libbenchmark-dev
+require python3        build "python3 (the tests' CMake files find it; the default build has the tests)" python3
 require h5dump         test  "h5dump (checkpoint schema tests)" hdf5-tools
-require python         test  "python3 with numpy and h5py (schema, interop and app tests)" \
-                             python3 python3-numpy python3-h5py
+require python         test  "numpy and h5py for python3 (schema, interop and app tests)" \
+                             python3-numpy python3-h5py
 require plots          test  "matplotlib and PIL (experiment scripts' smoke tests, bench/report plots)" \
                              python3-matplotlib python3-pil
 require slurm          test  "munge, Slurm and pgrep (the one-node Slurm test, tests/slurm)" \
@@ -148,6 +150,17 @@ self_check() {
         echo "install-deps: self-check: '$name' names '$pkg', which is not a Debian package name"; bad=1
       fi
     done
+    if declare -p "pip_$name" >/dev/null 2>&1; then
+      local arr="pip_$name[@]" pip
+      for pip in "${!arr}"; do
+        if ! [[ $pip =~ ^[A-Za-z0-9._-]+==[0-9][A-Za-z0-9.+-]*$ ]]; then
+          echo "install-deps: self-check: '$name' asks pip for '$pip', not an exact NAME==VERSION"; bad=1
+        fi
+      done
+      if [[ " $debs " != *" python3-venv "* ]]; then
+        echo "install-deps: self-check: '$name' installs with pip but does not name python3-venv"; bad=1
+      fi
+    fi
     if ! declare -F "check_$name" >/dev/null; then
       echo "install-deps: self-check: '$name' has no function check_$name"; bad=1
       continue
@@ -199,6 +212,20 @@ check_all() {
   return 0
 }
 
+# The PyPI-only parts of the missing requirements (pip_NAME arrays), into .venv/ (made with
+# --system-site-packages: it sees Debian's python3 modules too).
+install_pips() {
+  local name pips=() arr
+  for name in "${missing[@]}"; do
+    arr="pip_$name[@]"
+    if declare -p "pip_$name" >/dev/null 2>&1; then pips+=("${!arr}"); fi
+  done
+  [ ${#pips[@]} -eq 0 ] && return 0
+  [ -x "$venv_python" ] || "$python" -m venv --system-site-packages .venv
+  echo "install-deps: installing into .venv/ with pip: ${pips[*]}"
+  "$venv_python" -m pip install --quiet --disable-pip-version-check "${pips[@]}"
+}
+
 report_missing() {
   local name kv dv wv
   for name in "${missing[@]}"; do
@@ -221,6 +248,7 @@ if have_cmd apt-get && have_cmd dpkg && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing_pkgs[@]}" >/dev/null
+  install_pips
   check_all
   if [ ${#missing[@]} -eq 0 ]; then
     echo "install-deps: done"

@@ -56,4 +56,9 @@ expect_broken check_says_error \
   'check_probe_f() { ls /nonexistent-path-of-the-probe; }
 require probe_f test "a check that prints an error" hdf5-tools' \
   "check_probe_f is broken"
+expect_broken unpinned_pip \
+  'check_probe_g() { return 0; }
+require probe_g test "a PyPI package without a version" python3-venv
+pip_probe_g=(transformers)' \
+  "'probe_g' asks pip for 'transformers', not an exact NAME==VERSION"
 exit $fail
