@@ -92,6 +92,7 @@ struct RatioTimer {
     state.counters["sgemm_GFLOPs"] = sgemm_gflops;
     state.counters["ratio"] = gflops / sgemm_gflops;
     state.counters["ratio_cpu"] = (sgemm_cpu / SgemmReference::flops()) / (work_cpu / flops_per_iter);
+    state.counters["work_cpu_s"] = work_cpu / iters;  // per iteration, the sgemm excluded
   }
 };
 
