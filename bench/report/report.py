@@ -902,6 +902,13 @@ def full(results, report_path):
         L.append(table(["level", "OpenBLAS core", "pass", "N*P", "ms", "GFLOP/s", "sgemm GFLOP/s", "ratio (range)",
                         "ratio cpu", "load before / after (or note)"], lrows))
     L.append("")
+    busy = [lv for lv in lvl if "rows" in lv and lv["load_before"] != "?" and
+            float(lv["load_before"].split()[0]) > nproc - 1]
+    if busy:
+        L.append(f"**Load:** the 1-minute load average before {', '.join(lv['level'] for lv in busy)} was above "
+                 f"{nproc - 1} (other work on the {nproc} cores): the wall ratios (and their ranges) then measure "
+                 "the competition more than the code; compare the levels on `ratio cpu`, measured in the same run.")
+        L.append("")
     L.append("Commands:")
     L.append(cmds("levels"))
     L.append("")
