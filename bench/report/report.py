@@ -100,6 +100,51 @@ def attention_rows(data):
     return rows
 
 
+CPU_LEVELS = ("avx2", "avx512")
+
+
+def level_rows(results):
+    """The levels suite: per CPU level, its bench_attention rows (attention_rows, plus the
+    CPU-time ratio), the PyTorch peer record and the load average around the level's runs."""
+    loads = {x[0]: x[1:] for x in read_tsv(os.path.join(results, "levels_load.tsv")) if x}
+    out = []
+    for level in CPU_LEVELS:
+        data = read_json(os.path.join(results, f"levels_{level}.json"))
+        load = loads.get(level, [])
+        if not data:
+            if load and load[0].startswith("skipped"):
+                out.append({"level": level, "skipped": load[0]})
+            continue
+        rows = attention_rows(data)
+        runs = gbench_runs(data)
+        for r in rows:
+            for name, reps in runs.items():
+                if name.startswith("BM_layer_forward_backward" if r["phase"] == "layer fwd+bwd" else
+                                   f"BM_attention_{'forward' if r['phase'] == 'fwd' else 'backward'}/NP:{r['NP']}/"):
+                    cpu = [x["ratio_cpu"] for x in reps if "ratio_cpu" in x]
+                    r["ratio_cpu"] = median(cpu) if cpu else float("nan")
+                    r["ms_reps"] = [x["real_time"] for x in reps]
+                    r["cpu_s_reps"] = [x["work_cpu_s"] for x in reps if "work_cpu_s" in x]
+        peer = read_json(os.path.join(results, f"levels_peer_{level}.json"))
+        out.append({"level": level, "rows": rows, "peer": peer, "context": data["context"],
+                    "load_before": load[0] if load else "?", "load_after": load[1] if len(load) > 1 else "?"})
+    return out
+
+
+def peer_ratio(lv, cpu=False):
+    """(median, min, max) of PyTorch peer time / layer time (wall, or process CPU time), or None:
+    medians over each side's repetitions, the range from the fastest and slowest of each."""
+    peer = lv.get("peer") or {}
+    lay = [r for r in lv.get("rows", []) if r["phase"] == "layer fwd+bwd"]
+    if not lay:
+        return None
+    p = peer.get("cpu_seconds" if cpu else "seconds")
+    ms = lay[0].get("cpu_s_reps") if cpu else [t / 1000 for t in lay[0]["ms_reps"]]
+    if not p or not ms:
+        return None
+    return (median(p) / median(ms), min(p) / max(ms), max(p) / min(ms))
+
+
 STACK_KINDS = {"BM_MhaStack": "mha_stack", "BM_IhaStackMhaGlobal": "iha_stack_mha_global",
                "BM_IhaStackIhaGlobal": "iha_stack_iha_global"}
 
@@ -625,6 +670,7 @@ def full(results, report_path):
     ckpt = checkpoint_rows(results)
     pp = read_json(os.path.join(results, "pingpong.json"))
     qm = quick_metrics(os.path.join(results, "quick"))
+    lvl = level_rows(results)
 
     # CSVs (one a suite) and the regression baseline.
     write_csv(os.path.join(results, "attention.csv"), att,
@@ -726,6 +772,22 @@ def full(results, report_path):
                 lo = min(r["ratio"] for r in rs)
                 trows.append([f"attention {phase} {kind} / sgemm, N*P >= 8k", f">= {tgt}",
                               ", ".join(f"{r['ratio']:.2f} ({r['NP'] // 1024}k)" for r in rs), verdict(lo >= tgt)])
+    for lv in lvl:
+        if "rows" not in lv:
+            continue
+        for phase, tgt in (("fwd", 0.8), ("bwd", 0.9)):
+            rs = [r for r in lv["rows"] if r["phase"] == phase and r["kind"] == "global" and r["NP"] >= 8192]
+            if rs:
+                trows.append([f"level {lv['level']}: attention {phase} global / sgemm of the same width, N*P >= 8k",
+                              f">= {tgt}", ", ".join(f"{r['ratio']:.2f} ({r['NP'] // 1024}k; CPU time {fmt(r['ratio_cpu'], 2)})"
+                                                     for r in rs),
+                              verdict(min(r["ratio"] for r in rs) >= tgt)])
+        pr, pc = peer_ratio(lv), peer_ratio(lv, cpu=True)
+        if pr:
+            trows.append([f"level {lv['level']}: PyTorch peer / layer time (N 4096, fwd+bwd)", ">= 1.5",
+                          f"{pr[0]:.2f} ({pr[1]:.2f}..{pr[2]:.2f})" +
+                          (f"; CPU time {pc[0]:.2f} ({pc[1]:.2f}..{pc[2]:.2f})" if pc else ""),
+                          verdict(pr[0] >= 1.5)])
     for kind in ("global", "window"):
         rs = [r for r in sp if r["scheme"] == "sequence" and r["layer"] == kind and r["ranks"] == 2 and r["NP"] >= 16384]
         if rs:
@@ -799,6 +861,56 @@ def full(results, report_path):
     L.append("")
     L.append("Commands:")
     L.append(cmds("attention"))
+    L.append("")
+
+    # CPU levels.
+    L.append("### CPU levels side by side (levels suite)")
+    L.append("")
+    L.append("The same binary at each CPU level (core/cpu_level.h; `IHA_CPU_LEVEL` forces one), each against "
+             "OpenBLAS's sgemm kernels of the same vector width timed in the same iterations (Haswell for avx2, "
+             "SkylakeX for avx512), one thread, global layers. `ratio cpu` is the same ratio on process CPU time "
+             "(robust to other work taking the core). The layer row is the single-device layer (N = 4096, D = 256, "
+             "H = 4, d = 64, P = 2) forward + backward; `peer` is bench/attention/torch_peer.py, the same layer "
+             "written in PyTorch (autograd, one thread, same BLAS core), run right after it: peer / layer > 1 means "
+             "the library is faster (its `ratio cpu`: the same on process CPU time). Medians over repetitions, "
+             "ranges min..max; load average before and after each level's runs.")
+    L.append("")
+    if not lvl:
+        L.append("(not run)")
+    lrows = []
+    for lv in lvl:
+        if "rows" not in lv:
+            lrows.append([lv["level"], lv.get("skipped", "?"), "", "", "", "", "", "", "", ""])
+            continue
+        core = lv["context"].get("openblas_core", "?")
+        for r in lv["rows"]:
+            if r["kind"] != "global":
+                continue
+            lrows.append([lv["level"], core, r["phase"], r["NP"], fmt(r["ms"], 1), fmt(r["GFLOPs"], 1),
+                          fmt(r["sgemm_GFLOPs"], 1), f"**{r['ratio']:.3f}** ({r['ratio_min']:.3f}..{r['ratio_max']:.3f})",
+                          fmt(r.get("ratio_cpu", float("nan"))), f"{lv['load_before']} / {lv['load_after']}"])
+        peer = lv.get("peer") or {}
+        pr, pc = peer_ratio(lv), peer_ratio(lv, cpu=True)
+        if pr:
+            lrows.append([lv["level"], core, "peer / layer", 8192, fmt(1000 * median(peer["seconds"]), 1), "", "",
+                          f"**{pr[0]:.2f}** ({pr[1]:.2f}..{pr[2]:.2f})", fmt(pc[0], 2) if pc else "-",
+                          f"torch {peer.get('torch_version', '?')}, {peer.get('attention', '?')}, "
+                          f"ATen {peer.get('cpu_capability', '?')}"])
+        elif "skipped" in peer:
+            lrows.append([lv["level"], core, "peer / layer", "", "", "", "", "skipped", "", peer["skipped"]])
+    if lrows:
+        L.append(table(["level", "OpenBLAS core", "pass", "N*P", "ms", "GFLOP/s", "sgemm GFLOP/s", "ratio (range)",
+                        "ratio cpu", "load before / after (or note)"], lrows))
+    L.append("")
+    busy = [lv for lv in lvl if "rows" in lv and lv["load_before"] != "?" and
+            float(lv["load_before"].split()[0]) > nproc - 1]
+    if busy:
+        L.append(f"**Load:** the 1-minute load average before {', '.join(lv['level'] for lv in busy)} was above "
+                 f"{nproc - 1} (other work on the {nproc} cores): the wall ratios (and their ranges) then measure "
+                 "the competition more than the code; compare the levels on `ratio cpu`, measured in the same run.")
+        L.append("")
+    L.append("Commands:")
+    L.append(cmds("levels"))
     L.append("")
 
     # Stack.

@@ -1,8 +1,8 @@
 // CPU flash attention: tile products, vectorised exp, online softmax per query row.
 //
-// Tile products: for float with d % 16 == 0 at CPU level avx512, the register-blocked
-// kernels of tile_kernels.h (keys and values packed once per call, nothing re-packed per
-// tile); otherwise BLAS. Score columns are then computed in whole 16-key panels: up to 15
+// Tile products: for float with d % 16 == 0, the register-blocked kernels of tile_kernels.h
+// at the CPU level's vector width (keys and values packed once per call, nothing re-packed
+// per tile); otherwise BLAS. Score columns are then computed in whole 16-key panels: up to 15
 // columns at either end of a block are computed and dropped (FlashStats counts the block).
 //
 // Work is cut into tiles of tiles.q query rows x tiles.k key rows, restricted to the key
@@ -93,7 +93,7 @@ std::pair<int64_t, int64_t> call_key_range(const MaskSpec& m, const int64_t* q_p
   return key_range(m, k_pos, nk, q_pos[0], q_pos[nq - 1], segment_start(m, 0));
 }
 
-// Tile products for one kernel call: BLAS, or the AVX-512 kernels (float only) with the
+// Tile products for one kernel call: BLAS, or the tile kernels (float only) with the
 // key-side operands packed once into panels.
 template <class T>
 class TileProducts {

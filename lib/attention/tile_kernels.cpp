@@ -2,16 +2,15 @@
 
 #include <algorithm>
 
+#include "attention/kernels_avx2.h"
 #include "attention/kernels_avx512.h"
 #include "core/cpu_level.h"
 #include "core/error.h"
 
 namespace iha::detail {
 
-// Only AVX-512 has the kernels (an AVX2 register block would hold a quarter of the
-// accumulators); at AVX2 the flash kernels use BLAS.
 bool tile_kernels_available(int64_t d) {
-  return d >= 16 && d % 16 == 0 && cpu_level() == CpuLevel::avx512;
+  return d >= 16 && d % 16 == 0 && (IHA_HAVE_AVX2_KERNELS || cpu_level() == CpuLevel::avx512);
 }
 
 void pack_panels(const float* x, int64_t n, int64_t d, float* out) {
@@ -29,13 +28,25 @@ void pack_panels(const float* x, int64_t n, int64_t d, float* out) {
 void scores_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d,
                int64_t p0, int64_t npanels, float scale, float* s, int64_t lds) {
   IHA_CHECK(tile_kernels_available(d), "tile kernels called at CPU level ", to_string(cpu_level()), " with d=", d);
-  avx512::scores_nt(a, lda, rows, panels, d, p0, npanels, scale, s, lds);
+  if (cpu_level() == CpuLevel::avx512) {
+    avx512::scores_nt(a, lda, rows, panels, d, p0, npanels, scale, s, lds);
+    return;
+  }
+#if IHA_HAVE_AVX2_KERNELS
+  avx2::scores_nt(a, lda, rows, panels, d, p0, npanels, scale, s, lds);
+#endif
 }
 
 void accumulate_nn(const float* w, int64_t wi, int64_t wj, int64_t rows, int64_t n,
                    const float* x, int64_t ldx, int64_t d, float* out, int64_t ldo) {
   IHA_CHECK(tile_kernels_available(d), "tile kernels called at CPU level ", to_string(cpu_level()), " with d=", d);
-  avx512::accumulate_nn(w, wi, wj, rows, n, x, ldx, d, out, ldo);
+  if (cpu_level() == CpuLevel::avx512) {
+    avx512::accumulate_nn(w, wi, wj, rows, n, x, ldx, d, out, ldo);
+    return;
+  }
+#if IHA_HAVE_AVX2_KERNELS
+  avx2::accumulate_nn(w, wi, wj, rows, n, x, ldx, d, out, ldo);
+#endif
 }
 
 }  // namespace iha::detail

@@ -1,17 +1,19 @@
-// Internal to lib/attention (not part of the public API): register-blocked AVX-512 tile
-// products for the float flash kernels, used instead of BLAS calls when the CPU level chosen
-// at run time is avx512 (core/cpu_level.h; the kernels are in tile_kernels_avx512.cpp).
+// Internal to lib/attention (not part of the public API): register-blocked tile products for
+// the float flash kernels, used instead of BLAS calls, at the vector width of the CPU level
+// chosen at run time (core/cpu_level.h): 8 lanes in tile_kernels_avx2.cpp, 16 lanes in
+// tile_kernels_avx512.cpp, over the same panels.
 //
 // Why not BLAS: a flash tile is small (tens to hundreds of rows, d = 64), and a BLAS call
 // packs both operands on every call and pays its call overhead per tile; here the keys are
 // packed once per kernel call (panels below) and the other operands are read in place.
 //
 // Panels: rows [16p, 16p + 16) of an (n x d) row-major matrix, transposed to [d][16], for
-// p in [0, ceil(n / 16)); rows past n are zero. A panel feeds one 16-lane vector per k.
+// p in [0, ceil(n / 16)); rows past n are zero. A panel feeds one 16-lane vector (AVX-512) or
+// two 8-lane vectors (AVX2) per k.
 //
 // Every product sums over k (or j) in increasing order with one accumulator per output
 // vector, so results are bitwise reproducible and do not depend on how callers cut blocks
-// into row groups.
+// into row groups. Both levels sum in that order with FMA: their products are the same bits.
 //
 // Threading: pure functions of their arguments; callers own all buffers.
 // defines: iha::detail::tile_kernels_available, iha::detail::kPanel, iha::detail::panel_floats,
@@ -25,8 +27,9 @@ namespace iha::detail {
 // Lanes per panel.
 constexpr int64_t kPanel = 16;
 
-// True when the process runs at CPU level avx512 and the kernels handle head dim d
-// (d % 16 == 0). scores_nt and accumulate_nn may be called only then.
+// True when the kernels handle head dim d (d % 16 == 0) at the process's CPU level (every
+// level has them, unless the baseline objects were built without AVX2 + FMA). scores_nt and
+// accumulate_nn may be called only then.
 bool tile_kernels_available(int64_t d);
 
 // Floats needed to pack n rows of width d.

@@ -9,6 +9,7 @@
 #endif
 #include <sleef.h>
 
+#include "attention/kernels_avx2.h"
 #include "attention/kernels_avx512.h"
 #include "core/cpu_level.h"
 
@@ -16,8 +17,9 @@ namespace iha {
 
 namespace {
 
-// The baseline: the widest SLEEF variant the default objects' ISA allows (AVX2 at the
-// x86-64-v3 baseline; SSE2 if built for plain x86-64), then sums over 8 fixed lanes.
+#if !IHA_HAVE_AVX2_KERNELS
+// The fallback when the baseline lacks AVX2 + FMA (kernels_avx2.h): the widest SLEEF variant
+// the default objects' ISA allows, then sums over 8 fixed lanes.
 
 void exp_baseline(float* x, int64_t n) {
   int64_t i = 0;
@@ -75,6 +77,8 @@ T exp_shift_sum_baseline(T* x, int64_t n, T shift) {
   return r;
 }
 
+#endif  // !IHA_HAVE_AVX2_KERNELS
+
 // One implementation of every row operation, chosen once per process by cpu_level().
 template <class T>
 struct RowKernels {
@@ -85,13 +89,21 @@ struct RowKernels {
 };
 
 template <class T>
+RowKernels<T> level_avx2() {
+#if IHA_HAVE_AVX2_KERNELS
+  return {detail::avx2::exp_inplace, detail::avx2::max_of, detail::avx2::exp_shift, detail::avx2::exp_shift_sum};
+#else
+  return {exp_baseline, max_of_baseline<T>, exp_shift_baseline<T>, exp_shift_sum_baseline<T>};
+#endif
+}
+
+template <class T>
 const RowKernels<T>& row_kernels() {
   static const RowKernels<T> k =
       cpu_level() == CpuLevel::avx512
           ? RowKernels<T>{detail::avx512::exp_inplace, detail::avx512::max_of,
                           detail::avx512::exp_shift, detail::avx512::exp_shift_sum}
-          : RowKernels<T>{exp_baseline, max_of_baseline<T>, exp_shift_baseline<T>,
-                          exp_shift_sum_baseline<T>};
+          : level_avx2<T>();
   return k;
 }
 

@@ -1,9 +1,10 @@
-// Vectorised exp and the row operations of the online softmax (SLEEF, 1.0-ULP variants, at
-// the vector width of the CPU level chosen at run time, core/cpu_level.h: AVX2 in vexp.cpp,
-// AVX-512 in vexp_avx512.cpp): the flash kernels' inner loops.
+// Vectorised exp and the row operations of the online softmax, at the vector width of the CPU
+// level chosen at run time (core/cpu_level.h): AVX2 in vexp_avx2.cpp, AVX-512 in
+// vexp_avx512.cpp, dispatched in vexp.cpp: the flash kernels' inner loops. exp is SLEEF's
+// 1.0-ULP variant, except float at AVX2, an inlined exp within 1 ulp (vexp_avx2.cpp).
 // exp(-inf) = 0 and NaN stays NaN, as the -inf masking needs. Sums are taken in a fixed order
 // (per-lane partial sums, then a fixed reduction), so results are bitwise reproducible
-// at one CPU level (levels may differ in the last bits).
+// at one CPU level (levels differ in the last bits: other exp, other lane counts).
 // defines: iha::exp_inplace, iha::max_of, iha::exp_shift, iha::exp_shift_sum
 #pragma once
 

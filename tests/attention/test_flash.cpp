@@ -43,7 +43,7 @@ struct FlashCase {
   int64_t P;
   int64_t window;  // Wv; 0 = none
   FlashTiles tiles;
-  int64_t d = 6;   // head dim; multiples of 16 take the AVX-512 tile kernels (float) at that level
+  int64_t d = 6;   // head dim; multiples of 16 take the tile kernels (float)
   int64_t N = 13;  // tokens
 };
 
@@ -139,7 +139,7 @@ struct HeadInputs {
 };
 
 // Same inputs, same bits: run twice, the second time with NaN-filled outputs (o and lse must
-// be fully written) and with the AVX-512 tile kernels' shapes (d = 64, several tiles).
+// be fully written) and with the tile kernels' shapes (d = 64, several tiles).
 TEST(Flash, Float32BitwiseReproducible) {
   const int64_t NP = 300, d = 64;
   const auto pos = iota_pos(NP);
@@ -245,7 +245,7 @@ TEST(Flash, ScatteredPositionsAndEmptyRows) {
   }
 }
 
-// The same scattered blocks in float32 at head dims the AVX-512 tile kernels take (16, 32),
+// The same scattered blocks in float32 at head dims the tile kernels take (16, 32),
 // against the float64 reference: empty rows stay (0, -inf) and no NaN leaks out.
 TEST(Flash, ScatteredPositionsFloat32TileKernels) {
   for (int64_t d : {16, 32}) {
@@ -351,14 +351,6 @@ TEST(Merge, BothEmptyStaysEmptyWithoutNaN) {
   merge_partial_row(o, lse, p2, 0.5, 3);
   EXPECT_EQ(lse, 0.5);
   EXPECT_EQ(o[2], 3.0);
-}
-
-// The AVX-512 tile kernels run exactly at CPU level avx512 (the tests run at every level).
-TEST(Flash, TileKernelsFollowTheCpuLevel) {
-  const bool avx512 = cpu_level() == CpuLevel::avx512;
-  EXPECT_EQ(detail::tile_kernels_available(64), avx512);
-  EXPECT_EQ(detail::tile_kernels_available(16), avx512);
-  EXPECT_FALSE(detail::tile_kernels_available(24));
 }
 
 // Tiles the mask hides are never computed: a window layer costs about N*P*Wv pairs.

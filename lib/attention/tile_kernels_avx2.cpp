@@ -1,0 +1,105 @@
+// The tile products of tile_kernels.h at AVX2 + FMA: register blocks of 8-lane vectors over
+// the same 16-key panels and the same summation order as the AVX-512 kernels (one FMA chain
+// per output element, k or j increasing), so both levels give the same bits here.
+#include "attention/kernels_avx2.h"
+
+#if IHA_HAVE_AVX2_KERNELS
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "attention/tile_kernels.h"
+
+namespace iha::detail::avx2 {
+
+namespace {
+
+// Register blocks, sized to the 16 ymm registers: 6 rows x 2 vectors (one 16-lane panel, or
+// 16 output columns) is 12 accumulators plus the two operand vectors and one broadcast. Per
+// step that is 12 FMAs for 2 vector loads and 6 broadcasts, the shape of OpenBLAS's Haswell
+// sgemm kernel; wider blocks would spill.
+constexpr int kRows = 6;
+constexpr int kVecs = 2;  // 8-lane vectors per block: kPanel lanes
+static_assert(kVecs * 8 == kPanel, "a block spans one panel");
+
+template <int R>
+void scores_block(const float* a, int64_t lda, const float* panel, int64_t d, float scale, float* s,
+                  int64_t lds) {
+  __m256 acc[R][kVecs];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < d; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(panel + k * kPanel);
+    const __m256 b1 = _mm256_loadu_ps(panel + k * kPanel + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 x = _mm256_broadcast_ss(a + r * lda + k);
+      acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+    }
+  }
+  const __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(s + r * lds + v * 8, _mm256_mul_ps(acc[r][v], sc));
+}
+
+template <int R>
+void accumulate_block(const float* w, int64_t wi, int64_t wj, int64_t n, const float* x, int64_t ldx,
+                      float* out, int64_t ldo) {
+  __m256 acc[R][kVecs];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm256_loadu_ps(out + r * ldo + v * 8);
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 b0 = _mm256_loadu_ps(x + j * ldx);
+    const __m256 b1 = _mm256_loadu_ps(x + j * ldx + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 c = _mm256_broadcast_ss(w + r * wi + j * wj);
+      acc[r][0] = _mm256_fmadd_ps(c, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(c, b1, acc[r][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(out + r * ldo + v * 8, acc[r][v]);
+}
+
+using ScoresFn = void (*)(const float*, int64_t, const float*, int64_t, float, float*, int64_t);
+using AccumulateFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*,
+                              int64_t);
+
+// [rows - 1]
+constexpr ScoresFn kScores[kRows] = {scores_block<1>, scores_block<2>, scores_block<3>,
+                                     scores_block<4>, scores_block<5>, scores_block<6>};
+constexpr AccumulateFn kAccumulate[kRows] = {accumulate_block<1>, accumulate_block<2>, accumulate_block<3>,
+                                             accumulate_block<4>, accumulate_block<5>, accumulate_block<6>};
+
+}  // namespace
+
+void scores_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d, int64_t p0,
+               int64_t npanels, float scale, float* s, int64_t lds) {
+  // Row blocks outside, panels inside: a block's rows of `a` (6 x d floats) stay in L1 while
+  // the panels stream past them.
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const int64_t nr = std::min<int64_t>(kRows, rows - r0);
+    for (int64_t p = 0; p < npanels; ++p)
+      kScores[nr - 1](a + r0 * lda, lda, panels + (p0 + p) * kPanel * d, d, scale, s + r0 * lds + p * kPanel, lds);
+  }
+}
+
+void accumulate_nn(const float* w, int64_t wi, int64_t wj, int64_t rows, int64_t n, const float* x,
+                   int64_t ldx, int64_t d, float* out, int64_t ldo) {
+  for (int64_t c0 = 0; c0 < d; c0 += kPanel) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+      const int64_t nr = std::min<int64_t>(kRows, rows - r0);
+      kAccumulate[nr - 1](w + r0 * wi, wi, wj, n, x + c0, ldx, out + r0 * ldo + c0, ldo);
+    }
+  }
+}
+
+}  // namespace iha::detail::avx2
+
+#endif  // IHA_HAVE_AVX2_KERNELS

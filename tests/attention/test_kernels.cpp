@@ -1,0 +1,165 @@
+// The kernels under the flash loops, at the CPU level in force (these tests run once per
+// level): tile products against plain FMA loops in the same order (same bits expected), the
+// row operations of vexp.h against plain loops over libm, at every tail length.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention/kernels_avx2.h"
+#include "attention/tile_kernels.h"
+#include "attention/vexp.h"
+#include "core/cpu_level.h"
+#include "core/rng.h"
+
+namespace iha {
+namespace {
+
+std::vector<float> randn_f(int64_t n, uint64_t stream) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(normal01(99, stream, i));
+  return v;
+}
+
+// Every level has tile kernels for d % 16 == 0 (in a build whose baseline has AVX2 + FMA).
+TEST(TileKernels, AvailableAtEveryLevel) {
+  EXPECT_EQ(detail::tile_kernels_available(64), IHA_HAVE_AVX2_KERNELS || cpu_level() == CpuLevel::avx512);
+  EXPECT_EQ(detail::tile_kernels_available(16), IHA_HAVE_AVX2_KERNELS || cpu_level() == CpuLevel::avx512);
+  EXPECT_FALSE(detail::tile_kernels_available(24));
+  EXPECT_FALSE(detail::tile_kernels_available(8));
+}
+
+// scores_nt: one FMA chain per output, k increasing, then the scale: the plain loop below
+// computes exactly that, so the kernel must match it bit for bit at every level, for every
+// row count (the register blocks' tails), panel count and offset, with padded strides.
+TEST(TileKernels, ScoresMatchPlainFmaLoop) {
+  for (int64_t d : {16, 64, 80}) {
+    const int64_t n = 75, lda = d + 3;  // 5 panels, the last one partly zero
+    const auto x = randn_f(n * d, 1), a = randn_f(13 * lda, 2);
+    std::vector<float> panels(detail::panel_floats(n, d));
+    detail::pack_panels(x.data(), n, d, panels.data());
+    const float scale = 0.125f;
+    for (int64_t rows = 1; rows <= 13; ++rows)
+      for (int64_t p0 : {0, 1, 3})
+        for (int64_t np = 1; p0 + np <= 5; ++np) {
+          const int64_t cols = np * detail::kPanel, lds = cols + 5;
+          std::vector<float> s(rows * lds, -7.0f);
+          detail::scores_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, s.data(), lds);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < lds; ++c) {
+              float want = -7.0f;  // outside the block: untouched
+              if (c < cols) {
+                const int64_t key = p0 * detail::kPanel + c;
+                float acc = 0.0f;
+                for (int64_t k = 0; k < d; ++k) acc = std::fma(a[r * lda + k], key < n ? x[key * d + k] : 0.0f, acc);
+                want = acc * scale;
+              }
+              ASSERT_EQ(s[r * lds + c], want) << "d=" << d << " rows=" << rows << " p0=" << p0 << " np=" << np
+                                              << " r=" << r << " c=" << c;
+            }
+        }
+  }
+}
+
+// accumulate_nn: out's value, then one FMA per j in increasing order, for W X and W^T X.
+TEST(TileKernels, AccumulateMatchesPlainFmaLoop) {
+  for (int64_t d : {16, 64, 80}) {
+    const int64_t ldx = d + 16, ldo = d + 8, ldw = 40;
+    for (bool transposed : {false, true})
+      for (int64_t rows : {1, 5, 6, 7, 13})
+        for (int64_t n : {1, 2, 17, 33}) {
+          const auto w = randn_f(ldw * 40, 3), x = randn_f(n * ldx, 4);
+          const auto out0 = randn_f(rows * ldo, 5);
+          std::vector<float> out = out0;
+          const int64_t wi = transposed ? 1 : ldw, wj = transposed ? ldw : 1;
+          detail::accumulate_nn(w.data(), wi, wj, rows, n, x.data(), ldx, d, out.data(), ldo);
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t c = 0; c < ldo; ++c) {
+              float want = out0[i * ldo + c];  // columns past d: untouched
+              if (c < d)
+                for (int64_t j = 0; j < n; ++j) want = std::fma(w[i * wi + j * wj], x[j * ldx + c], want);
+              ASSERT_EQ(out[i * ldo + c], want) << "d=" << d << " transposed=" << transposed << " rows=" << rows
+                                                << " n=" << n << " i=" << i << " c=" << c;
+            }
+        }
+  }
+}
+
+// Relative distance in units of the float's epsilon.
+template <class T>
+double rel_eps(T got, double want) {
+  return std::abs(double(got) - want) / (std::abs(want) * std::numeric_limits<T>::epsilon());
+}
+
+// Every row length up to three vectors at either level, so the whole-vector loop and each
+// tail length run; the entries past n (a sentinel) must stay untouched.
+template <class T>
+void check_row_ops() {
+  const T sentinel = T(12345);
+  for (int64_t n = 0; n <= 50; ++n) {
+    std::vector<T> x(n + 20, sentinel);
+    for (int64_t i = 0; i < n; ++i) x[i] = T(4 * normal01(7, n, i));
+    if (n > 3) x[2] = -std::numeric_limits<T>::infinity();  // a masked score
+    const std::vector<T> x0 = x;
+
+    // max_of: the plain rule `x > m ? x : m`, NaN entries skipped.
+    T want_max = T(-100);
+    for (int64_t i = 0; i < n; ++i) want_max = x0[i] > want_max ? x0[i] : want_max;
+    EXPECT_EQ(max_of(x.data(), n, T(-100)), want_max) << "n=" << n;
+    if (n > 5) {
+      std::vector<T> xn = x0;
+      xn[n - 1] = std::numeric_limits<T>::quiet_NaN();
+      xn[1] = T(1e6);  // the maximum, ahead of a NaN
+      EXPECT_EQ(max_of(xn.data(), n, T(-100)), T(1e6)) << "n=" << n;
+    }
+    EXPECT_EQ(max_of(x.data(), n, T(1e30)), T(1e30)) << "init above every entry, n=" << n;
+
+    // exp_shift_sum: exp(x - shift) within 2 ulp of the float64 libm value (SLEEF's u10
+    // variants promise 1.0 ULP), the sum within rounding of the float64 sum; exp(-inf) = 0.
+    const T shift = T(1.5);
+    const T sum = exp_shift_sum(x.data(), n, shift);
+    double want_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double e = std::exp(double(T(x0[i] - shift)));  // the argument rounded as the kernel rounds it
+      want_sum += e;
+      if (std::isinf(x0[i])) {
+        EXPECT_EQ(x[i], T(0)) << "exp(-inf), n=" << n;
+      } else {
+        EXPECT_LE(rel_eps(x[i], e), 2.0) << "n=" << n << " i=" << i;
+      }
+    }
+    if (n > 0) {
+      EXPECT_LE(rel_eps(sum, want_sum), 4.0 * n) << "n=" << n;
+    } else {
+      EXPECT_EQ(sum, T(0));
+    }
+    for (int64_t i = n; i < n + 20; ++i) ASSERT_EQ(x[i], sentinel) << "exp_shift_sum wrote past n=" << n;
+
+    // exp_shift: the same values as exp_shift_sum (one implementation per level).
+    std::vector<T> y = x0;
+    exp_shift(y.data(), n, shift);
+    for (int64_t i = 0; i < n + 20; ++i) ASSERT_EQ(y[i], x[i]) << "exp_shift vs exp_shift_sum, n=" << n;
+
+    // exp_inplace: NaN stays NaN, exp(-inf) = 0.
+    std::vector<T> z = x0;
+    if (n > 4) z[3] = std::numeric_limits<T>::quiet_NaN();
+    exp_inplace(z.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (n > 4 && i == 3) {
+        EXPECT_TRUE(std::isnan(z[i])) << "n=" << n;
+      } else if (std::isinf(x0[i])) {
+        EXPECT_EQ(z[i], T(0));
+      } else {
+        EXPECT_LE(rel_eps(z[i], std::exp(double(x0[i]))), 2.0) << "n=" << n << " i=" << i;
+      }
+    }
+    for (int64_t i = n; i < n + 20; ++i) ASSERT_EQ(z[i], sentinel) << "exp_inplace wrote past n=" << n;
+  }
+}
+
+TEST(RowOps, FloatMatchPlainLoops) { check_row_ops<float>(); }
+TEST(RowOps, DoubleMatchPlainLoops) { check_row_ops<double>(); }
+
+}  // namespace
+}  // namespace iha
