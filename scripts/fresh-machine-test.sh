@@ -64,6 +64,12 @@ results=${IHA_FRESH_RESULTS:-$repo/fresh-machine-results}
 mkdir -p "$cache/apt-archives/partial" "$cache/debootstrap" "$cache/pip" "$results"
 log() { echo "fresh-machine-test: $*"; }
 now() { date +%s; }
+# One run at a time per cache: two roots' apt-get would fight over the shared archive's lock.
+exec 9> "$cache/lock"
+if ! flock -n 9; then
+  log "another run holds $cache/lock; waiting for it"
+  flock 9
+fi
 
 # ---- the archive, as this machine's apt reaches it ----
 suite=bookworm
