@@ -115,7 +115,7 @@ class _CoreFunction(torch.autograd.Function):
         det = [None if t is None else t.detach() for t in (q, k, v, aq, ak, av, c)]
         out = torch.empty_like(det[0])
         cache = core.impl.forward(det[0], det[1], det[2], det[3], det[4], det[5], det[6], out, segments)
-        ctx.core, ctx.cache = core, cache
+        ctx.core, ctx.cache, ctx.segments = core, cache, segments
         ctx.save_for_backward(q, k, v, aq, ak, av, c)
         return out
 
@@ -126,7 +126,12 @@ class _CoreFunction(torch.autograd.Function):
         dout = dout.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         mix = [None if t is None else torch.zeros_like(t) for t in (aq, ak, av, c)]
-        ctx.core.impl.backward(ctx.cache, q, k, v, dout, aq, ak, av, c, dq, dk, dv, *mix)
+        cache = ctx.cache
+        if cache is None:
+            # A second backward through a retained graph: the C++ backward consumed the cache,
+            # so a forward rebuilds it (same inputs, same bits).
+            cache = ctx.core.impl.forward(q, k, v, aq, ak, av, c, torch.empty_like(q), ctx.segments)
+        ctx.core.impl.backward(cache, q, k, v, dout, aq, ak, av, c, dq, dk, dv, *mix)
         ctx.cache = None
         return (None, None, dq, dk, dv, *mix)
 

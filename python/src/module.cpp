@@ -119,6 +119,18 @@ iha::SegmentStarts segments_from(const py::object& o) {
   return o.cast<iha::SegmentStarts>();
 }
 
+// The library's segment check, as a ValueError (it is the caller's input).
+void check_segments(const iha::SegmentStarts& seg, int64_t B, int64_t N) {
+  if (!seg.empty() && static_cast<int64_t>(seg.size()) != B)
+    arg_error("segments", "has " + std::to_string(seg.size()) + " lists; expected one per sequence (B = " +
+                              std::to_string(B) + ")");
+  try {
+    iha::check_segment_starts(seg, seg.empty() ? 0 : B, N, "argument 'segments'");
+  } catch (const iha::Error& e) {
+    throw py::value_error(e.what());
+  }
+}
+
 // ---- communicators
 
 struct Comm {
@@ -289,10 +301,7 @@ class Core {
                    const Arg& ak, const Arg& av, const Arg& c, const Arg& out, iha::SegmentStarts& seg,
                    CoreCacheHandle& h) {
     // Segments are core state: set them for every call, so a call without them has none.
-    iha::check_segment_starts(seg, seg.empty() ? 0 : B, N_, "argument 'segments'");
-    if (!seg.empty() && static_cast<int64_t>(seg.size()) != B)
-      arg_error("segments", "has " + std::to_string(seg.size()) + " lists; expected one per sequence (B = " +
-                                std::to_string(B) + ")");
+    check_segments(seg, B, N_);
     core.set_segments(seg);
     auto w = mix_weights<T>(aq, ak, av, c);
     h.cache = core.make_cache();
@@ -340,7 +349,8 @@ class Core {
 // ---- the whole C++ layer (projections included), for tests and the overhead benchmark
 
 template <class T>
-py::dict layer_run(const iha::LayerConfig& cfg, const py::dict& weights, py::handle x, py::handle dz, bool backward) {
+py::dict layer_run(const iha::LayerConfig& cfg, const py::dict& weights, py::handle x, py::handle dz, bool backward,
+                  iha::SegmentStarts segments) {
   Arg x_ = borrow(x, "x");
   if (x_.shape.size() != 3) arg_error("x", "has shape " + iha::shape_str(x_.shape) + "; expected [B, N, D]");
   const int64_t B = x_.shape[0], N = x_.shape[1];
@@ -368,6 +378,8 @@ py::dict layer_run(const iha::LayerConfig& cfg, const py::dict& weights, py::han
     take("c", w.collapse, {H, cfg.collapse_cols()}, "collapse shape");
   }
   iha::IhaLayer<T> layer(cfg, iha::make_local_core<T>(cfg, N));
+  check_segments(segments, B, N);
+  layer.core().set_segments(std::move(segments));
   typename iha::IhaLayer<T>::Cache cache;
   iha::Tensor z, dx;
   iha::IhaWeights<T> grads = iha::IhaWeights<T>::zeros(cfg);
@@ -507,11 +519,13 @@ PYBIND11_MODULE(_iha, m) {
            py::arg("daq"), py::arg("dak"), py::arg("dav"), py::arg("dc"))
       .def("reduce_gradients", &Core::reduce_gradients, py::arg("grads"));
 
-  m.def("layer_forward_backward", [](const iha::LayerConfig& cfg, const py::dict& weights, py::handle x, py::handle dz) {
+  m.def("layer_forward_backward", [](const iha::LayerConfig& cfg, const py::dict& weights, py::handle x, py::handle dz,
+                                     const py::object& segments) {
     Arg probe = borrow(x, "x");
-    return probe.dtype == iha::DType::f64 ? layer_run<double>(cfg, weights, x, dz, !dz.is_none())
-                                          : layer_run<float>(cfg, weights, x, dz, !dz.is_none());
-  }, py::arg("config"), py::arg("weights"), py::arg("x"), py::arg("dz") = py::none(),
+    auto seg = segments_from(segments);
+    return probe.dtype == iha::DType::f64 ? layer_run<double>(cfg, weights, x, dz, !dz.is_none(), seg)
+                                          : layer_run<float>(cfg, weights, x, dz, !dz.is_none(), seg);
+  }, py::arg("config"), py::arg("weights"), py::arg("x"), py::arg("dz") = py::none(), py::arg("segments") = py::none(),
      "The C++ IhaLayer (projections included) on one process: z, and with dz, dx and every gradient.");
 
   m.def("data_pointer", [](py::handle t) { return reinterpret_cast<uintptr_t>(borrow(t, "tensor").data); },
