@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -350,7 +351,7 @@ class Core {
 
 template <class T>
 py::dict layer_run(const iha::LayerConfig& cfg, const py::dict& weights, py::handle x, py::handle dz, bool backward,
-                  iha::SegmentStarts segments) {
+                  iha::SegmentStarts segments, int64_t reps = 1) {
   Arg x_ = borrow(x, "x");
   if (x_.shape.size() != 3) arg_error("x", "has shape " + iha::shape_str(x_.shape) + "; expected [B, N, D]");
   const int64_t B = x_.shape[0], N = x_.shape[1];
@@ -391,8 +392,12 @@ py::dict layer_run(const iha::LayerConfig& cfg, const py::dict& weights, py::han
   }
   {
     py::gil_scoped_release nogil;
-    layer.forward(w, view(x_), z, cache);
-    if (backward) layer.backward(w, view(dz_), cache, dx, grads);
+    for (int64_t r = 0; r < reps; ++r) {
+      // Timing loops (reps > 1) re-run the same step; the last one's results are returned.
+      if (r + 1 == reps) grads.zero();
+      layer.forward(w, view(x_), z, cache);
+      if (backward) layer.backward(w, view(dz_), cache, dx, grads);
+    }
   }
   auto to_py = [](const iha::Tensor& t) {
     // Owning tensors handed to Python as bytes + shape; the package wraps them (one copy of
@@ -527,6 +532,17 @@ PYBIND11_MODULE(_iha, m) {
                                           : layer_run<float>(cfg, weights, x, dz, !dz.is_none(), seg);
   }, py::arg("config"), py::arg("weights"), py::arg("x"), py::arg("dz") = py::none(), py::arg("segments") = py::none(),
      "The C++ IhaLayer (projections included) on one process: z, and with dz, dx and every gradient.");
+
+  m.def("layer_seconds", [](const iha::LayerConfig& cfg, const py::dict& weights, py::handle x, py::handle dz,
+                            int64_t reps) {
+    if (reps < 1) throw py::value_error("argument 'reps': must be >= 1");
+    Arg probe = borrow(x, "x");
+    const auto t0 = std::chrono::steady_clock::now();
+    if (probe.dtype == iha::DType::f64) layer_run<double>(cfg, weights, x, dz, true, {}, reps);
+    else layer_run<float>(cfg, weights, x, dz, true, {}, reps);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(reps);
+  }, py::arg("config"), py::arg("weights"), py::arg("x"), py::arg("dz"), py::arg("reps"),
+     "Seconds per forward + backward of the C++ IhaLayer, timed in C++ (the overhead benchmark's baseline).");
 
   m.def("data_pointer", [](py::handle t) { return reinterpret_cast<uintptr_t>(borrow(t, "tensor").data); },
         py::arg("tensor"), "The address the library reads for this tensor (no-copy checks).");
