@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "hf_model.h"
+#include "iha_hf.h"
 #include "model/train_checkpoint.h"
 #include "model/transformer.h"
 
@@ -49,8 +50,15 @@ std::string model_yaml(const ModelConfig& m) {
   os << "model:\n  vocab_size: " << m.vocab << "\n  D: " << m.D << "\n  H: " << m.H << "\n  kv_heads: " << m.kv_heads_or_H()
      << "\n  d: " << m.d
      << "\n  P: " << m.P << "\n  layers: " << m.layers << "\n  ffn: " << m.ffn << "\n  pattern: " << m.pattern
-     << "\n  global_kind: " << kind << "\n  window_kind: " << kind << "\n  norm_eps: " << num(m.norm_eps)
-     << "\n  rope_base: " << num(m.rope_base) << "\n";
+     << "\n  global_kind: " << kind << "\n  window_kind: " << global_kind_name(m.window_kind)
+     << "\n  norm_eps: " << num(m.norm_eps) << "\n  rope_base: " << num(m.rope_base) << "\n";
+  // Settings a Llama import never changes from their defaults, written only when they differ
+  // (an imported IHA directory: iha_hf.h).
+  if (m.collapse != Collapse::global) os << "  collapse: " << collapse_name(m.collapse) << "\n";
+  if (m.mask != MaskKind::flat_causal) os << "  mask: " << mask_name(m.mask) << "\n";
+  if (!m.rope) os << "  rope: false\n";
+  if (m.rope_scale != 1.0) os << "  rope_scale: " << num(m.rope_scale) << "\n";
+  if (m.window.window_virtual) os << "  window_virtual: " << *m.window.window_virtual << "\n";
   const RopeScaling& r = m.rope_scaling;
   if (r.on()) {
     os << "  rope_scaling:\n    type: " << rope_scaling_type_name(r.type) << "\n    factor: " << num(r.factor) << "\n";
@@ -66,7 +74,37 @@ std::string model_yaml(const ModelConfig& m) {
   return os.str();
 }
 
+namespace {
+
+// An IHA directory (iha-convert export of a model transformers has no layout for) back into a
+// checkpoint: the same model and weights; --P and --kind do not apply.
+std::string import_iha_directory(const ImportOptions& a, std::shared_ptr<Communicator> world) {
+  IHA_CONFIG_CHECK(a.P == 1 && a.kind.empty(), "options --P and --kind do not apply to an IHA model directory ('",
+                   a.hf_dir, "' has model_type iha: its config gives P and the blocks)");
+  IHA_CONFIG_CHECK(a.dtype == "float32" || a.dtype == "float64", "option --dtype: expected float32 or float64, got '",
+                   a.dtype, "'");
+  IhaDirectory dir = read_iha_directory(a.hf_dir);
+  ModelConfig& m = dir.model;
+  IHA_CONFIG_CHECK(!has_checkpoint(a.out_root), "output '", a.out_root, "' already holds a checkpoint");
+  const HfWeights weights(a.hf_dir);
+  ModelConfig resolved = m;
+  resolved.resolve_window(dir.context, std::nullopt);
+  const auto layout = make_param_layout(resolved);
+  std::vector<double> flat(static_cast<size_t>(layout->total()));
+  import_iha_weights(resolved, weights, *layout, flat);
+  if (a.dtype == "float64") save_checkpoint<double>(m, dir.context, a.dtype, flat, a.out_root, world);
+  else save_checkpoint<float>(m, dir.context, a.dtype, flat, a.out_root, world);
+  std::ofstream(fs::path(a.out_root) / "model.yaml")
+      << "# The architecture of the checkpoint in this directory (iha-convert import " << a.hf_dir
+      << "): a fine-tune config (finetune.from: " << a.out_root << ") must carry this section.\n"
+      << model_yaml(m);
+  return "imported " + a.hf_dir + " (" + m.describe() + ") into " + a.out_root;
+}
+
+}  // namespace
+
 std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator> world) {
+  if (is_iha_directory(a.hf_dir)) return import_iha_directory(a, world);
   HfModel hf = read_hf_config(a.hf_dir);
   IHA_CONFIG_CHECK(a.P >= 1, "option --P: must be >= 1, got ", a.P);
   ModelConfig& m = hf.model;
@@ -116,13 +154,19 @@ std::string export_hf_model(const std::string& checkpoint, const std::string& ou
     const double* src = tensors[i].data<double>();
     std::copy(src, src + tensors[i].numel(), flat.begin() + layout->specs()[i].offset);
   }
-  const std::vector<StTensor> hf = export_tensors(ck.model, *layout, flat);
-  const std::string config = hf_config_json(ck.model, ck.seq_len);
+  // A Llama in transformers' own layout where it fits (P = 1, global blocks), else the IHA
+  // architecture with its modeling code (iha_hf.h).
+  const bool llama = llama_layout_fits(ck.model);
+  const std::vector<StTensor> hf = llama ? export_tensors(ck.model, *layout, flat)
+                                         : export_iha_tensors(ck.model, *layout, flat);
+  const std::string config = llama ? hf_config_json(ck.model, ck.seq_len) : iha_config_json(ck.model, ck.seq_len);
   // Written beside the target and renamed into place: a failure leaves no partial directory.
   const fs::path tmp = fs::path(out_dir).string() + ".tmp-iha-convert";
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   std::ofstream(tmp / "config.json") << config;
+  if (!llama)
+    for (const auto& [name, text] : iha_remote_code()) std::ofstream(tmp / name) << text;
   write_safetensors((tmp / "model.safetensors").string(), hf);
   fs::rename(tmp, out_dir);
   return "exported " + ck.dir + " (" + ck.model.describe() + ") to " + out_dir;

@@ -256,9 +256,12 @@ std::string hf_config_json(const ModelConfig& m, int64_t max_positions) {
       theta = m.rope_base * std::pow(r.factor, static_cast<double>(m.d) / static_cast<double>(m.d - 2));
       break;
     case RopeScalingType::yarn:
-      scaling = {{"rope_type", "yarn"}, {"factor", r.factor}, {"original_max_position_embeddings", r.original_length},
-                 {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow}};
-      max_positions = static_cast<int64_t>(std::llround(r.factor * static_cast<double>(r.original_length)));
+      // The original length as max_position_embeddings, with no original_max_position_embeddings:
+      // transformers before 4.51 (the last that run on torch 1.x) read only the former as YaRN's
+      // original length, later ones read the former when the latter is absent; both then take
+      // `factor` as given. (import reads it back the same way.)
+      scaling = {{"rope_type", "yarn"}, {"factor", r.factor}, {"beta_fast", r.beta_fast}, {"beta_slow", r.beta_slow}};
+      max_positions = r.original_length;
       break;
     case RopeScalingType::llama3:
       scaling = {{"rope_type", "llama3"}, {"factor", r.factor}, {"original_max_position_embeddings", r.original_length},

@@ -8,7 +8,9 @@
 // starts from (finetune.from: OUT_ROOT), and OUT_ROOT/model.yaml, the `model:` section the
 // fine-tune config must carry. --P 1 (default) gives plain global attention blocks (kind mha),
 // the HF model exactly; --P N > 1 gives IHA blocks with identity mixing (upcycling).
-// export writes HF_DIR/config.json and HF_DIR/model.safetensors (fp32) of a P = 1 checkpoint.
+// export writes HF_DIR/config.json and HF_DIR/model.safetensors (fp32): a Llama for a P = 1
+// model of global blocks, else the IHA custom architecture (plus configuration_iha.py and
+// modeling_iha.py; iha_hf.h), which import also reads back.
 // Nothing is written unless every input was read and checked. One process.
 //
 // Exit codes: 0 success; 2 bad command line or input (the message names the file and tensor
@@ -29,7 +31,9 @@ const char* kUsage =
     "                     blocks with identity mixing)\n"
     "          --kind     attention kind of the blocks (default mha at P = 1, iha otherwise)\n"
     "          --dtype    dtype of the stored weights (default float32)\n"
-    "  export  a P = 1 iha-train checkpoint (root or step directory) into a new HF directory\n";
+    "  export  an iha-train checkpoint (root or step directory) into a new HF directory: a Llama\n"
+    "          for P = 1 with global blocks, else the IHA architecture (trust_remote_code=True),\n"
+    "          which import reads back\n";
 
 int dispatch(int argc, char** argv, std::shared_ptr<Communicator> world) {
   IHA_CONFIG_CHECK(argc >= 2, "missing command (import or export)");

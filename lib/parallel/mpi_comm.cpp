@@ -328,8 +328,17 @@ std::shared_ptr<Communicator> make_mpi_world() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   IHA_CHECK(initialized, "make_mpi_world: MPI is not initialised (use iha::MpiRuntime)");
+  return make_mpi_communicator(MPI_COMM_WORLD);
+}
+
+std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  IHA_CHECK(initialized && !finalized, "make_mpi_communicator: MPI is not initialised or already finalised");
+  IHA_CHECK(comm != MPI_COMM_NULL, "make_mpi_communicator: the communicator is MPI_COMM_NULL");
   MPI_Comm dup;
-  mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
+  mpi_check(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
   return std::make_shared<MpiCommunicator>(dup, nullptr, false);
 }
 

@@ -4,7 +4,8 @@ plain attention blocks and as IHA blocks whose identity mixing export folds away
 back to the HF layout, loaded with transformers' AutoModelForCausalLM, and its logits for the
 fixture's token ids must equal the fixture's float32 reference within 1e-5 normwise.
 
-Needs torch and transformers; without them it prints why and exits 77 (CTest: skipped)."""
+Needs torch, transformers and safetensors (the checkout's .venv; docs/python.md); without them it
+fails, saying why."""
 import argparse
 import json
 import os
@@ -16,10 +17,15 @@ try:
     import numpy as np
     import safetensors.numpy
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM
-except ImportError as e:  # a machine without torch/transformers (CI: Debian's python3)
-    print(f"SKIPPED: {e}; pip install torch transformers safetensors to run this check")
-    sys.exit(77)
+except ImportError as e:
+    print(f"FAILED: {e}: this check needs torch, transformers and safetensors (the checkout's .venv, "
+          "docs/python.md)")
+    sys.exit(1)
+
+# transformers 5 names the load dtype `dtype`; 4.x `torch_dtype`.
+DTYPE_KW = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
 
 MODELS = ["mha_untied", "mha_tied_bf16", "mha_sharded_fp16", "gqa_h8_kv2", "linear", "ntk", "yarn", "llama3"]
 
@@ -46,7 +52,8 @@ def main():
                 yaml = open(os.path.join(ck, "model.yaml")).read()
                 assert "rope_scaling" not in yaml
             subprocess.run([a.convert, "export", ck, out], check=True, capture_output=True)
-            model = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager", dtype=torch.float32).eval()
+            model = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager",
+                                                         **{DTYPE_KW: torch.float32}).eval()
             with torch.no_grad():
                 got = model(input_ids=torch.tensor([ref["input_ids"]])).logits[0].numpy()
             err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))

@@ -1,0 +1,563 @@
+// iha._iha: the Python door to the library (DESIGN.md section 14). A thin layer: tensors
+// arrive through DLPack (torch, numpy, anything with __dlpack__) and are read and written in
+// place; every check names the argument at fault and raises a Python exception, never aborts.
+// Autograd, modules and the layout helper's Python face live in the pure-Python package.
+#include <mpi.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention/layer.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "parallel/layout.h"
+#include "parallel/mesh.h"
+#include "parallel/mpi_handle.h"
+#include "ringattn/ringattn.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// ---- DLPack: the C ABI (dlpack.h, version 0.x, which torch 1.13 and numpy 1.24 export).
+struct DLDevice {
+  int32_t device_type;  // 1 = CPU, 2 = CUDA
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+
+// An argument's memory, borrowed for one call: the capsule keeps the exporter's view alive and
+// is never consumed, so the exporter still owns (and frees) the memory.
+struct Arg {
+  py::object capsule;
+  void* data = nullptr;
+  iha::DType dtype = iha::DType::f64;
+  iha::Shape shape;
+  std::string name;
+  int64_t numel() const { return iha::shape_numel(shape); }
+};
+
+[[noreturn]] void arg_error(const std::string& name, const std::string& why) {
+  throw py::value_error("argument '" + name + "': " + why);
+}
+
+Arg borrow(py::handle obj, const std::string& name) {
+  if (obj.is_none()) arg_error(name, "is None; a tensor is required");
+  if (!py::hasattr(obj, "__dlpack__"))
+    throw py::type_error("argument '" + name + "': expected a tensor (an object with __dlpack__, e.g. torch.Tensor "
+                         "or numpy.ndarray), got " + std::string(py::str(obj.get_type().attr("__name__"))));
+  Arg a;
+  a.name = name;
+  try {
+    a.capsule = obj.attr("__dlpack__")();
+  } catch (py::error_already_set& e) {
+    arg_error(name, std::string("cannot be exported through DLPack (a strided, dense tensor is required): ") + e.what());
+  }
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(a.capsule.ptr(), "dltensor"));
+  if (m == nullptr) {
+    PyErr_Clear();
+    arg_error(name, "its __dlpack__ did not return a DLPack capsule");
+  }
+  const DLTensor& t = m->dl_tensor;
+  if (t.device.device_type != 1)
+    arg_error(name, t.device.device_type == 2 ? "is a CUDA tensor; this build computes on CPU tensors only (it was built without IHA_CUDA)"
+                                              : "is on a device other than the CPU");
+  if (t.dtype.lanes != 1 || t.dtype.code != 2 || (t.dtype.bits != 32 && t.dtype.bits != 64))
+    arg_error(name, "has dtype code " + std::to_string(t.dtype.code) + " of " + std::to_string(t.dtype.bits) +
+                        " bits; expected float32 or float64");
+  a.dtype = t.dtype.bits == 64 ? iha::DType::f64 : iha::DType::f32;
+  a.shape.assign(t.shape, t.shape + t.ndim);
+  if (t.strides != nullptr) {
+    int64_t expect = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      if (t.shape[i] != 1 && t.strides[i] != expect)
+        arg_error(name, "is not contiguous (row-major); call .contiguous() first");
+      expect *= t.shape[i];
+    }
+  }
+  a.data = static_cast<char*>(t.data) + t.byte_offset;
+  return a;
+}
+
+void expect_shape(const Arg& a, const iha::Shape& want, const std::string& meaning) {
+  if (a.shape != want)
+    arg_error(a.name, "has shape " + iha::shape_str(a.shape) + "; expected " + iha::shape_str(want) + " = " + meaning);
+}
+
+void expect_dtype(const Arg& a, iha::DType want) {
+  if (a.dtype != want)
+    arg_error(a.name, std::string("has dtype ") + iha::dtype_name(a.dtype) + "; expected " + iha::dtype_name(want) +
+                          " (the core's dtype)");
+}
+
+iha::Tensor view(const Arg& a) { return iha::Tensor::view(a.data, a.shape, a.dtype); }
+
+iha::SegmentStarts segments_from(const py::object& o) {
+  if (o.is_none()) return {};
+  return o.cast<iha::SegmentStarts>();
+}
+
+// The library's segment check, as a ValueError (it is the caller's input).
+void check_segments(const iha::SegmentStarts& seg, int64_t B, int64_t N) {
+  if (!seg.empty() && static_cast<int64_t>(seg.size()) != B)
+    arg_error("segments", "has " + std::to_string(seg.size()) + " lists; expected one per sequence (B = " +
+                              std::to_string(B) + ")");
+  try {
+    iha::check_segment_starts(seg, seg.empty() ? 0 : B, N, "argument 'segments'");
+  } catch (const iha::Error& e) {
+    throw py::value_error(e.what());
+  }
+}
+
+// ---- communicators
+
+struct Comm {
+  std::shared_ptr<iha::Communicator> c;
+};
+
+Comm comm_from_address(uintptr_t address, int expected_size) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) throw py::value_error("argument 'comm': MPI is not initialised (import mpi4py.MPI first)");
+  MPI_Comm raw;
+  std::memcpy(&raw, reinterpret_cast<const void*>(address), sizeof raw);
+  Comm out{iha::make_mpi_communicator(raw)};
+  if (out.c->size() != expected_size)
+    throw py::value_error("argument 'comm': mpi4py reports " + std::to_string(expected_size) +
+                          " ranks but this library's MPI sees " + std::to_string(out.c->size()) +
+                          " (mpi4py and the library were built against different MPI libraries)");
+  return out;
+}
+
+// ---- cores
+
+struct CoreCacheHandle {
+  std::unique_ptr<iha::CoreCache> cache;
+  int64_t B = 0;
+};
+
+// One attention core of either dtype: local, sequence-parallel (ring for global layers, halo
+// for window layers) or head x sequence parallel (Ulysses, 2D).
+class Core {
+ public:
+  Core(const iha::LayerConfig& cfg, int64_t N, const std::string& dtype, const Comm* comm,
+       const std::string& layout, const std::string& scheme, int64_t head_ranks, int64_t ring_pieces)
+      : cfg_(cfg), N_(N) {
+    cfg_.validate();
+    if (N < 1) throw py::value_error("argument 'N': the sequence length must be >= 1, got " + std::to_string(N));
+    dtype_ = iha::parse_dtype(dtype);
+    if (dtype_ != iha::DType::f32 && dtype_ != iha::DType::f64)
+      throw py::value_error("argument 'dtype': expected float32 or float64, got " + dtype);
+    kind_ = iha::parse_layout(layout, "layout");
+    if (comm == nullptr) {
+      tokens_.resize(N);
+      for (int64_t n = 0; n < N; ++n) tokens_[n] = n;
+      if (dtype_ == iha::DType::f64)
+        c64_ = iha::make_local_core<double>(cfg_, N);
+      else
+        c32_ = iha::make_local_core<float>(cfg_, N);
+      return;
+    }
+    const int64_t R = comm->c->size();
+    if (head_ranks < 1 || R % head_ranks != 0)
+      throw py::value_error("argument 'head_ranks': " + std::to_string(head_ranks) +
+                            " does not divide the communicator size " + std::to_string(R));
+    iha::MeshShape shape;
+    shape.hp = head_ranks;
+    shape.sp = R / head_ranks;
+    mesh_ = std::make_unique<iha::ProcessMesh>(comm->c, shape);
+    auto groups = iha::ReplicaGroups::from(*mesh_);
+    const auto sch = iha::parse_scheme(scheme, "scheme");
+    iha::SeqParallelOptions opt(kind_);
+    opt.ring_pieces = ring_pieces;
+    if (dtype_ == iha::DType::f64)
+      c64_ = iha::make_replica_core<double>(cfg_, N, groups, sch, opt);
+    else
+      c32_ = iha::make_replica_core<float>(cfg_, N, groups, sch, opt);
+    tokens_ = iha::ReplicaLayout(kind_, N, groups.S, groups.T).tokens_of(groups.sp_index, groups.hp_index);
+  }
+
+  int64_t local_tokens() const { return c64_ ? c64_->local_tokens() : c32_->local_tokens(); }
+  const std::vector<int64_t>& tokens() const { return tokens_; }
+  const iha::LayerConfig& config() const { return cfg_; }
+  std::string dtype() const { return iha::dtype_name(dtype_); }
+
+  void set_token_map(const std::vector<std::vector<int64_t>>& parts) {
+    if (c64_) c64_->set_token_map(parts); else c32_->set_token_map(parts);
+    // The rank's part: in the replica numbering (sequence index s, head index t -> s*T + t).
+    const int64_t part = mesh_ ? mesh_->sp_index() * mesh_->shape().head_group() + mesh_->head_index() : 0;
+    tokens_ = parts.at(static_cast<size_t>(part));
+  }
+
+  std::shared_ptr<CoreCacheHandle> forward(py::handle q, py::handle k, py::handle v, py::handle aq, py::handle ak,
+                                           py::handle av, py::handle c, py::handle out, const py::object& segments) {
+    Arg aq_, ak_, av_, c_;
+    Arg q_ = borrow(q, "q"), k_ = borrow(k, "k"), v_ = borrow(v, "v"), o_ = borrow(out, "out");
+    const int64_t B = check_qkv(q_, k_, v_);
+    expect_shape(o_, q_.shape, "[B, n_local, H*d] (like q)");
+    expect_dtype(o_, dtype_);
+    mix_args(aq, ak, av, c, aq_, ak_, av_, c_);
+    auto seg = segments_from(segments);
+    auto h = std::make_shared<CoreCacheHandle>();
+    h->B = B;
+    if (c64_) run_forward(*c64_, B, q_, k_, v_, aq_, ak_, av_, c_, o_, seg, *h);
+    else run_forward(*c32_, B, q_, k_, v_, aq_, ak_, av_, c_, o_, seg, *h);
+    return h;
+  }
+
+  void backward(CoreCacheHandle& h, py::handle q, py::handle k, py::handle v, py::handle dout, py::handle aq,
+                py::handle ak, py::handle av, py::handle c, py::handle dq, py::handle dk, py::handle dv, py::handle daq,
+                py::handle dak, py::handle dav, py::handle dc) {
+    if (!h.cache) throw py::value_error("argument 'cache': already consumed (one backward per forward)");
+    Arg q_ = borrow(q, "q"), k_ = borrow(k, "k"), v_ = borrow(v, "v"), g_ = borrow(dout, "dout");
+    Arg dq_ = borrow(dq, "dq"), dk_ = borrow(dk, "dk"), dv_ = borrow(dv, "dv");
+    const int64_t B = check_qkv(q_, k_, v_);
+    if (B != h.B) arg_error("q", "batch " + std::to_string(B) + " differs from the forward's " + std::to_string(h.B));
+    expect_shape(g_, q_.shape, "[B, n_local, H*d] (like q)");
+    expect_shape(dq_, q_.shape, "q's shape");
+    expect_shape(dk_, k_.shape, "k's shape");
+    expect_shape(dv_, v_.shape, "v's shape");
+    for (const Arg* a : {&g_, &dq_, &dk_, &dv_}) expect_dtype(*a, dtype_);
+    Arg aq_, ak_, av_, c_, daq_, dak_, dav_, dc_;
+    mix_args(aq, ak, av, c, aq_, ak_, av_, c_);
+    if (cfg_.mixing) {
+      daq_ = borrow(daq, "daq"), dak_ = borrow(dak, "dak"), dav_ = borrow(dav, "dav"), dc_ = borrow(dc, "dc");
+      expect_shape(daq_, aq_.shape, "aq's shape");
+      expect_shape(dak_, ak_.shape, "ak's shape");
+      expect_shape(dav_, av_.shape, "av's shape");
+      expect_shape(dc_, c_.shape, "c's shape");
+      for (const Arg* a : {&daq_, &dak_, &dav_, &dc_}) expect_dtype(*a, dtype_);
+    }
+    if (c64_) run_backward(*c64_, h, q_, k_, v_, g_, aq_, ak_, av_, c_, dq_, dk_, dv_, daq_, dak_, dav_, dc_);
+    else run_backward(*c32_, h, q_, k_, v_, g_, aq_, ak_, av_, c_, dq_, dk_, dv_, daq_, dak_, dav_, dc_);
+  }
+
+  // Sums the named gradients (in place) over the ranks sharing this layer's sequences, by the
+  // core's own rule (sequence group; head and sequence groups under Ulysses).
+  void reduce_gradients(const py::dict& grads) {
+    std::vector<Arg> args;
+    for (auto item : grads) args.push_back(borrow(item.second, py::str(item.first)));
+    for (const Arg& a : args) expect_dtype(a, dtype_);
+    if (c64_) run_reduce(*c64_, args); else run_reduce(*c32_, args);
+  }
+
+ private:
+  int64_t check_qkv(const Arg& q, const Arg& k, const Arg& v) const {
+    if (q.shape.size() != 3) arg_error("q", "has shape " + iha::shape_str(q.shape) + "; expected [B, n_local, H*d]");
+    const int64_t B = q.shape[0], n = local_tokens();
+    expect_shape(q, {B, n, cfg_.H * cfg_.d}, "[B, n_local, H*d]");
+    expect_shape(k, {B, n, cfg_.kv_heads() * cfg_.d}, "[B, n_local, Hkv*d]");
+    expect_shape(v, {B, n, cfg_.kv_heads() * cfg_.d}, "[B, n_local, Hkv*d]");
+    for (const Arg* a : {&q, &k, &v}) expect_dtype(*a, dtype_);
+    return B;
+  }
+
+  void mix_args(py::handle aq, py::handle ak, py::handle av, py::handle c, Arg& aq_, Arg& ak_, Arg& av_, Arg& c_) const {
+    if (!cfg_.mixing) {
+      for (auto [h, n] : {std::pair{aq, "aq"}, {ak, "ak"}, {av, "av"}, {c, "c"}})
+        if (!h.is_none()) arg_error(n, "must be None for an mha layer (it has no mixing or collapse)");
+      return;
+    }
+    aq_ = borrow(aq, "aq"), ak_ = borrow(ak, "ak"), av_ = borrow(av, "av"), c_ = borrow(c, "c");
+    const int64_t H = cfg_.H, G = cfg_.kv_heads(), P = cfg_.P;
+    expect_shape(aq_, {H, H, P}, "[H, H, P]");
+    expect_shape(ak_, {G, G, P}, "[Hkv, Hkv, P]");
+    expect_shape(av_, {G, G, P}, "[Hkv, Hkv, P]");
+    expect_shape(c_, {H, cfg_.collapse_cols()}, cfg_.collapse == iha::Collapse::global ? "[H, H*P]" : "[H, P]");
+    for (const Arg* a : {&aq_, &ak_, &av_, &c_}) expect_dtype(*a, dtype_);
+  }
+
+  template <class T>
+  iha::IhaWeights<T> mix_weights(const Arg& aq, const Arg& ak, const Arg& av, const Arg& c) const {
+    iha::IhaWeights<T> w;
+    if (cfg_.mixing) w.aq = view(aq), w.ak = view(ak), w.av = view(av), w.collapse = view(c);
+    return w;
+  }
+
+  template <class T>
+  void run_forward(iha::AttentionCore<T>& core, int64_t B, const Arg& q, const Arg& k, const Arg& v, const Arg& aq,
+                   const Arg& ak, const Arg& av, const Arg& c, const Arg& out, iha::SegmentStarts& seg,
+                   CoreCacheHandle& h) {
+    // Segments are core state: set them for every call, so a call without them has none.
+    check_segments(seg, B, N_);
+    core.set_segments(seg);
+    auto w = mix_weights<T>(aq, ak, av, c);
+    h.cache = core.make_cache();
+    py::gil_scoped_release nogil;
+    core.forward(w, B, static_cast<const T*>(q.data), static_cast<const T*>(k.data), static_cast<const T*>(v.data),
+                 static_cast<T*>(out.data), *h.cache);
+  }
+
+  template <class T>
+  void run_backward(iha::AttentionCore<T>& core, CoreCacheHandle& h, const Arg& q, const Arg& k, const Arg& v,
+                    const Arg& g, const Arg& aq, const Arg& ak, const Arg& av, const Arg& c, const Arg& dq,
+                    const Arg& dk, const Arg& dv, const Arg& daq, const Arg& dak, const Arg& dav, const Arg& dc) {
+    auto w = mix_weights<T>(aq, ak, av, c);
+    auto grads = mix_weights<T>(daq, dak, dav, dc);
+    {
+      py::gil_scoped_release nogil;
+      core.backward(w, h.B, static_cast<const T*>(q.data), static_cast<const T*>(k.data),
+                    static_cast<const T*>(v.data), static_cast<const T*>(g.data), static_cast<T*>(dq.data),
+                    static_cast<T*>(dk.data), static_cast<T*>(dv.data), grads, *h.cache);
+    }
+    h.cache.reset();
+  }
+
+  template <class T>
+  void run_reduce(iha::AttentionCore<T>& core, const std::vector<Arg>& args) {
+    // The core sums whatever IhaWeights slots are defined; carry each gradient in one slot.
+    for (const Arg& a : args) {
+      iha::IhaWeights<T> g;
+      g.wq = view(a);
+      py::gil_scoped_release nogil;
+      core.reduce_gradients(g);
+    }
+  }
+
+  iha::LayerConfig cfg_;
+  int64_t N_;
+  iha::DType dtype_ = iha::DType::f64;
+  iha::LayoutKind kind_ = iha::LayoutKind::contiguous;
+  std::unique_ptr<iha::ProcessMesh> mesh_;
+  std::shared_ptr<iha::AttentionCore<double>> c64_;
+  std::shared_ptr<iha::AttentionCore<float>> c32_;
+  std::vector<int64_t> tokens_;
+};
+
+// ---- the whole C++ layer (projections included), for tests and the overhead benchmark
+
+template <class T>
+py::dict layer_run(const iha::LayerConfig& cfg, const py::dict& weights, py::handle x, py::handle dz, bool backward,
+                  iha::SegmentStarts segments, int64_t reps = 1) {
+  Arg x_ = borrow(x, "x");
+  if (x_.shape.size() != 3) arg_error("x", "has shape " + iha::shape_str(x_.shape) + "; expected [B, N, D]");
+  const int64_t B = x_.shape[0], N = x_.shape[1];
+  expect_shape(x_, {B, N, cfg.D}, "[B, N, D]");
+  expect_dtype(x_, iha::DTypeOf<T>::value);
+  iha::IhaWeights<T> w;
+  std::vector<Arg> keep;
+  auto take = [&](const char* name, iha::Tensor& slot, const iha::Shape& want, const char* meaning) {
+    if (!weights.contains(name)) arg_error(std::string("weights['") + name + "']", "is missing");
+    Arg a = borrow(weights[name], std::string("weights['") + name + "']");
+    expect_shape(a, want, meaning);
+    expect_dtype(a, iha::DTypeOf<T>::value);
+    slot = view(a);
+    keep.push_back(std::move(a));
+  };
+  const int64_t H = cfg.H, G = cfg.kv_heads(), d = cfg.d, P = cfg.P;
+  take("wq", w.wq, {cfg.D, H * d}, "[D, H*d]");
+  take("wk", w.wk, {cfg.D, G * d}, "[D, Hkv*d]");
+  take("wv", w.wv, {cfg.D, G * d}, "[D, Hkv*d]");
+  take("wo", w.wo, {H * d, cfg.D}, "[H*d, D]");
+  if (cfg.mixing) {
+    take("aq", w.aq, {H, H, P}, "[H, H, P]");
+    take("ak", w.ak, {G, G, P}, "[Hkv, Hkv, P]");
+    take("av", w.av, {G, G, P}, "[Hkv, Hkv, P]");
+    take("c", w.collapse, {H, cfg.collapse_cols()}, "collapse shape");
+  }
+  iha::IhaLayer<T> layer(cfg, iha::make_local_core<T>(cfg, N));
+  check_segments(segments, B, N);
+  layer.core().set_segments(std::move(segments));
+  typename iha::IhaLayer<T>::Cache cache;
+  iha::Tensor z, dx;
+  iha::IhaWeights<T> grads = iha::IhaWeights<T>::zeros(cfg);
+  Arg dz_;
+  if (backward) {
+    dz_ = borrow(dz, "dz");
+    expect_shape(dz_, x_.shape, "x's shape");
+    expect_dtype(dz_, iha::DTypeOf<T>::value);
+  }
+  {
+    py::gil_scoped_release nogil;
+    for (int64_t r = 0; r < reps; ++r) {
+      // Timing loops (reps > 1) re-run the same step; the last one's results are returned.
+      if (r + 1 == reps) grads.zero();
+      layer.forward(w, view(x_), z, cache);
+      if (backward) layer.backward(w, view(dz_), cache, dx, grads);
+    }
+  }
+  auto to_py = [](const iha::Tensor& t) {
+    // Owning tensors handed to Python as bytes + shape; the package wraps them (one copy of
+    // the result, never of an input).
+    return py::make_tuple(py::bytes(static_cast<const char*>(t.raw()), t.nbytes()), t.shape(),
+                          iha::dtype_name(t.dtype()));
+  };
+  py::dict out;
+  out["z"] = to_py(z);
+  if (backward) {
+    out["dx"] = to_py(dx);
+    for (auto& [name, t] : grads.named()) out[py::str(name == "collapse" ? "c" : name)] = to_py(*t);
+  }
+  return out;
+}
+
+iha::RopeScaling rope_scaling_from(const py::dict& d) {
+  iha::RopeScaling r;
+  for (auto item : d) {
+    const std::string k = py::str(item.first);
+    py::handle v = item.second;
+    if (k == "type") r.type = iha::parse_rope_scaling_type(v.cast<std::string>(), "rope_scaling.type");
+    else if (k == "factor") r.factor = v.cast<double>();
+    else if (k == "original_length") r.original_length = v.cast<int64_t>();
+    else if (k == "beta_fast") r.beta_fast = v.cast<double>();
+    else if (k == "beta_slow") r.beta_slow = v.cast<double>();
+    else if (k == "ramp") r.ramp = iha::parse_yarn_ramp(v.cast<std::string>(), "rope_scaling.ramp");
+    else if (k == "low_freq_factor") r.low_freq_factor = v.cast<double>();
+    else if (k == "high_freq_factor") r.high_freq_factor = v.cast<double>();
+    else throw py::value_error("argument 'rope_scaling': unknown key '" + k + "'");
+  }
+  r.validate("rope_scaling");
+  return r;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_iha, m) {
+  m.doc() = "IHA C++ library bindings (use iha.torch)";
+  // Registered base first: pybind11 tries translators newest first, so a ConfigError (bad
+  // input: a ValueError) is not caught as its base iha::Error (a RuntimeError).
+  py::register_exception<iha::Error>(m, "Error", PyExc_RuntimeError);
+  py::register_exception<iha::ConfigError>(m, "ConfigError", PyExc_ValueError);
+
+  py::class_<iha::LayerConfig>(m, "LayerConfig")
+      .def(py::init([](int64_t D, int64_t H, int64_t P, int64_t d, int64_t Hkv, const std::string& kind,
+                       const std::string& collapse, const std::string& mask, int64_t window_virtual, bool rope,
+                       double rope_base, double rope_scale, const py::object& rope_scaling) {
+             iha::LayerConfig c;
+             c.D = D, c.H = H, c.P = P, c.Hkv = Hkv;
+             c.d = d > 0 ? d : (H > 0 ? D / H : 0);
+             if (kind != "iha" && kind != "mha")
+               throw py::value_error("argument 'kind': expected 'iha' or 'mha', got '" + kind + "'");
+             c.mixing = kind == "iha";
+             c.collapse = iha::parse_collapse(collapse, "collapse");
+             c.mask = iha::parse_mask(mask, "mask");
+             c.window_virtual = window_virtual;
+             c.rope = rope, c.rope_base = rope_base, c.rope_scale = rope_scale;
+             if (!rope_scaling.is_none()) c.rope_scaling = rope_scaling_from(rope_scaling.cast<py::dict>());
+             c.validate();
+             return c;
+           }),
+           py::arg("D"), py::arg("H"), py::arg("P") = 1, py::arg("d") = 0, py::arg("Hkv") = 0,
+           py::arg("kind") = "iha", py::arg("collapse") = "global", py::arg("mask") = "flat_causal",
+           py::arg("window_virtual") = 0, py::arg("rope") = true, py::arg("rope_base") = 500000.0,
+           py::arg("rope_scale") = 1.0, py::arg("rope_scaling") = py::none())
+      .def_readonly("D", &iha::LayerConfig::D)
+      .def_readonly("H", &iha::LayerConfig::H)
+      .def_readonly("d", &iha::LayerConfig::d)
+      .def_readonly("P", &iha::LayerConfig::P)
+      .def_property_readonly("Hkv", &iha::LayerConfig::kv_heads)
+      .def_readonly("mixing", &iha::LayerConfig::mixing)
+      .def_property_readonly("collapse", [](const iha::LayerConfig& c) { return iha::collapse_name(c.collapse); })
+      .def_property_readonly("mask", [](const iha::LayerConfig& c) { return iha::mask_name(c.mask); })
+      .def_readonly("window_virtual", &iha::LayerConfig::window_virtual)
+      .def_readonly("rope", &iha::LayerConfig::rope)
+      .def_readonly("rope_base", &iha::LayerConfig::rope_base)
+      .def_readonly("rope_scale", &iha::LayerConfig::rope_scale)
+      .def_property_readonly("logit_scale", &iha::LayerConfig::logit_scale)
+      .def_property_readonly("collapse_cols", &iha::LayerConfig::collapse_cols)
+      .def_property_readonly("rope_scaling", [](const iha::LayerConfig& c) {
+        const auto& r = c.rope_scaling;
+        py::dict d;
+        d["type"] = iha::rope_scaling_type_name(r.type);
+        d["factor"] = r.factor;
+        d["original_length"] = r.original_length;
+        d["beta_fast"] = r.beta_fast;
+        d["beta_slow"] = r.beta_slow;
+        d["ramp"] = iha::yarn_ramp_name(r.ramp);
+        d["low_freq_factor"] = r.low_freq_factor;
+        d["high_freq_factor"] = r.high_freq_factor;
+        return d;
+      });
+
+  py::class_<Comm>(m, "Comm")
+      .def_static("from_mpi4py_address", &comm_from_address, py::arg("address"), py::arg("expected_size"))
+      .def_property_readonly("rank", [](const Comm& c) { return c.c->rank(); })
+      .def_property_readonly("size", [](const Comm& c) { return c.c->size(); })
+      .def("all_reduce_sum", [](const Comm& c, py::handle t) {
+        Arg a = borrow(t, "tensor");
+        py::gil_scoped_release nogil;
+        c.c->all_reduce(a.data, a.numel(), a.dtype, iha::ReduceOp::sum, "python.all_reduce");
+      }, py::arg("tensor"));
+
+  py::class_<CoreCacheHandle, std::shared_ptr<CoreCacheHandle>>(m, "CoreCache");
+
+  py::class_<Core>(m, "Core")
+      .def(py::init([](const iha::LayerConfig& cfg, int64_t N, const std::string& dtype, const Comm* comm,
+                       const std::string& layout, const std::string& scheme, int64_t head_ranks, int64_t ring_pieces) {
+             return std::make_unique<Core>(cfg, N, dtype, comm, layout, scheme, head_ranks, ring_pieces);
+           }),
+           py::arg("config"), py::arg("N"), py::arg("dtype") = "float64", py::arg("comm") = nullptr,
+           py::arg("layout") = "zigzag", py::arg("scheme") = "sequence", py::arg("head_ranks") = 1,
+           py::arg("ring_pieces") = 4)
+      .def_property_readonly("local_tokens", &Core::local_tokens)
+      .def_property_readonly("tokens", &Core::tokens)
+      .def_property_readonly("config", &Core::config)
+      .def_property_readonly("dtype", &Core::dtype)
+      .def("set_token_map", &Core::set_token_map, py::arg("parts"))
+      .def("forward", &Core::forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("aq"), py::arg("ak"),
+           py::arg("av"), py::arg("c"), py::arg("out"), py::arg("segments") = py::none())
+      .def("backward", &Core::backward, py::arg("cache"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"),
+           py::arg("aq"), py::arg("ak"), py::arg("av"), py::arg("c"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
+           py::arg("daq"), py::arg("dak"), py::arg("dav"), py::arg("dc"))
+      .def("reduce_gradients", &Core::reduce_gradients, py::arg("grads"));
+
+  m.def("layer_forward_backward", [](const iha::LayerConfig& cfg, const py::dict& weights, py::handle x, py::handle dz,
+                                     const py::object& segments) {
+    Arg probe = borrow(x, "x");
+    auto seg = segments_from(segments);
+    return probe.dtype == iha::DType::f64 ? layer_run<double>(cfg, weights, x, dz, !dz.is_none(), seg)
+                                          : layer_run<float>(cfg, weights, x, dz, !dz.is_none(), seg);
+  }, py::arg("config"), py::arg("weights"), py::arg("x"), py::arg("dz") = py::none(), py::arg("segments") = py::none(),
+     "The C++ IhaLayer (projections included) on one process: z, and with dz, dx and every gradient.");
+
+  m.def("layer_seconds", [](const iha::LayerConfig& cfg, const py::dict& weights, py::handle x, py::handle dz,
+                            int64_t reps) {
+    if (reps < 1) throw py::value_error("argument 'reps': must be >= 1");
+    Arg probe = borrow(x, "x");
+    const auto t0 = std::chrono::steady_clock::now();
+    if (probe.dtype == iha::DType::f64) layer_run<double>(cfg, weights, x, dz, true, {}, reps);
+    else layer_run<float>(cfg, weights, x, dz, true, {}, reps);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(reps);
+  }, py::arg("config"), py::arg("weights"), py::arg("x"), py::arg("dz"), py::arg("reps"),
+     "Seconds per forward + backward of the C++ IhaLayer, timed in C++ (the overhead benchmark's baseline).");
+
+  m.def("data_pointer", [](py::handle t) { return reinterpret_cast<uintptr_t>(borrow(t, "tensor").data); },
+        py::arg("tensor"), "The address the library reads for this tensor (no-copy checks).");
+
+  // The layout map (parallel/layout.h): Python never restates the rule.
+  m.def("layout_tokens", [](const std::string& kind, int64_t N, int64_t S, int64_t T, int64_t s, int64_t t) {
+    if (N < 1 || S < 1 || T < 1) throw py::value_error("layout_tokens: N, S and T must be >= 1");
+    if (s < 0 || s >= S || t < 0 || t >= T) throw py::value_error("layout_tokens: index out of range");
+    return iha::ReplicaLayout(iha::parse_layout(kind, "layout"), N, S, T).tokens_of(s, t);
+  }, py::arg("kind"), py::arg("N"), py::arg("S"), py::arg("T") = 1, py::arg("s") = 0, py::arg("t") = 0);
+  m.def("balanced_parts", [](int64_t N, int64_t R, int64_t P, int64_t window_virtual, bool token_causal,
+                             const iha::SegmentStarts& starts) {
+    iha::PairCost cost;
+    cost.P = P, cost.window = window_virtual, cost.token_causal = token_causal;
+    return iha::balanced_tokens(N, R, {cost}, starts);
+  }, py::arg("N"), py::arg("R"), py::arg("P"), py::arg("window_virtual") = 0, py::arg("token_causal") = false,
+     py::arg("starts") = iha::SegmentStarts{});
+}
