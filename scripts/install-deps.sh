@@ -68,6 +68,14 @@ check_sleef() { have_cxx sleef.h sleef; }
 check_gtest() { have_cxx gtest/gtest.h gtest -pthread; }
 check_benchmark() { have_cxx benchmark/benchmark.h benchmark -pthread; }
 check_python3() { have_cmd "$python"; }
+# The Python package's build: Python.h (python3-config finds it) and pybind11's headers.
+check_pybind11() {
+  have_cmd "$python-config" && have_cxx pybind11/pybind11.h "" "-c $("$python-config" --includes)"
+}
+# .venv/: the interpreter the build and the Python tests use (docs/python.md).
+check_venv() { [ -x "$venv_python" ] && "$venv_python" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; }
+check_torch() { have_py torch && have_py mpi4py; }
+check_transformers() { have_venv_py transformers && have_venv_py safetensors; }
 check_h5dump() { have_cmd h5dump; }
 check_python() { have_py numpy && have_py h5py; }
 check_plots() { have_py matplotlib && have_py PIL; }
@@ -113,6 +121,10 @@ require sleef          build "SLEEF vectorised maths (sleef.h, -lsleef)" libslee
 require gtest          build "GoogleTest (gtest/gtest.h, -lgtest)" libgtest-dev
 require benchmark      build "Google Benchmark (benchmark/benchmark.h, -lbenchmark)" libbenchmark-dev
 require python3        build "python3 (the tests' CMake files find it; the default build has the tests)" python3
+require pybind11       build "Python 3 development files and pybind11 (the Python package iha)" \
+                             python3-dev pybind11-dev
+require venv           build "the project's Python environment .venv/ (sees Debian's python3 modules)" \
+                             python3-venv
 require h5dump         test  "h5dump (checkpoint schema tests)" hdf5-tools
 require python         test  "numpy and h5py for python3 (schema, interop and app tests)" \
                              python3-numpy python3-h5py
@@ -123,6 +135,16 @@ require slurm          test  "munge, Slurm and pgrep (the one-node Slurm test, t
 require fortunes       test  "the fortune files (packed-documents corpus: scripts/make-packed-corpus.sh, tests/apps)" \
                              fortunes-min fortunes
 require spm_train      test  "spm_train (SentencePiece's command-line trainer, docs/data.md)" sentencepiece
+require torch          test  "PyTorch and mpi4py (iha.torch and its tests; Debian's torch is 1.13)" \
+                             python3-torch python3-mpi4py
+require transformers   test  "transformers and safetensors in .venv/ (the Hugging Face export tests)" \
+                             python3-venv python3-yaml python3-requests python3-packaging \
+                             python3-typing-extensions
+# The newest transformers that imports with torch 1.13 (4.50 needs torch.distributed.tensor),
+# and every package it needs that Debian's python3 does not have, pinned (pip --no-deps).
+pip_transformers=(transformers==4.49.0 tokenizers==0.21.0 safetensors==0.4.5
+                  huggingface-hub==0.26.5 filelock==3.16.1 fsspec==2024.10.0 tqdm==4.67.1
+                  regex==2024.11.6)
 require mpich          test  "MPICH beside the default MPI (scripts/test-mpich.sh)" mpich libmpich-dev
 if [ -n "${IHA_DEPS_EXTRA:-}" ]; then
   # shellcheck disable=SC1090
@@ -212,18 +234,18 @@ check_all() {
   return 0
 }
 
-# The PyPI-only parts of the missing requirements (pip_NAME arrays), into .venv/ (made with
-# --system-site-packages: it sees Debian's python3 modules too).
+# .venv/ (made with --system-site-packages: it sees Debian's python3 modules too), and the
+# PyPI-only parts of the missing requirements (pip_NAME arrays, every dependency pinned).
 install_pips() {
   local name pips=() arr
+  check_venv || { echo "install-deps: making .venv/"; "$python" -m venv --system-site-packages .venv; }
   for name in "${missing[@]}"; do
     arr="pip_$name[@]"
     if declare -p "pip_$name" >/dev/null 2>&1; then pips+=("${!arr}"); fi
   done
   [ ${#pips[@]} -eq 0 ] && return 0
-  [ -x "$venv_python" ] || "$python" -m venv --system-site-packages .venv
   echo "install-deps: installing into .venv/ with pip: ${pips[*]}"
-  "$venv_python" -m pip install --quiet --disable-pip-version-check "${pips[@]}"
+  "$venv_python" -m pip install --quiet --disable-pip-version-check --no-deps "${pips[@]}"
 }
 
 report_missing() {
