@@ -24,7 +24,9 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
+import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BEGIN = re.compile(r"^<!-- regen:([a-z0-9-]+) -->$")
@@ -294,8 +296,10 @@ def plots(data, folder):
         results = d["results"]
         base = next(iter(results.values())).get("baseline", "mha-global") if results else "mha-global"
         ns = argparse.Namespace(max_budget=cap)
-        iha_vs_mha.plot(folder, d["calibration"], results, d["band"][0], d["band"][1], ns, "", base)
-        os.replace(os.path.join(folder, "iha_vs_mha.png"), os.path.join(folder, name + ".png"))
+        # The plot always writes iha_vs_mha.png, itself one of the names: draw aside, then move.
+        with tempfile.TemporaryDirectory() as tmp:
+            iha_vs_mha.plot(tmp, d["calibration"], results, d["band"][0], d["band"][1], ns, "", base)
+            shutil.move(os.path.join(tmp, "iha_vs_mha.png"), os.path.join(folder, name + ".png"))
 
 
 def main():
