@@ -28,7 +28,10 @@ import shutil
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import expkit  # noqa: E402
+
+REPO = expkit.REPO
 BEGIN = re.compile(r"^<!-- regen:([a-z0-9-]+) -->$")
 END = "<!-- /regen -->"
 
@@ -62,11 +65,8 @@ def pm(x, se, signed=True):
 
 
 def ci95(mean, se, n):
-    """95% interval of a mean over n seeds from its standard error (Student t, n - 1 df)."""
-    t = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
-         15: 2.13, 20: 2.09, 30: 2.04}
-    df = n - 1
-    k = t[max(d for d in t if d <= df)]  # the next smaller tabled df: the wider interval
+    """95% interval of a mean over n seeds from its standard error (Student's t, n - 1 df)."""
+    k = expkit.t975(n - 1)
     return "[%+.3f, %+.3f]" % (mean - k * se, mean + k * se)
 
 
@@ -270,8 +270,6 @@ def regenerate(text, data, doc_name):
 
 
 def plots(data, folder):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import expkit
     import iha_vs_mha
     c = data("ctx_results")
     n0 = c["n0"]
