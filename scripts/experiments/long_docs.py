@@ -69,6 +69,8 @@ def main():
     ap.add_argument("--ft-steps", type=int, default=150)
     ap.add_argument("--kinds", default="iha,mha")
     ap.add_argument("--eval-batch", type=int, default=4)
+    ap.add_argument("--report-only", action="store_true",
+                    help="write the results of the models whose evaluations are all done; run nothing")
     a = ap.parse_args()
     if a.smoke:
         a.base_steps, a.ft_steps = 2, 2
@@ -88,7 +90,12 @@ def main():
               ("checkpoint.every", "0"), ("data.path", os.path.join(a.corpus, "train.h5")),
               ("eval.sequences", str(groups[0]))]
 
+    def done(name):
+        return os.path.exists(os.path.join(r.out, name, "done"))
+
     def train(name, mode, N, steps, batch, sets):
+        if a.report_only:
+            return
         d = os.path.join(r.out, name)
         return r.stage(name, mode, CONFIG, common + [
             # The end-of-training evaluation: group 0's prefixes of the training length.
@@ -100,11 +107,12 @@ def main():
     def evaluate(model, L, g, sets):
         name = "eval-%s-L%d-g%d" % (model, L, g)
         d = os.path.join(r.out, name)
-        r.stage(name, "eval", CONFIG, common + [
-            ("sequence.length", str(L)), ("eval.checkpoint", os.path.join(r.out, model, "ck")),
-            ("eval.path", os.path.join(a.corpus, "heldout", "L%d-g%d.h5" % (L, g))),
-            ("eval.sequences", str(groups[g])), ("eval.batch", str(a.eval_batch)),
-            ("logging.jsonl", os.path.join(d, "log.jsonl"))] + sets)
+        if not a.report_only:
+            r.stage(name, "eval", CONFIG, common + [
+                ("sequence.length", str(L)), ("eval.checkpoint", os.path.join(r.out, model, "ck")),
+                ("eval.path", os.path.join(a.corpus, "heldout", "L%d-g%d.h5" % (L, g))),
+                ("eval.sequences", str(groups[g])), ("eval.batch", str(a.eval_batch)),
+                ("logging.jsonl", os.path.join(d, "log.jsonl"))] + sets)
         e = expkit.final_eval(d)
         if e["sequences"] != groups[g] or e.get("targets") != groups[g] * (L - 1):
             raise SystemExit("error: %s: evaluated %s sequences and %s targets, expected %d and %d (one document "
@@ -125,13 +133,18 @@ def main():
                 ("optim.warmup_steps", "10")] + scaling(m, n0))
             models[ft] = (kind, "extended at 4 N0, %s" % m, scaling(m, n0))
         for model in [base] + ["ft-%s-%s" % (kind, m) for m in METHODS]:
-            losses = {(L, g): evaluate(model, L, g, KINDS[kind] + models[model][2])
-                      for L in lengths for g in range(len(groups))}
+            cells = [(L, g) for L in lengths for g in range(len(groups))]
+            if a.report_only and not all(done("eval-%s-L%d-g%d" % (model, L, g)) for L, g in cells):
+                del models[model]  # partial: reported as missing
+                continue
+            losses = {(L, g): evaluate(model, L, g, KINDS[kind] + models[model][2]) for L, g in cells}
             models[model] = models[model] + (losses,)
 
     res = {"machine": expkit.machine(), "smoke": a.smoke, "n0": n0, "lengths": lengths, "groups": groups,
            "corpus": {k: manifest[k] for k in ("packages", "library_root", "train", "heldout")},
-           "budget": {"base_steps": a.base_steps, "ft_steps": a.ft_steps}, "models": {}}
+           "budget": {"base_steps": a.base_steps, "ft_steps": a.ft_steps}, "models": {},
+           "missing": [m for k in kinds for m in ["base-" + k] + ["ft-%s-%s" % (k, x) for x in METHODS]
+                       if m not in models]}
     for model, (kind, what, sets, losses) in models.items():
         bins = bins_of(losses, lengths, groups)
         stage = model
@@ -144,6 +157,11 @@ def main():
     res["wall_seconds"] = time.time() - t_start
     with open(os.path.join(r.out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
+    res["partial"] = bool(res["missing"])
+    if res["missing"]:
+        print("PARTIAL: no evaluations yet of %s" % ", ".join(res["missing"]))
+    if not res["models"]:
+        return 0
     plot(res, os.path.join(r.out, "long_docs.png"))
     print(table(res))
     if a.figures:
