@@ -54,8 +54,8 @@ def build(args):
         raise SystemExit("error: no iha-data binary at %s (build it: cmake --build %s --target iha-data)"
                          % (iha_data, args.build))
     lengths = [int(x) for x in args.lengths.split(",")]
-    if sorted(lengths) != lengths or lengths[0] != args.n0 or lengths[-1] != 16 * args.n0:
-        raise SystemExit("error: --lengths must ascend from N0 (%d) to 16 N0 (%d): %s"
+    if sorted(set(lengths)) != lengths or args.n0 not in lengths or lengths[-1] != 16 * args.n0:
+        raise SystemExit("error: --lengths must ascend, hold N0 (%d) and end at 16 N0 (%d): %s"
                          % (args.n0, 16 * args.n0, args.lengths))
     versions, paths = {}, []
     for pkg in PACKAGES:
@@ -81,8 +81,13 @@ def build(args):
                          % (len(held), args.groups))
     os.makedirs(os.path.join(args.out, "heldout"), exist_ok=True)
     t0 = time.time()
-    run = lambda cmd: subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    run([iha_data, "text"] + [LIBRARY_ROOT + d["path"] for d in train] + [os.path.join(args.out, "train.h5")])
+    def run(inputs, output):
+        # The files are a pure function of the installed sources and the options: one already
+        # written is kept (a run may be reading it), unless --force.
+        if args.force or not os.path.exists(output):
+            subprocess.run([iha_data, "text"] + inputs + [output], check=True, stdout=subprocess.DEVNULL)
+
+    run([LIBRARY_ROOT + d["path"] for d in train], os.path.join(args.out, "train.h5"))
     with tempfile.TemporaryDirectory() as tmp:
         closing = os.path.join(tmp, "zz-closing")
         with open(closing, "wb") as f:
@@ -95,7 +100,7 @@ def build(args):
                     with open(LIBRARY_ROOT + d["path"], "rb") as src, open(q, "wb") as dst:
                         dst.write(src.read(L))
                     inputs.append(q)
-                run([iha_data, "text"] + inputs + [closing, os.path.join(args.out, "heldout", "L%d-g%d.h5" % (L, g))])
+                run(inputs + [closing], os.path.join(args.out, "heldout", "L%d-g%d.h5" % (L, g)))
     manifest = {"packages": versions, "library_root": LIBRARY_ROOT, "n0": args.n0, "lengths": lengths,
                 "groups": [len(m) for m in groups], "smoke": args.smoke,
                 "train": {"documents": len(train), "bytes": sum(d["bytes"] for d in train)},
@@ -115,14 +120,16 @@ def main():
     ap.add_argument("--out", default=os.path.join(expkit.REPO, "runs", "corpus", "pystdlib"))
     ap.add_argument("--build", default=os.path.join(expkit.REPO, "build"))
     ap.add_argument("--n0", type=int, default=256)
-    ap.add_argument("--lengths", default="256,384,512,768,1024,1536,2048,3072,4096")
+    # 128 = N0 / 2: the reference bin [N0/2, N0) of section 4.2 needs a prefix that ends there.
+    ap.add_argument("--lengths", default="128,256,384,512,768,1024,1536,2048,3072,4096")
+    ap.add_argument("--force", action="store_true", help="rewrite token files that exist")
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--smoke", action="store_true",
                     help="the first files only, N0 16, three prefix lengths, 2 groups, half of the long files held out")
     ap.add_argument("--smoke-files", type=int, default=60)
     a = ap.parse_args()
     if a.smoke:
-        a.n0, a.lengths, a.groups = 16, "16,64,256", 2
+        a.n0, a.lengths, a.groups = 16, "8,16,64,256", 2
     a.out = os.path.abspath(a.out)
     return build(a)
 

@@ -25,6 +25,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import sys
 import tempfile
 
@@ -224,6 +225,43 @@ def stage_time_table(data):
     out.append(["all", sum(n for _, n, _, _ in rows), "%.0f" % sum(s for _, _, s, _ in rows), "",
                 "%.0f (%d h %02d min)" % (total / 60, total // 3600, round(total % 3600 / 60))])
     return table(["command", "stages", "stage seconds", "run at a time", "stage time / run at a time (min)"], out)
+
+
+# ---- section 4.2: loss by position on real long documents --------------------------------
+
+def long_docs_bins(data):
+    """Held-out loss by position bin for every model the results hold (mean over the documents,
+    +- the standard error over the groups of documents)."""
+    d = data("long_docs_results")
+    models = list(d["models"])
+    first = d["models"][models[0]]["bins"]
+    rows = [["%d-%d" % (b["lo"], b["hi"] - 1)] + ["%.3f +- %.3f" % (d["models"][m]["bins"][i]["loss"],
+                                                                      d["models"][m]["bins"][i]["se"]) for m in models]
+            for i, b in enumerate(first)]
+    return table(["target positions"] + ["%s: %s" % (d["models"][m]["kind"].upper(), d["models"][m]["what"])
+                                         for m in models], rows)
+
+
+def long_docs_drop(data):
+    """Per model: the loss of each bin minus that of the bin just below N0 (positions
+    [N0/2, N0) for the first two bins' boundary), with the standard error over groups of the
+    per-group difference."""
+    d = data("long_docs_results")
+    n0 = d["n0"]
+    rows = []
+    for m, v in d["models"].items():
+        bins = v["bins"]
+        ref = [i for i, b in enumerate(bins) if b["hi"] <= n0 - 1][-1]
+        cells = []
+        for b in bins[ref + 1:]:
+            diff = [x - y for x, y in zip(b["per_group"], bins[ref]["per_group"])]
+            se = statistics.stdev(diff) / math.sqrt(len(diff)) if len(diff) > 1 else 0.0
+            cells.append("%+.3f +- %.3f" % (statistics.mean(diff), se))
+        rows.append(["%s: %s" % (v["kind"].upper(), v["what"])] + cells)
+    m0 = next(iter(d["models"].values()))["bins"]
+    ref = [i for i, b in enumerate(m0) if b["hi"] <= n0 - 1][-1]
+    return table(["model (bin minus bin %d-%d)" % (m0[ref]["lo"], m0[ref]["hi"] - 1)]
+                 + ["%d-%d" % (b["lo"], b["hi"] - 1) for b in m0[ref + 1:]], rows)
 
 
 TABLES = {
