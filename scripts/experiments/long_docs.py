@@ -69,6 +69,9 @@ def main():
     ap.add_argument("--ft-steps", type=int, default=150)
     ap.add_argument("--kinds", default="iha,mha")
     ap.add_argument("--eval-batch", type=int, default=4)
+    ap.add_argument("--evals-only", default=None,
+                    help="comma-separated stages (base-iha, ft-mha-yarn, ...) whose training is done: run only "
+                         "their evaluations (beside a run still training the others)")
     ap.add_argument("--report-only", action="store_true",
                     help="write the results of the models whose evaluations are all done; run nothing")
     a = ap.parse_args()
@@ -94,7 +97,7 @@ def main():
         return os.path.exists(os.path.join(r.out, name, "done"))
 
     def train(name, mode, N, steps, batch, sets):
-        if a.report_only:
+        if a.report_only or a.evals_only:
             return
         d = os.path.join(r.out, name)
         return r.stage(name, mode, CONFIG, common + [
@@ -134,6 +137,11 @@ def main():
             models[ft] = (kind, "extended at 4 N0, %s" % m, scaling(m, n0))
         for model in [base] + ["ft-%s-%s" % (kind, m) for m in METHODS]:
             cells = [(L, g) for L in lengths for g in range(len(groups))]
+            if a.evals_only and model not in a.evals_only.split(","):
+                del models[model]
+                continue
+            if a.evals_only and not done(model):
+                raise SystemExit("error: --evals-only %s: its training stage is not done" % model)
             if a.report_only and not all(done("eval-%s-L%d-g%d" % (model, L, g)) for L, g in cells):
                 del models[model]  # partial: reported as missing
                 continue
