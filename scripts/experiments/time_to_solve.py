@@ -172,7 +172,9 @@ def main():
 
     out = {"machine": expkit.machine(), "smoke": a.smoke, "threshold": a.threshold, "eval_every": a.eval_every,
            "eval_sequences": a.eval_sequences, "flops_per_step": flops, "cap_flops": cap, "cap_steps": cap_steps,
-           "rates": rates, "pilot_seeds": pilot_seeds, "seeds": seeds, "pilot": [], "chosen_rate": {}, "runs": []}
+           "rates": rates, "pilot_seeds": pilot_seeds, "seeds": seeds, "pilot": [], "chosen_rate": {}, "runs": [],
+           # PARTIAL when the run stopped before the comparison (--stop-after): no verdict.
+           "stopped_after": a.stop_after}
 
     def finish():
         out["commands"] = [{"stage": s, "command": c, "seconds": r.seconds(s)} for s, c, _ in r.commands]
