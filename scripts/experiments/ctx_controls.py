@@ -140,7 +140,7 @@ def main():
                                            verdict=verdict(res["versus_none"][stage][m][str(L)],
                                                            len(res["versus_none"][stage][m][str(L)]["seeds"]), len(seeds)))
                                    for m in methods[1:]}
-    res["commands"] = [{"stage": st, "command": c, "seconds": r.seconds(st)} for st, c, _ in r.commands]
+    res["commands"] = [{"stage": st, "command": expkit.relative(c), "seconds": r.seconds(st)} for st, c, _ in r.commands]
     names = sorted(os.listdir(r.out))
     res["stage_seconds"] = {n: r.seconds(n) for n in names if r.seconds(n) is not None}
     res["wall_seconds"] = time.time() - t_start

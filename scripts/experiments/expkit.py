@@ -106,6 +106,12 @@ def t975(df):
     return _T975[max(d for d in _T975 if d <= df)]
 
 
+def relative(text):
+    """text with this checkout's path written as relative to the repository (results JSON is
+    committed: it names no path of the machine that ran it)."""
+    return text.replace(REPO + os.sep, "")
+
+
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(l) for l in f if l.strip()]
