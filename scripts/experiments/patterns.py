@@ -65,6 +65,7 @@ def main():
     ap.add_argument("--eval-sequences", type=int, default=512)
     ap.add_argument("--fails-below", type=float, default=0.50)
     ap.add_argument("--succeeds-above", type=float, default=0.90)
+    ap.add_argument("--stop-after", choices=["pilot"], default=None)
     a = ap.parse_args()
     if a.smoke:
         a.pilot_seeds, a.seeds, a.steps, a.batch = "901", "1001,1002", 4, 4
@@ -104,7 +105,8 @@ def main():
     out["gate"] = {"median_final": med, "mha_h1_fails": med["mha-h1"] <= a.fails_below,
                    "mha_h2_succeeds": med["mha-h2"] >= a.succeeds_above}
     out["gate"]["passed"] = out["gate"]["mha_h1_fails"] and out["gate"]["mha_h2_succeeds"]
-    if out["gate"]["passed"]:
+    out["stopped_after"] = a.stop_after  # PARTIAL when "pilot": the main runs were not started
+    if out["gate"]["passed"] and a.stop_after != "pilot":
         # The main runs evaluate once, at the end, on more sequences (eval.every 0).
         out["runs"] = in_parallel([(m, s, 0, a.eval_sequences) for s in seeds for m in MODELS])
         acc = {m[0]: [x["accuracy"] for x in out["runs"] if x["model"] == m[0]] for m in MODELS}
