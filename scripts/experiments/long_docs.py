@@ -163,9 +163,9 @@ def main():
     res["commands"] = [{"stage": s, "command": expkit.relative(c), "seconds": r.seconds(s)} for s, c, _ in r.commands]
     res["stage_seconds"] = sum(x["seconds"] or 0 for x in res["commands"])
     res["wall_seconds"] = time.time() - t_start
+    res["partial"] = bool(res["missing"])
     with open(os.path.join(r.out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
-    res["partial"] = bool(res["missing"])
     if res["missing"]:
         print("PARTIAL: no evaluations yet of %s" % ", ".join(res["missing"]))
     if not res["models"]:

@@ -264,6 +264,53 @@ def long_docs_drop(data):
                  + ["%d-%d" % (b["lo"], b["hi"] - 1) for b in m0[ref + 1:]], rows)
 
 
+def long_docs_pairs(data):
+    """yarn - none for each kind and IHA - MHA for each stage, bin by bin: the mean over the
+    groups of the per-group difference (the same documents) and its standard error."""
+    d = data("long_docs_results")
+    ms = d["models"]
+    pairs = [("ft-iha-yarn", "ft-iha-none", "IHA: yarn - none"), ("ft-mha-yarn", "ft-mha-none", "MHA: yarn - none"),
+             ("base-iha", "base-mha", "base: IHA - MHA"), ("ft-iha-none", "ft-mha-none", "extended, none: IHA - MHA"),
+             ("ft-iha-yarn", "ft-mha-yarn", "extended, yarn: IHA - MHA")]
+    first = next(iter(ms.values()))["bins"]
+    rows = []
+    for x, y, label in pairs:
+        if x not in ms or y not in ms:
+            continue
+        cells = []
+        for bx, by in zip(ms[x]["bins"], ms[y]["bins"]):
+            diff = [p - q for p, q in zip(bx["per_group"], by["per_group"])]
+            se = statistics.stdev(diff) / math.sqrt(len(diff)) if len(diff) > 1 else 0.0
+            cells.append("%+.3f +- %.3f" % (statistics.mean(diff), se))
+        rows.append([label] + cells)
+    return table(["difference (unweighted mean of the group differences)"]
+                 + ["%d-%d" % (b["lo"], b["hi"] - 1) for b in first], rows)
+
+
+# ---- sections 4.3 and 4.4: the stages run so far ------------------------------------------
+
+def tts_probe(data):
+    d = data("time_to_solve_results")
+    return table(["arm", "GFLOP a step", "steps within the cap", "cap (TFLOP)"],
+                 [[arm, "%.2f" % (f / 1e9), d["cap_steps"][arm], "%.1f" % (d["cap_flops"] / 1e12)]
+                  for arm, f in d["flops_per_step"].items()])
+
+
+def patterns_pilot(data):
+    d = data("patterns_results")
+    rows = []
+    for model in sorted({x["model"] for x in d["pilot"]}):
+        runs = [x for x in d["pilot"] if x["model"] == model]
+        best = [max(a for _, a in x["curve"]) for x in runs]
+        rows.append([model, runs[0]["params"], ", ".join("%.3f" % x["accuracy"] for x in runs),
+                     "%.3f" % d["gate"]["median_final"][model], ", ".join("%.3f" % b for b in best)])
+    g = d["gate"]
+    rows.append(["gate", "", "MHA(1) fails: %s; MHA(2) succeeds: %s" % (g["mha_h1_fails"], g["mha_h2_succeeds"]),
+                 "passed" if g["passed"] else "not passed", ""])
+    return table(["model", "parameters", "final accuracy per pilot seed (%d steps)" % d["steps"],
+                  "median", "best evaluation per seed"], rows)
+
+
 TABLES = {
     "ctx-accuracy": ctx_accuracy,
     "ctx-vs-none": ctx_vs_none,
@@ -281,6 +328,11 @@ TABLES = {
     "ivm-v1-calibration": lambda d: calibration_table(d, "iha_vs_mha_v1_results"),
     "ivm-v1-models": lambda d: models_table(d, "iha_vs_mha_v1_results"),
     "stage-times": stage_time_table,
+    "long-docs-bins": long_docs_bins,
+    "long-docs-drop": long_docs_drop,
+    "long-docs-pairs": long_docs_pairs,
+    "tts-probe": tts_probe,
+    "patterns-pilot": patterns_pilot,
 }
 
 
