@@ -78,8 +78,9 @@ def main():
     if a.smoke:
         a.base_steps, a.ft_steps = 2, 2
         a.corpus = os.path.join(os.path.abspath(a.out), "corpus")
+        # Rewritten every time, as the smoke run's stages are: a test must not pass on old files.
         subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "long_docs_corpus.py"),
-                        "--smoke", "--build", a.build, "--out", a.corpus], check=True)
+                        "--smoke", "--force", "--build", a.build, "--out", a.corpus], check=True)
     manifest_path = os.path.join(a.corpus, "manifest.json")
     if not os.path.exists(manifest_path):
         raise SystemExit("error: no corpus at %s (make it: python3 scripts/experiments/long_docs_corpus.py --out %s)"

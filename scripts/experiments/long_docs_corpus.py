@@ -79,6 +79,14 @@ def build(args):
     if not all(groups):
         raise SystemExit("error: %d held-out documents leave a group of %d empty (fewer files than groups)"
                          % (len(held), args.groups))
+    # Kept files must come from the same selection: a corpus folder made with other options
+    # (or other installed sources) is refused rather than mixed.
+    old_manifest = os.path.join(args.out, "manifest.json")
+    if os.path.exists(old_manifest) and not args.force:
+        old = json.load(open(old_manifest))
+        if old.get("n0") != args.n0 or old.get("documents") != docs:
+            raise SystemExit("error: %s was made from other documents or options (N0, split, groups); "
+                             "use --force to rewrite it, or another --out" % old_manifest)
     os.makedirs(os.path.join(args.out, "heldout"), exist_ok=True)
     t0 = time.time()
     def run(inputs, output):
