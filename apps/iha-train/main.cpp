@@ -227,7 +227,8 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
     JsonLine line;
     line.add("event", std::string("eval")).add("step", step).add("loss", e.loss).add("accuracy", e.accuracy);
     if (e.answers > 0) line.add("answer_loss", e.answer_loss).add("answer_accuracy", e.answer_accuracy);
-    rep->json(line.add("answers", e.answers).add("sequences", e.sequences));
+    // targets: the rows whose loss the mean is over (a per-position analysis needs the sum).
+    rep->json(line.add("answers", e.answers).add("sequences", e.sequences).add("targets", e.targets));
   };
 
   if (args.mode == Mode::eval) {

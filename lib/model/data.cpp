@@ -147,6 +147,53 @@ class MultiKeySource final : public SyntheticSource {
   MultiKeySpec spec_;
 };
 
+class OrderedPairSource final : public SyntheticSource {
+ public:
+  OrderedPairSource(const MultiKeySpec& spec, int64_t vocab, int64_t N, uint64_t seed)
+      : SyntheticSource(vocab, N, seed,
+                        1 + spec.key_tokens + spec.value_tokens + spec.value_tokens * spec.value_tokens,
+                        spec.loss_on),
+        spec_(spec) {}
+  std::string describe() const override {
+    std::ostringstream os;
+    os << "orderedpair(pairs=" << spec_.pairs << ", queries=" << spec_.queries
+       << ", key_tokens=" << spec_.key_tokens << ", value_tokens=" << spec_.value_tokens
+       << ", N=" << N_ << ", seed=" << seed_ << ")";
+    return os.str();
+  }
+
+ protected:
+  Placement place(int64_t s) const override {
+    Rng rng{hash3(seed_, 0x6f70616972ull, static_cast<uint64_t>(s)), 0};
+    const int64_t k = spec_.pairs, q = spec_.queries, nv = spec_.value_tokens;
+    const int64_t key_base = 1, value_base = 1 + spec_.key_tokens, answer_base = value_base + nv;
+    const std::vector<int64_t> keys = distinct_draw(rng, spec_.key_tokens, k);
+    std::vector<int64_t> values(static_cast<size_t>(k));
+    for (auto& v : values) v = static_cast<int64_t>(rng.next_below(nv));
+    const int64_t haystack = N_ + 1 - 4 * q;
+    Placement pl;
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t p = slot_position(rng, haystack, k, i, 2);
+      pl.placed.emplace_back(p, static_cast<int32_t>(key_base + keys[i]));
+      pl.placed.emplace_back(p + 1, static_cast<int32_t>(value_base + values[i]));
+    }
+    for (int64_t j = 0; j < q; ++j) {
+      const int64_t p = haystack + 4 * j;
+      const std::vector<int64_t> asked = distinct_draw(rng, k, 2);  // ordered: (first, second)
+      pl.placed.emplace_back(p, kQueryToken);
+      pl.placed.emplace_back(p + 1, static_cast<int32_t>(key_base + keys[asked[0]]));
+      pl.placed.emplace_back(p + 2, static_cast<int32_t>(key_base + keys[asked[1]]));
+      pl.placed.emplace_back(p + 3, static_cast<int32_t>(answer_base + nv * values[asked[0]] + values[asked[1]]));
+      pl.answer_positions.push_back(p + 3);
+    }
+    finish(pl);
+    return pl;
+  }
+
+ private:
+  MultiKeySpec spec_;
+};
+
 class TwoHopSource final : public SyntheticSource {
  public:
   TwoHopSource(const TwoHopSpec& spec, int64_t vocab, int64_t N, uint64_t seed)
@@ -507,6 +554,26 @@ std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int6
                    " pairs and ", spec.queries, " queries need at least ",
                    2 * spec.pairs + 3 * spec.queries - 1, " tokens, got ", N);
   return std::make_shared<MultiKeySource>(spec, vocab, N, seed);
+}
+
+std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, int64_t vocab,
+                                                     int64_t N, uint64_t seed) {
+  IHA_CONFIG_CHECK(spec.pairs >= 2, "config key 'data.pairs': the orderedpair task asks two distinct "
+                   "keys, so it needs >= 2 pairs, got ", spec.pairs);
+  IHA_CONFIG_CHECK(spec.value_tokens >= 1, "config key 'data.value_tokens': must be >= 1, got ",
+                   spec.value_tokens);
+  IHA_CONFIG_CHECK(spec.key_tokens >= spec.pairs, "config key 'data.key_tokens': ", spec.pairs,
+                   " distinct keys need at least as many key tokens, got ", spec.key_tokens);
+  check_queries(spec.queries);
+  const int64_t used = 1 + spec.key_tokens + spec.value_tokens + spec.value_tokens * spec.value_tokens;
+  IHA_CONFIG_CHECK(used < vocab, "config key 'model.vocab_size': the orderedpair task needs ", used,
+                   " ids (query marker, data.key_tokens, data.value_tokens and its square of answer "
+                   "ids) plus at least one filler id, got ", vocab);
+  const int64_t haystack = N + 1 - 4 * spec.queries;
+  IHA_CONFIG_CHECK(haystack >= 2 * spec.pairs, "config key 'sequence.length': ", spec.pairs,
+                   " pairs and ", spec.queries, " queries need at least ",
+                   2 * spec.pairs + 4 * spec.queries - 1, " tokens, got ", N);
+  return std::make_shared<OrderedPairSource>(spec, vocab, N, seed);
 }
 
 std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t vocab, int64_t N,

@@ -28,6 +28,7 @@
 // serialises its calls on one process-wide mutex.
 // defines: iha::TokenBatch, iha::TokenSource, iha::MultiKeySpec, iha::TwoHopSpec,
 //          iha::LossOn, iha::make_multikey_source, iha::make_twohop_source,
+//          iha::make_orderedpair_source,
 //          iha::make_needle_depth_source,
 //          iha::open_token_file, iha::TokenFileWriter, iha::doc_starts_dataset, iha::DataLoader
 #pragma once
@@ -86,6 +87,12 @@ struct MultiKeySpec {
   LossOn loss_on = LossOn::answer;
 };
 
+// Ordered-pair retrieval (docs/experiments.md section 4.4): `pairs` (key, value) pairs as in
+// the multikey task, then `queries` blocks (QUERY, k1, k2, answer) with k1 != k2 two of the
+// context's keys (drawn per query, with replacement across queries); the answer is one of
+// value_tokens^2 ids after the values, value_tokens * v(k1) + v(k2): the ordered pair. One
+// attention pattern averaging both retrieved values loses their order; two keep it. The spec
+// is MultiKeySpec's (the same data.* keys).
 // 2-hop composition: `chains` chains a -> b -> c over distinct entities, stated as 2-token
 // facts (a b), (b c) in shuffled order at random depths in filler; a query (QUERY, a, c)
 // asks for the entity two hops from a chain drawn uniformly (with replacement); c is the
@@ -103,6 +110,8 @@ std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int6
                                                   int64_t N, uint64_t seed);
 std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t vocab, int64_t N,
                                                 uint64_t seed);
+std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, int64_t vocab,
+                                                     int64_t N, uint64_t seed);
 // Needle-depth probe of the multikey task (for length sweeps): sequences drawn as by
 // make_multikey_source with one query, except that the query always asks pair `depth_bin`.
 // The k = spec.pairs pairs sit in k equal segments of the haystack in order, so bin i holds

@@ -132,7 +132,7 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
 
   const ConfigNode data = root.child("data");
   c.data.kind = data.get<std::string>("kind", "multikey");
-  if (c.data.kind == "multikey") {
+  if (c.data.kind == "multikey" || c.data.kind == "orderedpair") {
     c.data.seed = static_cast<uint64_t>(non_negative(data, "seed", 1));
     MultiKeySpec& m = c.data.multikey;
     m.pairs = positive(data, "pairs", m.pairs);
@@ -152,7 +152,7 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
     c.data.dataset = data.get<std::string>("dataset", "tokens");
   } else {
     throw ConfigError("config key 'data.kind': unknown kind '" + c.data.kind +
-                      "' (expected multikey, twohop or hdf5)");
+                      "' (expected multikey, orderedpair, twohop or hdf5)");
   }
 
   const ConfigNode ev = root.child("eval");
@@ -305,6 +305,7 @@ std::shared_ptr<TokenSource> make_data_source(const RunConfig& c, bool held_out)
   }
   MultiKeySpec spec = c.data.multikey;
   if (held_out) spec.queries = c.eval.queries;
+  if (c.data.kind == "orderedpair") return make_orderedpair_source(spec, V, N, seed);
   return make_multikey_source(spec, V, N, seed);
 }
 

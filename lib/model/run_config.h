@@ -36,9 +36,9 @@ struct MeshSchemes {
 };
 
 struct DataConfig {
-  std::string kind = "multikey";  // multikey | twohop | hdf5
+  std::string kind = "multikey";  // multikey | orderedpair | twohop | hdf5
   uint64_t seed = 1;              // synthetic tasks: sequence s is a function of (seed, s)
-  MultiKeySpec multikey;
+  MultiKeySpec multikey;          // also the orderedpair task's (the same data.* keys)
   TwoHopSpec twohop;
   std::string path;               // hdf5: token file
   std::string dataset = "tokens";

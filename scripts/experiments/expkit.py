@@ -92,6 +92,26 @@ class Runner:
         return float(open(p).read()) if os.path.exists(p) else None
 
 
+# Two-sided 95% quantiles of Student's t by degrees of freedom (standard tables).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def t975(df):
+    """The 97.5% quantile of Student's t with df degrees of freedom (for a 95% interval); between
+    tabled values, the next smaller df's (the wider interval)."""
+    if df < 1:
+        raise ValueError("a 95%% interval needs at least 2 values (df %d)" % df)
+    return _T975[max(d for d in _T975 if d <= df)]
+
+
+def relative(text):
+    """text with this checkout's path written as relative to the repository (results JSON is
+    committed: it names no path of the machine that ran it)."""
+    return text.replace(REPO + os.sep, "")
+
+
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(l) for l in f if l.strip()]

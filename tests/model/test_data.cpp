@@ -151,6 +151,49 @@ TEST(Synthetic, TwoHopAnswerIsTwoHopsAway) {
   }
 }
 
+// The ordered-pair task read back from the tokens alone: the context's (key, value) pairs, the
+// two queried keys, and an answer that must be value_tokens * v(k1) + v(k2) after the values.
+TEST(Synthetic, OrderedPairAnswerIsTheOrderedPair) {
+  MultiKeySpec spec;
+  spec.pairs = 4;
+  spec.queries = 2;
+  spec.key_tokens = 16;
+  spec.value_tokens = 8;
+  spec.loss_on = LossOn::answer;
+  const int64_t N = 64, V = 100, answer_base = 1 + 16 + 8;
+  auto src = make_orderedpair_source(spec, V, N, 3);
+  int64_t ordered_differs = 0;
+  for (int64_t s = 0; s < 200; ++s) {
+    const Whole w = whole(*src, s);
+    std::vector<int32_t> x(w.tokens);
+    x.push_back(w.targets.back());
+    const int64_t haystack = N + 1 - 4 * spec.queries;
+    std::map<int32_t, int32_t> value_of;  // key id -> value id
+    for (int64_t p = 0; p + 1 < haystack; ++p)
+      if (x[p] >= 1 && x[p] <= 16) {
+        ASSERT_TRUE(x[p + 1] >= 17 && x[p + 1] < answer_base) << "a key is followed by its value";
+        ASSERT_EQ(value_of.count(x[p]), 0u) << "keys are distinct, sequence " << s;
+        value_of[x[p]] = x[p + 1] - 17;
+        ++p;
+      }
+    ASSERT_EQ(value_of.size(), 4u) << "sequence " << s;
+    for (int64_t j = 0; j < spec.queries; ++j) {
+      const int64_t p = haystack + 4 * j;
+      ASSERT_EQ(x[p], 0);
+      const int32_t k1 = x[p + 1], k2 = x[p + 2];
+      ASSERT_NE(k1, k2);
+      ASSERT_EQ(value_of.count(k1) + value_of.count(k2), 2u);
+      EXPECT_EQ(x[p + 3], answer_base + 8 * value_of[k1] + value_of[k2]);
+      ordered_differs += value_of[k1] != value_of[k2];
+      // Only the answer is a target (position p + 3 is row p + 2's target).
+      EXPECT_EQ(w.answer[p + 2], 1);
+      EXPECT_EQ(w.targets[p + 2], x[p + 3]);
+      EXPECT_EQ(w.targets[p + 1], -1);
+    }
+  }
+  EXPECT_GT(ordered_differs, 200) << "most queried pairs have two different values: order matters";
+}
+
 TEST(Synthetic, TasksThatDoNotFitAreConfigErrors) {
   auto expect_key = [](const std::function<void()>& f, const std::string& key) {
     try {
@@ -168,6 +211,13 @@ TEST(Synthetic, TasksThatDoNotFitAreConfigErrors) {
   TwoHopSpec th;
   th.chains = 11;
   expect_key([&] { make_twohop_source(th, 60, 200, 1); }, "data.entity_tokens");
+  MultiKeySpec op;
+  op.value_tokens = 8;  // 1 + 16 + 8 + 64 = 89 ids before the filler
+  expect_key([&] { make_orderedpair_source(op, 89, 64, 1); }, "model.vocab_size");
+  expect_key([&] { make_orderedpair_source(op, 100, 10, 1); }, "sequence.length");
+  MultiKeySpec one = op;
+  one.pairs = 1;
+  expect_key([&] { make_orderedpair_source(one, 100, 64, 1); }, "data.pairs");
 }
 
 // ---- HDF5 token files ----
@@ -585,6 +635,14 @@ TEST(RunConfig, BadKeysTypesAndValuesNameTheKey) {
   EXPECT_NE(no_d.find("model.D"), std::string::npos) << no_d;
   const std::string no_len = config_error({}, "model: {vocab_size: 8, D: 4, H: 2}\n");
   EXPECT_NE(no_len.find("sequence.length"), std::string::npos) << no_len;
+}
+
+TEST(RunConfig, OrderedPairTakesTheMultikeyKeys) {
+  RunConfig c = test::run_config_from(
+      base_yaml(), {"data.kind=orderedpair", "data.value_tokens=4", "data.pairs=3", "model.vocab_size=64"});
+  auto src = make_data_source(c, false);
+  EXPECT_NE(src->describe().find("orderedpair(pairs=3"), std::string::npos) << src->describe();
+  EXPECT_NE(src->describe().find("value_tokens=4"), std::string::npos) << src->describe();
 }
 
 TEST(RunConfig, SyntheticDataChecksRunAtSourceCreation) {

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""IHA against MHA on a task where the number of attention patterns a layer forms matters
+(docs/experiments.md section 4.4, pre-registered; every rule below is that section's).
+
+Task: `orderedpair` (lib/model/data.h): 4 (key, value) pairs, 16 key ids, 8 value ids; the
+query names two keys and the answer is one of 64 ids, the ordered pair of their values. One
+block, global; MHA with H = 1 and H = 2 heads, IHA with H = 1 and P = 2 (H P = 2 pseudo-query
+patterns a token, as many as MHA with 2 heads).
+
+Stages: the pilot (MHA H = 1 and H = 2 on --pilot-seeds, --steps steps, held-out answer
+accuracy every --pilot-eval-every steps); the gate (MHA(1) median final accuracy at most
+--fails-below, MHA(2) at least --succeeds-above); only if it passes, the main runs (the three
+models on --seeds, --steps steps, --eval-sequences held-out sequences at the end), paired by
+seed: IHA - MHA(1) and IHA - MHA(2), mean, se, 95% interval (Student's t); the verdict by the
+declared rule. A finished stage is skipped when rerun with the same command.
+
+  python3 scripts/experiments/patterns.py --jobs 2 --out runs/experiments/patterns
+  python3 scripts/experiments/patterns.py --smoke --out /tmp/patterns-smoke        # seconds
+"""
+import concurrent.futures
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import expkit  # noqa: E402
+
+TASK = [("data.kind", "orderedpair"), ("data.pairs", "4"), ("data.key_tokens", "16"), ("data.value_tokens", "8"),
+        ("data.queries", "2"), ("model.vocab_size", "128")]
+MHA = [("model.global_kind", "mha")]
+# name, heads, extra sets
+MODELS = [("mha-h1", 1, MHA), ("mha-h2", 2, MHA), ("iha-h1-p2", 1, [("model.P", "2")])]
+
+
+def paired(xs, ys):
+    d = [x - y for x, y in zip(xs, ys)]
+    mean, se = statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
+    t = expkit.t975(len(d) - 1)
+    return {"diffs": d, "mean": mean, "se": se, "interval": [mean - t * se, mean + t * se]}
+
+
+def verdict(vs_h1, vs_h2):
+    """Section 4.4's rule on the 95% intervals of IHA - MHA(H) and IHA - MHA(2H)."""
+    if vs_h1["interval"][0] > 0 and vs_h2["interval"][0] > -0.10:
+        return "IHA forms the extra patterns"
+    if vs_h1["interval"][1] < 0.10:
+        return "IHA does not"
+    return "open"
+
+
+def main():
+    ap = expkit.experiment_args(__doc__, "patterns")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--pilot-seeds", default="901,902,903")
+    ap.add_argument("--seeds", default="1001,1002,1003,1004,1005")
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--lr", default="1.0e-3")
+    ap.add_argument("--length", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--pilot-eval-every", type=int, default=100)
+    ap.add_argument("--pilot-sequences", type=int, default=256)
+    ap.add_argument("--eval-sequences", type=int, default=512)
+    ap.add_argument("--fails-below", type=float, default=0.50)
+    ap.add_argument("--succeeds-above", type=float, default=0.90)
+    ap.add_argument("--stop-after", choices=["pilot"], default=None)
+    a = ap.parse_args()
+    if a.smoke:
+        a.pilot_seeds, a.seeds, a.steps, a.batch = "901", "1001,1002", 4, 4
+        a.pilot_eval_every, a.pilot_sequences, a.eval_sequences = 2, 8, 8
+        a.fails_below, a.succeeds_above = 1.0, 0.0  # the gate passes: the smoke run reaches the main runs
+    pilot_seeds = [int(s) for s in a.pilot_seeds.split(",")]
+    seeds = [int(s) for s in a.seeds.split(",")]
+    r = expkit.Runner(a.build, a.out, force=a.smoke)
+    t_start = time.time()
+
+    def run(job):
+        model, seed, every, sequences = job
+        name = "%s-s%d" % (model[0], seed)
+        d = os.path.join(r.out, name)
+        r.stage(name, "train", "configs/demo.yaml", [
+            ("mesh.sp", "1"), ("sequence.length", str(a.length)), ("model.layers", "1"), ("model.pattern", "G"),
+            ("model.H", str(model[1])), ("model.d", "16"), ("train.steps", str(a.steps)), ("optim.lr", a.lr),
+            ("optim.min_lr", a.lr), ("optim.warmup_steps", "1" if a.smoke else "30"),
+            ("train.batch_size", str(a.batch)), ("train.micro_batch", str(a.batch)), ("train.seed", str(seed)),
+            ("data.seed", str(seed)), ("eval.every", str(every)), ("eval.sequences", str(sequences)),
+            ("logging.every", "100"), ("checkpoint.dir", os.path.join(d, "ck")), ("checkpoint.every", "0"),
+            ("logging.jsonl", os.path.join(d, "log.jsonl"))] + TASK + model[2])
+        ev = [e for e in expkit.read_jsonl(os.path.join(d, "log.jsonl")) if e.get("event") == "eval"]
+        st = expkit.start_event(d)
+        return {"model": model[0], "seed": seed, "accuracy": ev[-1]["answer_accuracy"], "answers": ev[-1]["answers"],
+                "curve": [(e["step"], e["answer_accuracy"]) for e in ev], "params": st["params"],
+                "flops_per_step": st["flops_per_step"], "seconds": r.seconds(name)}
+
+    def in_parallel(jobs):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+            return list(pool.map(run, jobs))
+
+    out = {"machine": expkit.machine(), "smoke": a.smoke, "steps": a.steps, "lr": a.lr,
+           "pilot_seeds": pilot_seeds, "seeds": seeds}
+    out["pilot"] = in_parallel([(m, s, a.pilot_eval_every, a.pilot_sequences) for m in MODELS[:2] for s in pilot_seeds])
+    med = {m[0]: statistics.median(x["accuracy"] for x in out["pilot"] if x["model"] == m[0]) for m in MODELS[:2]}
+    out["gate"] = {"median_final": med, "mha_h1_fails": med["mha-h1"] <= a.fails_below,
+                   "mha_h2_succeeds": med["mha-h2"] >= a.succeeds_above}
+    out["gate"]["passed"] = out["gate"]["mha_h1_fails"] and out["gate"]["mha_h2_succeeds"]
+    out["stopped_after"] = a.stop_after  # PARTIAL when "pilot": the main runs were not started
+    if out["gate"]["passed"] and a.stop_after != "pilot":
+        # The main runs evaluate once, at the end, on more sequences (eval.every 0).
+        out["runs"] = in_parallel([(m, s, 0, a.eval_sequences) for s in seeds for m in MODELS])
+        acc = {m[0]: [x["accuracy"] for x in out["runs"] if x["model"] == m[0]] for m in MODELS}
+        vs1, vs2 = paired(acc["iha-h1-p2"], acc["mha-h1"]), paired(acc["iha-h1-p2"], acc["mha-h2"])
+        out["comparison"] = {"iha_minus_mha_h1": vs1, "iha_minus_mha_h2": vs2, "verdict": verdict(vs1, vs2)}
+    out["commands"] = [{"stage": s, "command": expkit.relative(c), "seconds": r.seconds(s)} for s, c, _ in r.commands]
+    out["stage_seconds"] = sum(x["seconds"] or 0 for x in out["commands"])
+    out["wall_seconds"] = time.time() - t_start
+    with open(os.path.join(r.out, "results.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print("pilot: median final accuracy MHA(1) %.3f, MHA(2) %.3f: gate %s" % (
+        med["mha-h1"], med["mha-h2"], "passed" if out["gate"]["passed"] else "NOT passed: no main runs"))
+    if "comparison" in out:
+        c = out["comparison"]
+        print("IHA(1, P=2) - MHA(1) %+.3f +- %.3f; - MHA(2) %+.3f +- %.3f; verdict: %s%s" % (
+            c["iha_minus_mha_h1"]["mean"], c["iha_minus_mha_h1"]["se"], c["iha_minus_mha_h2"]["mean"],
+            c["iha_minus_mha_h2"]["se"], c["verdict"], " (SMOKE: numbers mean nothing)" if a.smoke else ""))
+    if a.figures:
+        expkit.copy_outputs(r.out, a.figures, [("results.json", "patterns_results.json")])
+    return 0
+
+
+if __name__ == "__main__":
+    expkit.run_main(main)
