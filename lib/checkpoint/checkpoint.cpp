@@ -572,80 +572,84 @@ void prune_old(const std::string& root, int keep, int64_t newest_step, const std
   }
 }
 
-std::string run_save(Communicator& comm, const SaveJob& job, int64_t& bytes_written) {
-  const int me = comm.rank();
-  const int64_t C = job.opt.hash_chunk_elems;
-  Hooks hooks = job.hooks;
+// One save, phase by phase (DESIGN.md's checkpoint protocol; each phase collective over comm):
+// plan the duties and check their coverage, create the temporary directory and the file, write
+// and hash every rank's duty, then commit (hashes, manifest, rename, `latest`, pruning). Until
+// the commit, a failure removes the temporary directory (discard()).
+class SaveRun {
+ public:
+  SaveRun(Communicator& comm, const SaveJob& job)
+      : comm_(comm), job_(job), hooks_(job.hooks), me_(comm.rank()), C_(job.opt.hash_chunk_elems) {}
 
-  collective_check(comm, [&] {
-    hooks.parse();
-    IHA_CONFIG_CHECK(job.step >= 0, "checkpoint step must be >= 0, got ", job.step);
-    IHA_CONFIG_CHECK(C > 0, "hash_chunk_elems must be positive, got ", C);
-    IHA_CONFIG_CHECK(!job.root.empty(), "checkpoint root directory is empty");
-  });
-  agree_on_registry(comm, job.reg, &job.meta);
-  std::vector<std::string> names;
-  for (const auto& [name, e] : job.reg) names.push_back(name);
-  const Plans planned = make_plans(comm, job.reg, names, C);
-  const std::vector<TensorPlan>& plans = planned.tensors;
-  const int64_t nchunks = planned.chunks;
-
-  // 2. Coverage before touching the disk.
-  collective_check(comm, [&] {
-    for (const TensorPlan& p : plans) {
-      for (int64_t c = 0; c < p.nchunks; ++c) {
-        if (planned.exact(p, c)) continue;
-        const int64_t b = c * C, e = std::min(p.numel, b + C);
-        throw ConfigError("cannot save tensor '" + p.name + "': elements [" + std::to_string(b) +
-                          ", " + std::to_string(e) + ") (chunk " + std::to_string(c) +
-                          ") are not covered exactly once by the registered shards: some "
-                          "elements are held by no rank");
-      }
-    }
-  });
-
-  // 3. Rank 0 prepares the temporary directory and the file.
-  const std::string nonce = bcast_string(comm, me == 0 ? random_nonce() : "", 0);
-  const std::string final_dir = join_path(job.root, step_name(job.step));
-  const std::string tmp_dir = final_dir + ".tmp-" + nonce;
-  const std::string file = join_path(tmp_dir, kStateFile);
-  std::vector<TensorInfo> infos;
-  for (const TensorPlan& p : plans) infos.push_back({p.name, p.entry->dtype, p.entry->global});
-
-  std::vector<uint64_t> offsets(2 * plans.size() + 1, 0);  // data offsets, hash offsets, size
-  bool committed = false;
-  std::unique_ptr<RootLock> lock;  // rank 0, for the whole save: one writer per root
-  try {
-    collective_check(comm, [&] {
-      hooks.at("begin", me);
-      if (me != 0) return;
-      lock = std::make_unique<RootLock>(job.root);
-      for (const std::string& name : list_dir(job.root))
-        if (is_temporary_name(name)) remove_tree(join_path(job.root, name));
-      IHA_CONFIG_CHECK(!path_exists(final_dir), "checkpoint step ", job.step, " already exists (",
-                       final_dir, "); refusing to overwrite it");
-      make_dirs(tmp_dir);
-      const CreatedFile cf = create_checkpoint_file(file, job.step, comm.size(), C, infos, job.meta);
-      for (size_t t = 0; t < plans.size(); ++t) {
-        offsets[t] = cf.data_offset[t];
-        offsets[plans.size() + t] = cf.hash_offset[t];
-      }
-      offsets.back() = cf.file_bytes;
+  // 1, 2: the job's arguments, the registry agreed, every rank's duty, the coverage checked
+  // before touching the disk; the directory names.
+  void plan() {
+    collective_check(comm_, [&] {
+      hooks_.parse();
+      IHA_CONFIG_CHECK(job_.step >= 0, "checkpoint step must be >= 0, got ", job_.step);
+      IHA_CONFIG_CHECK(C_ > 0, "hash_chunk_elems must be positive, got ", C_);
+      IHA_CONFIG_CHECK(!job_.root.empty(), "checkpoint root directory is empty");
     });
-    comm.broadcast(offsets.data(), static_cast<int64_t>(offsets.size()), DType::i64, 0, "ckpt.meta");
+    agree_on_registry(comm_, job_.reg, &job_.meta);
+    std::vector<std::string> names;
+    for (const auto& [name, e] : job_.reg) names.push_back(name);
+    planned_ = make_plans(comm_, job_.reg, names, C_);
+    collective_check(comm_, [&] {
+      for (const TensorPlan& p : planned_.tensors) {
+        for (int64_t c = 0; c < p.nchunks; ++c) {
+          if (planned_.exact(p, c)) continue;
+          const int64_t b = c * C_, e = std::min(p.numel, b + C_);
+          throw ConfigError("cannot save tensor '" + p.name + "': elements [" + std::to_string(b) + ", " +
+                            std::to_string(e) + ") (chunk " + std::to_string(c) +
+                            ") are not covered exactly once by the registered shards: some "
+                            "elements are held by no rank");
+        }
+      }
+    });
+    nonce_ = bcast_string(comm_, me_ == 0 ? random_nonce() : "", 0);
+    final_dir_ = join_path(job_.root, step_name(job_.step));
+    tmp_dir_ = final_dir_ + ".tmp-" + nonce_;
+    file_ = join_path(tmp_dir_, kStateFile);
+    for (const TensorPlan& p : planned_.tensors) infos_.push_back({p.name, p.entry->dtype, p.entry->global});
+  }
 
-    // 4. Every rank hashes and writes its duty.
-    std::vector<uint64_t> hashes(nchunks, 0);
-    collective_check(comm, [&] {
-      hooks.at("created", me);
+  // 3. Rank 0 locks the root, clears earlier temporaries and creates the directory and the
+  // file; every rank learns the data and hash offsets.
+  void create() {
+    const std::vector<TensorPlan>& plans = planned_.tensors;
+    offsets_.assign(2 * plans.size() + 1, 0);  // data offsets, hash offsets, size
+    collective_check(comm_, [&] {
+      hooks_.at("begin", me_);
+      if (me_ != 0) return;
+      lock_ = std::make_unique<RootLock>(job_.root);
+      for (const std::string& name : list_dir(job_.root))
+        if (is_temporary_name(name)) remove_tree(join_path(job_.root, name));
+      IHA_CONFIG_CHECK(!path_exists(final_dir_), "checkpoint step ", job_.step, " already exists (", final_dir_,
+                       "); refusing to overwrite it");
+      make_dirs(tmp_dir_);
+      const CreatedFile cf = create_checkpoint_file(file_, job_.step, comm_.size(), C_, infos_, job_.meta);
+      for (size_t t = 0; t < plans.size(); ++t) {
+        offsets_[t] = cf.data_offset[t];
+        offsets_[plans.size() + t] = cf.hash_offset[t];
+      }
+      offsets_.back() = cf.file_bytes;
+    });
+    comm_.broadcast(offsets_.data(), static_cast<int64_t>(offsets_.size()), DType::i64, 0, "ckpt.meta");
+  }
+
+  // 4. Every rank hashes and writes its duty; returns its chunk hash sums.
+  std::vector<uint64_t> write_duty(int64_t& bytes_written) {
+    std::vector<uint64_t> hashes(planned_.chunks, 0);
+    collective_check(comm_, [&] {
+      hooks_.at("created", me_);
       uint64_t total = 0, written = 0;
-      for (const TensorPlan& p : plans)
+      for (const TensorPlan& p : planned_.tensors)
         total += static_cast<uint64_t>(runs_numel(p.duty)) * dtype_size(p.entry->dtype);
       bool half = false;
       {
-        PosixFile f(file, PosixFile::Mode::write_existing);
-        for (size_t t = 0; t < plans.size(); ++t) {
-          const TensorPlan& p = plans[t];
+        PosixFile f(file_, PosixFile::Mode::write_existing);
+        for (size_t t = 0; t < planned_.tensors.size(); ++t) {
+          const TensorPlan& p = planned_.tensors[t];
           const size_t es = dtype_size(p.entry->dtype);
           const std::string what = "tensor '" + p.name + "'";
           const int64_t slice = std::max<int64_t>(1, kSliceBytes / es);
@@ -653,112 +657,150 @@ std::string run_save(Communicator& comm, const SaveJob& job, int64_t& bytes_writ
             const char* src = piece_bytes(*p.entry, r);
             for (int64_t a = 0; a < r.length; a += slice) {
               const int64_t n = std::min(slice, r.length - a);
-              add_hashes(hashes, p, C, src + a * es, es, r.global + a, n, job.threads);
-              const uint64_t off = offsets[t] + static_cast<uint64_t>(r.global + a) * es;
+              add_hashes(hashes, p, C_, src + a * es, es, r.global + a, n, job_.threads);
+              const uint64_t off = offsets_[t] + static_cast<uint64_t>(r.global + a) * es;
               f.pwrite_all(src + a * es, n * es, off, what);
               f.start_writeback(off, n * es);
               written += n * es;
               if (!half && 2 * written >= total) {
                 half = true;
-                hooks.at("data_half", me);
+                hooks_.at("data_half", me_);
               }
             }
           }
         }
-        if (!half) hooks.at("data_half", me);
+        if (!half) hooks_.at("data_half", me_);
         bytes_written = static_cast<int64_t>(written);
         f.fsync();
         f.close();
       }
-      hooks.at("data_done", me);
+      hooks_.at("data_done", me_);
     });
+    return hashes;
+  }
 
-    // 5. Hashes, manifest, commit.
-    all_reduce_u64(comm, hashes);
-    collective_check(comm, [&] {
-      if (me != 0) return;
-      {
-        PosixFile f(file, PosixFile::Mode::write_existing);
-        for (size_t t = 0; t < plans.size(); ++t)
-          if (plans[t].nchunks)
-            f.pwrite_all(&hashes[plans[t].chunk_base], plans[t].nchunks * 8,
-                         offsets[plans.size() + t], "hashes of tensor '" + plans[t].name + "'");
-        f.fsync();
-        f.close();
-      }
-      Catalog cat;
-      cat.info.step = job.step;
-      cat.info.hash_chunk_elems = C;
-      cat.info.writer_ranks = comm.size();
-      cat.info.tensors = infos;
-      for (size_t t = 0; t < plans.size(); ++t) {
-        StoredTensor st;
-        st.data_offset = offsets[t];
-        cat.stored.push_back(st);
-      }
-      cat.file_bytes = offsets.back();
-      write_text_file_synced(join_path(tmp_dir, kManifestFile), manifest_json(cat));
-      fsync_dir(tmp_dir);
-      hooks.at("manifest", me);
-      rename_path(tmp_dir, final_dir);
-      bool latest_replaced = false;
-      try {
-        fsync_dir(job.root);
-        hooks.at("renamed", me);
-        const std::string latest_tmp = join_path(job.root, "latest.tmp-" + nonce);
-        write_text_file_synced(latest_tmp, step_name(job.step) + "\n");
-        rename_path(latest_tmp, join_path(job.root, "latest"));
-        latest_replaced = true;
-        hooks.at("latest_renamed", me);
-        fsync_dir(job.root);
-      } catch (const std::exception& e) {
-        if (latest_replaced) {
-          // `latest` already names the new step: it is the checkpoint now, and removing it
-          // would leave `latest` naming nothing. Only its durability is in doubt.
-          committed = true;
-          throw Error("checkpoint step " + std::to_string(job.step) + " was committed to " +
-                      final_dir + " ('latest' names it), but making that durable failed: " +
-                      e.what());
-        }
-        // Not committed: `latest` still names the previous checkpoint; drop the new one.
-        try {
-          remove_tree(final_dir);
-        } catch (...) {
-        }
-        throw;
-      }
-      committed = true;
-      hooks.at("latest", me);
-      try {
-        prune_old(job.root, job.opt.keep_last, job.step, nonce);
-      } catch (const std::exception& e) {
-        throw Error("checkpoint step " + std::to_string(job.step) + " was saved to " + final_dir +
-                    ", but removing older checkpoints failed: " + e.what());
-      }
+  // 5. Rank 0 writes the reduced hashes and the manifest, then publishes the step.
+  void commit(const std::vector<uint64_t>& hashes) {
+    collective_check(comm_, [&] {
+      if (me_ != 0) return;
+      write_hashes_and_manifest(hashes);
+      publish();
     });
-  } catch (...) {
-    if (me == 0 && !committed) {
-      try {
-        remove_tree(tmp_dir);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "iha checkpoint: could not remove %s: %s\n", tmp_dir.c_str(), e.what());
-      }
+  }
+
+  // After a failure: the temporary directory removed unless the step was committed.
+  void discard() noexcept {
+    if (me_ != 0 || committed_) return;
+    try {
+      remove_tree(tmp_dir_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "iha checkpoint: could not remove %s: %s\n", tmp_dir_.c_str(), e.what());
     }
+  }
+
+  const std::string& final_dir() const { return final_dir_; }
+
+ private:
+  void write_hashes_and_manifest(const std::vector<uint64_t>& hashes) {
+    const std::vector<TensorPlan>& plans = planned_.tensors;
+    {
+      PosixFile f(file_, PosixFile::Mode::write_existing);
+      for (size_t t = 0; t < plans.size(); ++t)
+        if (plans[t].nchunks)
+          f.pwrite_all(&hashes[plans[t].chunk_base], plans[t].nchunks * 8, offsets_[plans.size() + t],
+                       "hashes of tensor '" + plans[t].name + "'");
+      f.fsync();
+      f.close();
+    }
+    Catalog cat;
+    cat.info.step = job_.step;
+    cat.info.hash_chunk_elems = C_;
+    cat.info.writer_ranks = comm_.size();
+    cat.info.tensors = infos_;
+    for (size_t t = 0; t < plans.size(); ++t) {
+      StoredTensor st;
+      st.data_offset = offsets_[t];
+      cat.stored.push_back(st);
+    }
+    cat.file_bytes = offsets_.back();
+    write_text_file_synced(join_path(tmp_dir_, kManifestFile), manifest_json(cat));
+    fsync_dir(tmp_dir_);
+    hooks_.at("manifest", me_);
+  }
+
+  // The directory renamed to its step, `latest` pointed at it, older steps pruned. Committed
+  // once `latest` names it.
+  void publish() {
+    rename_path(tmp_dir_, final_dir_);
+    bool latest_replaced = false;
+    try {
+      fsync_dir(job_.root);
+      hooks_.at("renamed", me_);
+      const std::string latest_tmp = join_path(job_.root, "latest.tmp-" + nonce_);
+      write_text_file_synced(latest_tmp, step_name(job_.step) + "\n");
+      rename_path(latest_tmp, join_path(job_.root, "latest"));
+      latest_replaced = true;
+      hooks_.at("latest_renamed", me_);
+      fsync_dir(job_.root);
+    } catch (const std::exception& e) {
+      if (latest_replaced) {
+        // `latest` already names the new step: it is the checkpoint now, and removing it
+        // would leave `latest` naming nothing. Only its durability is in doubt.
+        committed_ = true;
+        throw Error("checkpoint step " + std::to_string(job_.step) + " was committed to " + final_dir_ +
+                    " ('latest' names it), but making that durable failed: " + e.what());
+      }
+      // Not committed: `latest` still names the previous checkpoint; drop the new one.
+      try {
+        remove_tree(final_dir_);
+      } catch (...) {
+      }
+      throw;
+    }
+    committed_ = true;
+    hooks_.at("latest", me_);
+    try {
+      prune_old(job_.root, job_.opt.keep_last, job_.step, nonce_);
+    } catch (const std::exception& e) {
+      throw Error("checkpoint step " + std::to_string(job_.step) + " was saved to " + final_dir_ +
+                  ", but removing older checkpoints failed: " + e.what());
+    }
+  }
+
+  Communicator& comm_;
+  const SaveJob& job_;
+  Hooks hooks_;
+  const int me_;
+  const int64_t C_;
+  Plans planned_;
+  std::vector<TensorInfo> infos_;
+  std::string nonce_, final_dir_, tmp_dir_, file_;
+  std::vector<uint64_t> offsets_;
+  bool committed_ = false;
+  std::unique_ptr<RootLock> lock_;  // rank 0, for the whole save: one writer per root
+};
+
+std::string run_save(Communicator& comm, const SaveJob& job, int64_t& bytes_written) {
+  SaveRun run(comm, job);
+  run.plan();
+  try {
+    run.create();
+    std::vector<uint64_t> hashes = run.write_duty(bytes_written);
+    all_reduce_u64(comm, hashes);
+    run.commit(hashes);
+  } catch (...) {
+    run.discard();
     throw;
   }
-  return final_dir;
+  return run.final_dir();
 }
 
 // ---- load ----
 
-CheckpointInfo run_load(Communicator& comm, const Registry& reg, const std::string& path,
-                        const LoadOptions& opt, int threads) {
-  const Catalog cat = fetch_catalog(comm, path);
-  const int64_t C = cat.info.hash_chunk_elems;
-  agree_on_registry(comm, reg, nullptr);
-
-  std::vector<std::string> names;
-  for (const auto& [name, e] : reg) names.push_back(name);
+// Every registered tensor is in the file with its global shape and a dtype it may be loaded
+// into; with !opt.ignore_unregistered, every stored tensor is registered.
+void check_catalog_against_registry(Communicator& comm, const Catalog& cat, const Registry& reg,
+                                    const LoadOptions& opt) {
   collective_check(comm, [&] {
     for (const auto& [name, e] : reg) {
       const TensorInfo* t = cat.info.find_tensor(name);
@@ -782,77 +824,71 @@ CheckpointInfo run_load(Communicator& comm, const Registry& reg, const std::stri
                          t.name, "' which is not registered (set LoadOptions::ignore_unregistered "
                          "to skip it)");
   });
-  Plans planned = make_plans(comm, reg, names, C);
-  std::vector<TensorPlan>& plans = planned.tensors;
-  for (TensorPlan& p : plans)
-    p.catalog_index = static_cast<int>(cat.info.find_tensor(p.name) - cat.info.tensors.data());
+}
 
-  std::vector<uint64_t> hashes(planned.chunks, 0);
-  collective_check(comm, [&] { as_input_error([&] {
-    PosixFile f(cat.info.file, PosixFile::Mode::read);
-    std::vector<uint8_t> staging;
-    for (const TensorPlan& p : plans) {
-      const TensorInfo& t = cat.info.tensors[p.catalog_index];
-      const uint64_t base = cat.stored[p.catalog_index].data_offset;
-      const DType fdt = t.dtype, mdt = p.entry->dtype;
-      const size_t fes = dtype_size(fdt), mes = dtype_size(mdt);
-      const std::string what = "tensor '" + p.name + "'";
-      // Device pieces are filled through a host copy.
-      std::vector<Tensor> host(p.entry->pieces.size());
-      for (size_t k = 0; k < host.size(); ++k) {
-        const Tensor& l = p.entry->pieces[k].local;
-        host[k] = l.device() == Device::cpu ? l : Tensor(l.shape(), l.dtype(), Device::cpu);
+// Reads this rank's runs of one tensor into its pieces (converting the stored dtype), and with
+// verify adds the hashes of its duty's elements into `hashes`.
+void read_tensor(PosixFile& f, const Catalog& cat, const TensorPlan& p, int64_t C, bool verify, int threads,
+                 std::vector<uint64_t>& hashes, std::vector<uint8_t>& staging) {
+  const TensorInfo& t = cat.info.tensors[p.catalog_index];
+  const uint64_t base = cat.stored[p.catalog_index].data_offset;
+  const DType fdt = t.dtype, mdt = p.entry->dtype;
+  const size_t fes = dtype_size(fdt), mes = dtype_size(mdt);
+  const std::string what = "tensor '" + p.name + "'";
+  // Device pieces are filled through a host copy.
+  std::vector<Tensor> host(p.entry->pieces.size());
+  for (size_t k = 0; k < host.size(); ++k) {
+    const Tensor& l = p.entry->pieces[k].local;
+    host[k] = l.device() == Device::cpu ? l : Tensor(l.shape(), l.dtype(), Device::cpu);
+  }
+  const int64_t slice = std::max<int64_t>(1, kSliceBytes / fes);
+  size_t duty_cursor = 0;  // first duty run not yet behind the current slice
+  for (size_t ri = 0; ri < p.runs.size(); ++ri) {
+    const FlatRun& r = p.runs[ri];
+    char* dst = static_cast<char*>(host[r.piece].raw()) + r.local * mes;
+    for (int64_t a = 0; a < r.length; a += slice) {
+      const int64_t n = std::min(slice, r.length - a);
+      const uint64_t off = base + static_cast<uint64_t>(r.global + a) * fes;
+      // No explicit read-ahead: posix_fadvise(WILLNEED) submits the I/O synchronously and
+      // measured slower; the kernel's sequential read-ahead overlaps with the hashing.
+      void* raw = dst + a * mes;
+      if (fdt != mdt) {
+        staging.resize(n * fes);
+        raw = staging.data();
       }
-      const int64_t slice = std::max<int64_t>(1, kSliceBytes / fes);
-      size_t duty_cursor = 0;  // first duty run not yet behind the current slice
-      for (size_t ri = 0; ri < p.runs.size(); ++ri) {
-        const FlatRun& r = p.runs[ri];
-        char* dst = static_cast<char*>(host[r.piece].raw()) + r.local * mes;
-        for (int64_t a = 0; a < r.length; a += slice) {
-          const int64_t n = std::min(slice, r.length - a);
-          const uint64_t off = base + static_cast<uint64_t>(r.global + a) * fes;
-          // No explicit read-ahead: posix_fadvise(WILLNEED) submits the I/O synchronously and
-          // measured slower; the kernel's sequential read-ahead overlaps with the hashing.
-          void* raw = dst + a * mes;
-          if (fdt != mdt) {
-            staging.resize(n * fes);
-            raw = staging.data();
-          }
-          f.pread_all(raw, n * fes, off, what);
-          if (opt.verify) {
-            // Hash the parts of this slice that are in this rank's duty (both lists ascend).
-            const int64_t g0 = r.global + a, g1 = g0 + n;
-            while (duty_cursor < p.duty.size() &&
-                   p.duty[duty_cursor].global + p.duty[duty_cursor].length <= g0)
-              ++duty_cursor;
-            for (size_t d = duty_cursor; d < p.duty.size() && p.duty[d].global < g1; ++d) {
-              const int64_t b = std::max(g0, p.duty[d].global);
-              const int64_t e = std::min(g1, p.duty[d].global + p.duty[d].length);
-              if (b < e)
-                add_hashes(hashes, p, C, static_cast<const char*>(raw) + (b - g0) * fes, fes, b,
-                           e - b, threads);
-            }
-          }
-          if (fdt != mdt) convert_elements(fdt, mdt, raw, dst + a * mes, n);
+      f.pread_all(raw, n * fes, off, what);
+      if (verify) {
+        // Hash the parts of this slice that are in this rank's duty (both lists ascend).
+        const int64_t g0 = r.global + a, g1 = g0 + n;
+        while (duty_cursor < p.duty.size() && p.duty[duty_cursor].global + p.duty[duty_cursor].length <= g0)
+          ++duty_cursor;
+        for (size_t d = duty_cursor; d < p.duty.size() && p.duty[d].global < g1; ++d) {
+          const int64_t b = std::max(g0, p.duty[d].global);
+          const int64_t e = std::min(g1, p.duty[d].global + p.duty[d].length);
+          if (b < e) add_hashes(hashes, p, C, static_cast<const char*>(raw) + (b - g0) * fes, fes, b, e - b, threads);
         }
       }
-      for (size_t k = 0; k < host.size(); ++k) {
-        Tensor& l = const_cast<Tensor&>(p.entry->pieces[k].local);
-        if (l.device() != Device::cpu) l.copy_from(host[k]);
-      }
+      if (fdt != mdt) convert_elements(fdt, mdt, raw, dst + a * mes, n);
     }
-  }); });
-  if (!opt.verify) return cat.info;
+  }
+  for (size_t k = 0; k < host.size(); ++k) {
+    Tensor& l = const_cast<Tensor&>(p.entry->pieces[k].local);
+    if (l.device() != Device::cpu) l.copy_from(host[k]);
+  }
+}
 
-  // Chunks covered exactly once by the ranks' duties are checked from the reduced sums; any
-  // other chunk of a loaded tensor (partly loaded, or loaded by overlapping pieces) is re-read
-  // whole by one rank.
+// The loaded tensors against the stored hashes (`hashes`: this rank's duty sums, reduced here).
+// Chunks covered exactly once by the ranks' duties are checked from the reduced sums; any other
+// chunk of a loaded tensor (partly loaded, or loaded by overlapping pieces) is re-read whole by
+// one rank. The same error on every rank if any chunk differs.
+void verify_loaded(Communicator& comm, const Catalog& cat, const Plans& planned, std::vector<uint64_t>& hashes,
+                   int threads) {
   all_reduce_u64(comm, hashes);
   std::string first;
   int64_t failures = 0;
   std::vector<std::pair<int, int64_t>> gaps;
   int64_t gap_counter = 0;
-  for (const TensorPlan& p : plans) {
+  for (const TensorPlan& p : planned.tensors) {
     const TensorInfo& t = cat.info.tensors[p.catalog_index];
     const std::vector<uint64_t>& stored = cat.stored[p.catalog_index].hashes;
     for (int64_t c = 0; c < p.nchunks; ++c) {
@@ -872,6 +908,27 @@ CheckpointInfo run_load(Communicator& comm, const Registry& reg, const std::stri
   collective_check(comm, [&] { as_input_error([&] { gap_first = verify_chunks(cat, gaps, gap_failures, threads); }); });
   if (failures == 0 && gap_failures > 0) first = gap_first;
   agree_on_failures(comm, first, failures + gap_failures);
+}
+
+CheckpointInfo run_load(Communicator& comm, const Registry& reg, const std::string& path,
+                        const LoadOptions& opt, int threads) {
+  const Catalog cat = fetch_catalog(comm, path);
+  const int64_t C = cat.info.hash_chunk_elems;
+  agree_on_registry(comm, reg, nullptr);
+  check_catalog_against_registry(comm, cat, reg, opt);
+  std::vector<std::string> names;
+  for (const auto& [name, e] : reg) names.push_back(name);
+  Plans planned = make_plans(comm, reg, names, C);
+  for (TensorPlan& p : planned.tensors)
+    p.catalog_index = static_cast<int>(cat.info.find_tensor(p.name) - cat.info.tensors.data());
+
+  std::vector<uint64_t> hashes(planned.chunks, 0);
+  collective_check(comm, [&] { as_input_error([&] {
+    PosixFile f(cat.info.file, PosixFile::Mode::read);
+    std::vector<uint8_t> staging;
+    for (const TensorPlan& p : planned.tensors) read_tensor(f, cat, p, C, opt.verify, threads, hashes, staging);
+  }); });
+  if (opt.verify) verify_loaded(comm, cat, planned, hashes, threads);
   return cat.info;
 }
 

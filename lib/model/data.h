@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "parallel/layout.h"
+#include "parallel/plan.h"
 
 namespace iha {
 
@@ -167,6 +168,9 @@ class DataLoader {
   // The rows of any ascending list of tokens of [0, N), e.g. a head x sequence rank's
   // ReplicaLayout::tokens_of(s, t).
   DataLoader(std::shared_ptr<TokenSource> source, int64_t N, const std::vector<int64_t>& tokens);
+  // This rank's rows of the plan's map (ParallelPlan::tokens).
+  DataLoader(std::shared_ptr<TokenSource> source, const ParallelPlan& plan)
+      : DataLoader(std::move(source), plan.seq_len(), plan.tokens()) {}
   // Sequences [first, first + count) of the source (wrapping around a finite source), with
   // every sequence's segment starts.
   TokenBatch batch(int64_t first, int64_t count) const;

@@ -10,32 +10,15 @@
 // for everything, at levels 2 and 3 the world for the replicated tensors and same_shard() for
 // the shards.
 //
-// One step = gradient accumulation over micro-batches (gradients accumulate whole in the
-// model's flat buffer at every level), then, by optim.zero:
-//   - 0: the flat gradient buffer is all-reduced in buckets (GradientBuckets; with tp one set
-//     over the world for the replicated tensors, one over same_shard() for the shards, a
-//     bucket never mixing the two); on the last micro-batch each bucket's all-reduce starts as
-//     soon as the backward has finished its parameters (last blocks first), so it overlaps the
-//     backward of the earlier blocks; then clipping by the global norm (each parameter counted
-//     once) and AdamW on the whole buffer;
-//   - 1: with tp, the replicated tensors' gradients are first all-reduced over the tp group;
-//     then after backward one blocking reduce-scatter of the whole buffer over the holders
-//     (ShardLayout::whole: rank r gets the sum of one contiguous range);
-//   - 2: the units of the shard layout are the model's parameter groups (embedding, each
-//     block, final norm + LM head; with tp each group's replicated tensors one unit over the
-//     world, its shards one over same_shard(): ShardLayout::groups); the model holds no whole
-//     gradient buffer (model/sharded_params.h): each group's gradient is written into a
-//     transient window and reduce-scattered into this rank's gradient shard when its backward
-//     ends, every micro-batch (the chunks accumulate in the shard); the parameters stay whole;
-//   - 3: also the parameters are sharded: the model holds no whole
-//     parameter buffer either; each group is all-gathered for its forward and again for its
-//     backward, the next one prefetched (optim.prefetch);
-//   then (levels 1-3) the global norm from the ranks' local sums of squares (all-gathered over
-//   the world, added in rank order; with tp at level 1 the replicated tensors counted on tp rank
-//   0 only),
-//   AdamW on this rank's shard only (moments hold 1/R of the buffer), and (levels 1, 2)
-//   all-gathers of the parameter shards over the holders, unit by unit (level 3 keeps only the
-//   shard: the next forward gathers it).
+// The parallel plan (parallel/plan.h) is built once from the configuration and the world: the
+// meshes, the replica's token map (and each micro-batch's under the balanced layout), the tp
+// group's parts; the data loaders, the attention cores and the model read it.
+//
+// One step = load the micro-batches, forward-backward each (gradients accumulate in the
+// model's flat buffer, or at levels 2, 3 in this rank's shard), synchronise the gradients, clip
+// by the global norm, update. Synchronisation, norm and update are the gradient-sync strategy of
+// optim.zero (model/grad_sync.h: replicated, optimizer-, gradient- or parameter-sharded), which
+// owns the buckets, the shards and the moments.
 // Results are bitwise deterministic for a fixed mesh and configuration, and every rank holds
 // the same parameter bits after every step.
 //
@@ -69,8 +52,8 @@
 // rank (collective_check): a mesh that does not multiply to the world size, or hp not dividing
 // H where a layer kind uses the head scheme. A non-finite loss or gradient norm throws
 // NonFiniteLoss on every rank before the parameters change.
-// defines: iha::NonFiniteLoss, iha::StepStats, iha::EvalStats, iha::TrainerScalars, iha::StateBytes,
-//          iha::NamedTensor, iha::Trainer, iha::count_visible_pairs, iha::model_flops_per_step,
+// defines: iha::NonFiniteLoss, iha::StepStats, iha::EvalStats, iha::TrainerScalars, iha::Trainer,
+//          iha::count_visible_pairs, iha::model_flops_per_step,
 //          iha::check_mesh_fits_model
 #pragma once
 
@@ -80,12 +63,14 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "model/grad_sync.h"
 #include "model/optim.h"
 #include "model/run_config.h"
 #include "model/sharded_params.h"
 #include "model/transformer.h"
 #include "parallel/grad_reduce.h"
 #include "parallel/mesh.h"
+#include "parallel/plan.h"
 
 namespace iha {
 
@@ -122,29 +107,6 @@ struct TrainerScalars {
   Rng rng;
 };
 
-// Resident bytes of one rank's training state (progress output, memory benchmark): parameters
-// (the flat buffer with its padding, the parameter shard, the compute-dtype copy), gradients
-// (the flat buffer, the gradient shard) and AdamW moments; at level 3 besides these the most
-// bytes of gathered parameter and gradient windows alive at once so far (transient, not in total).
-struct StateBytes {
-  int64_t params = 0, grads = 0, optimizer = 0;
-  int64_t gathered = 0;
-  int64_t total() const { return params + grads + optimizer; }
-};
-
-struct NamedTensor {
-  std::string name;  // "param/<name>", "adam_m/<name>", "adam_v/<name>"
-  Tensor tensor;     // view into the live state: the whole tensor, or a flat piece of it
-  Shape shape;       // the global shape (needed when sharded; a whole tensor has its own)
-  // With end >= 0, `tensor` holds elements [begin, end) of the flattened global tensor (a
-  // ZeRO shard; possibly empty); otherwise it is the whole tensor, replicated.
-  int64_t begin = 0, end = -1;
-  // Non-empty: `tensor` is the hyperslab of the global tensor at this offset (a
-  // tensor-parallel shard; its extent is the tensor's shape).
-  Shape slab;
-  bool sharded() const { return end >= 0; }
-};
-
 // Throws ConfigError naming the config key at fault when the mesh does not fit the model: mesh.hp
 // (or mesh.tp), model.H and the mesh.schemes key when a layer kind uses the head scheme and the
 // head group does not divide H; mesh.tp when it does not divide model.ffn or exceeds
@@ -163,7 +125,7 @@ template <class T>
 class Trainer {
  public:
   // Collective over world. checkpoint_wv: the window of a checkpoint the model will be loaded
-  // from (finetune / eval / resume), for the window rule. Builds the mesh, layout, model,
+  // from (finetune / eval / resume), for the window rule. Builds the plan, model,
   // data loaders; parameters are uninitialised until init() or a load.
   Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
           std::optional<int64_t> checkpoint_wv = std::nullopt);
@@ -183,13 +145,15 @@ class Trainer {
 
   const RunConfig& config() const { return cfg_; }
   const ModelConfig& model_config() const { return cfg_.model; }
-  ProcessMesh& mesh() { return *mesh_; }
+  ProcessMesh& mesh() { return plan_->mesh(); }
+  // The mesh, the token maps and the groups this run was built with.
+  const ParallelPlan& plan() const { return *plan_; }
   // This rank's tokens of each sequence (ascending): its rows in the model.
-  const std::vector<int64_t>& tokens() const { return tokens_; }
+  const std::vector<int64_t>& tokens() const { return plan_->tokens(); }
   // How sharded state splits the flat buffer over the holders of the same weights (the world,
   // or with tp at level 1 the ranks of this tp index, at levels 2 and 3 the world with the tp
   // shards' units over the ranks of this tp index; level 0: the gradient buckets over one rank).
-  const ShardLayout& shard_layout() const { return shard_; }
+  const ShardLayout& shard_layout() const { return sync_->shard_layout(); }
   StateBytes state_bytes() const;
   // The model (on the backend's device). At level 3 it holds no whole parameters: use
   // whole_params().
@@ -200,7 +164,7 @@ class Trainer {
   // (collective at levels 1-3: the gradient shards gathered).
   Tensor whole_grads();
   int64_t num_params() const;
-  AdamW<T>& optimizer() { return opt_; }
+  AdamW<T>& optimizer() { return sync_->optimizer(); }
   TrainerScalars& scalars() { return scalars_; }
   int64_t step() const { return scalars_.step; }
   // Every tensor of the training state, by name, as views (for checkpoints).
@@ -209,55 +173,36 @@ class Trainer {
   double flops_per_step() const;
 
  private:
-  // Sum of one double per rank, added in rank order (the same bits on every rank).
-  double global_sum(double local, const std::string& site);
-  // The model, optimizer and gradient reduction (replicated or sharded) on the backend; R and
-  // rank: this rank's place among the holders of the same weights.
-  void build_state(const typename Transformer<T>::CoreFactory& make_core, TensorParallel tensor, int64_t R,
-                   int64_t rank);
+  // One micro-batch of this rank: its rows and, when each gets its own, the replica's map.
+  struct MicroBatch {
+    TokenBatch tokens;
+    TokenMap map;
+  };
+  // The plan's model, its attention cores and the gradient synchronisation of the ZeRO level.
+  void build_model();
   EvalStats evaluate(const DataLoader& held_out);
+  // The step's micro-batches of this data-parallel replica (collective_check over the world).
+  std::vector<MicroBatch> load_step() const;
+  // The step's target tokens over every rank.
+  int64_t global_target_count(const std::vector<MicroBatch>& batches) const;
+  // The statistics of a step without targets (nothing learnt, nothing updated).
+  StepStats skipped_step_stats() const;
+  // The step counted: step, data cursor, and the stats' step and tokens.
+  StepStats finish_step(StepStats s);
   // The global loss statistics of a step and its gradient norm; NonFiniteLoss if not finite.
   StepStats step_stats(const CrossEntropyStats& local, int64_t count, double grad_sq);
-  // Sharded state: every rank's parameter shard into the model's flat buffer.
-  void gather_params();
-  // Every rank's `shard` (a parameter or gradient shard) put in place: the whole buffer on the
-  // host (collective over shard_comm_).
-  Tensor unshard(const Tensor& shard, const char* site);
   // Sequences [first, first + count) of `source` as this rank's rows. Under the balanced
-  // layout the token map is computed from their document starts (the same on every rank of
-  // the replica) into *map, and the rows follow it; otherwise `loader`'s fixed map.
-  TokenBatch load(const DataLoader& loader, int64_t first, int64_t count,
-                  std::vector<std::vector<int64_t>>* map) const;
-  // True when each micro-batch gets its own map (layout balanced over more than one rank of
-  // the tp x hp x sp replica).
-  bool per_batch_map() const {
-    return cfg_.layout == LayoutKind::balanced && cfg_.mesh.head_group() * cfg_.mesh.sp > 1;
-  }
+  // layout the plan's map of their document starts (the same on every rank of the replica) into
+  // *map, and the rows follow it; otherwise `loader`'s rows of the plan's fixed map.
+  TokenBatch load(const DataLoader& loader, int64_t first, int64_t count, TokenMap* map) const;
 
   RunConfig cfg_;
   std::shared_ptr<Communicator> world_;
-  std::unique_ptr<ProcessMesh> mesh_;
-  // The world and mesh whose communicators hold the backend's buffers: world_ and mesh_ on the
-  // CPU, the device world and a mesh over it on a GPU.
-  std::shared_ptr<Communicator> compute_world_;
-  std::unique_ptr<ProcessMesh> device_mesh_;
+  std::shared_ptr<ParallelPlan> plan_;
   std::shared_ptr<const ModelBackend> backend_;
-  std::vector<int64_t> tokens_;
   std::unique_ptr<Transformer<T>> model_;
-  AdamW<T> opt_;
-  ShardLayout shard_;
-  std::unique_ptr<GradientBuckets> buckets_;        // level 0 with world size > 1 (with tp: unsplit tensors)
-  std::unique_ptr<GradientBuckets> shard_buckets_;  // level 0 with tp: the shards, over same_shard()
-  std::unique_ptr<GradientBuckets> tp_sum_;         // level 1 with tp: replicated tensors over tp
-  std::shared_ptr<Communicator> holders_;           // ranks holding the same weights (same_shard() with tp)
-  // The shard layout's ranks (shard_.ranks()): holders_ at level 1, the world at levels 2 and 3
-  // (with tp their units of tp shards span holders_, ShardUnit::split).
-  std::shared_ptr<Communicator> shard_comm_;
-  Tensor grad_shard_, param_shard_;                 // levels 1-3: this rank's shard (level 3: the masters)
-  Tensor param_whole_;                              // level 2: the whole parameters (window_end() elements)
-  std::shared_ptr<ShardedParams> sharded_;          // levels 2, 3: the model's parameter groups
+  std::unique_ptr<GradientSync<T>> sync_;
   std::unique_ptr<DataLoader> train_loader_, eval_loader_;
-  std::vector<PairCost> pair_costs_;  // balanced layout: each layer's cost of a token
   TrainerScalars scalars_;
 };
 

@@ -41,8 +41,13 @@ std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c, int64_t tp,
   const int64_t Hd = c.H * c.d, Hkv = c.kv_heads_or_H(), Kd = Hkv * c.d;
   // Vocabulary-parallel: rank tp_rank's rows of the embedding and columns of the LM head.
   const VocabSlice v = vocab_slice(c.vocab, tp, tp_rank);
-  if (tp == 1) L->add("embed", {c.vocab, c.D}, true);
-  else L->add_split("embed", {v.count, c.D}, true, {c.vocab, c.D}, {v.first, 0});
+  // A weight split over tp: rank tp_rank's block `local` of the global tensor at `offset`; with
+  // tp = 1 the whole tensor (local is global then).
+  const auto add_tp = [&](const std::string& name, const Shape& local, const Shape& global, const Shape& offset) {
+    if (tp == 1) L->add(name, global, true);
+    else L->add_split(name, local, true, global, offset);
+  };
+  add_tp("embed", {v.count, c.D}, {c.vocab, c.D}, {v.first, 0});
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string p = block_prefix(i);
     L->add(p + "norm1", {c.D}, false);
@@ -57,21 +62,22 @@ std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c, int64_t tp,
       L->add(p + "attn.collapse", {c.H, c.collapse == Collapse::global ? c.H * c.P : c.P}, false);
     }
     L->add(p + "norm2", {c.D}, false);
-    if (tp == 1) {
-      L->add(p + "mlp.w_gate", {c.D, c.ffn}, true);
-      L->add(p + "mlp.w_up", {c.D, c.ffn}, true);
-      L->add(p + "mlp.w_down", {c.ffn, c.D}, true);
-    } else {
-      // Megatron: gate and up column-parallel, down row-parallel.
-      L->add_split(p + "mlp.w_gate", {c.D, Floc}, true, {c.D, c.ffn}, {0, f0});
-      L->add_split(p + "mlp.w_up", {c.D, Floc}, true, {c.D, c.ffn}, {0, f0});
-      L->add_split(p + "mlp.w_down", {Floc, c.D}, true, {c.ffn, c.D}, {f0, 0});
-    }
+    // Megatron: gate and up column-parallel, down row-parallel.
+    add_tp(p + "mlp.w_gate", {c.D, Floc}, {c.D, c.ffn}, {0, f0});
+    add_tp(p + "mlp.w_up", {c.D, Floc}, {c.D, c.ffn}, {0, f0});
+    add_tp(p + "mlp.w_down", {Floc, c.D}, {c.ffn, c.D}, {f0, 0});
   }
   L->add("norm_f", {c.D}, false);
-  if (tp == 1) L->add("lm_head", {c.D, c.vocab}, true);
-  else L->add_split("lm_head", {c.D, v.count}, true, {c.D, c.vocab}, {0, v.first});
+  add_tp("lm_head", {c.D, v.count}, {c.D, c.vocab}, {0, v.first});
   return L;
+}
+
+TensorParallel TensorParallel::of(const ParallelPlan& plan) {
+  TensorParallel tensor;
+  tensor.comm = plan.tp_comm();
+  tensor.tokens = plan.tp_tokens(plan.map());
+  tensor.first_part = plan.tp_first_part();
+  return tensor;
 }
 
 template <class T>

@@ -63,6 +63,7 @@
 #include "model/ops.h"
 #include "model/params.h"
 #include "parallel/comm.h"
+#include "parallel/plan.h"
 
 namespace iha {
 
@@ -80,6 +81,9 @@ struct TensorParallel {
   int64_t first_part = 0;
   int64_t size() const { return comm ? comm->size() : 1; }
   int64_t rank() const { return comm ? comm->rank() : 0; }
+  // The plan's tp group (its compute mesh's tensor communicator, its parts of the plan's map);
+  // empty when tp = 1.
+  static TensorParallel of(const ParallelPlan& plan);
 };
 
 // Writes the initial parameters (docs/model.md "Initialisation") into a flat host buffer of

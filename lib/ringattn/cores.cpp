@@ -241,7 +241,8 @@ struct UlyssesCache : CoreCache {
 template <class T>
 class UlyssesCore final : public AttentionCore<T> {
  public:
-  UlyssesCore(const LayerConfig& cfg, int64_t N, const ReplicaGroups& g, SeqParallelOptions opt)
+  // parts: the replica's token map (part s * T + t: the rank at sequence index s, head index t).
+  UlyssesCore(const LayerConfig& cfg, int64_t N, const ReplicaGroups& g, SeqParallelOptions opt, const TokenMap& parts)
       : AttentionCore<T>(cfg, backend_of(opt, dtype_of<T>(), cpu_backend<T>(opt.tiles))),
         head_(g.head), seq_(g.seq), S_(g.S), s_(g.sp_index), T_(g.T), t_(g.hp_index), N_(N), halo_(cfg.windowed()),
         pieces_(opt.ring_pieces) {
@@ -258,10 +259,7 @@ class UlyssesCore final : public AttentionCore<T> {
                      " must divide the key/value head count kv_heads = ", this->cfg_.kv_heads());
     Hl_ = this->cfg_.H / T_;
     Hkvl_ = this->cfg_.kv_heads() / T_;  // rank t holds query heads [t Hl, (t+1) Hl) and their groups' kv heads
-    const ReplicaLayout layout(opt.layout, N, g.S, g.T);
-    std::vector<std::vector<int64_t>> parts;
-    for (int64_t s = 0; s < g.S; ++s)
-      for (int64_t t = 0; t < g.T; ++t) parts.push_back(layout.tokens_of(s, t));
+    check_token_map(parts, S_ * T_, N_);
     build(parts);
   }
 
@@ -544,25 +542,45 @@ std::shared_ptr<AttentionCore<T>> make_sequence_parallel_core(const LayerConfig&
                         : make_ring_core<T>(cfg, N, std::move(seq), opt);
 }
 
+namespace detail {
+namespace {
+// The core of a replica over its token map (part s*T + t: the rank at sequence index s and head
+// index t).
 template <class T>
-std::shared_ptr<AttentionCore<T>> make_replica_core(const LayerConfig& cfg, int64_t N,
-                                                    const ReplicaGroups& g, ParallelScheme scheme,
-                                                    SeqParallelOptions opt) {
-  if (scheme == ParallelScheme::head) return std::make_shared<detail::UlyssesCore<T>>(cfg, N, g, opt);
+std::shared_ptr<AttentionCore<T>> replica_core(const LayerConfig& cfg, int64_t N, const ReplicaGroups& g,
+                                               ParallelScheme scheme, SeqParallelOptions opt, const TokenMap& parts) {
+  if (scheme == ParallelScheme::head) return std::make_shared<UlyssesCore<T>>(cfg, N, g, opt, parts);
   // Sequence scheme: the whole replica is one sequence group; comm rank hp*S + sp holds part
-  // sp*T + hp of the replica layout.
+  // sp*T + hp of the map.
   IHA_CHECK(g.replica && g.replica->size() == g.S * g.T, "replica communicator does not match S x T");
-  const ReplicaLayout layout(opt.layout, N, g.S, g.T);
+  check_token_map(parts, g.S * g.T, N);
   std::vector<std::vector<int64_t>> tokens(g.S * g.T);
   std::vector<int64_t> part_of_rank(g.S * g.T);
   for (int64_t hp = 0; hp < g.T; ++hp)
     for (int64_t sp = 0; sp < g.S; ++sp) {
-      tokens[hp * g.S + sp] = layout.tokens_of(sp, hp);
+      tokens[hp * g.S + sp] = parts[sp * g.T + hp];
       part_of_rank[hp * g.S + sp] = sp * g.T + hp;
     }
   IHA_CHECK(g.replica->rank() == g.hp_index * g.S + g.sp_index, "replica communicator rank order is not hp*S + sp");
-  return std::make_shared<detail::PremixCore<T>>(cfg, N, g.replica, std::move(tokens), opt, cfg.windowed(),
-                                                 std::move(part_of_rank));
+  return std::make_shared<PremixCore<T>>(cfg, N, g.replica, std::move(tokens), opt, cfg.windowed(),
+                                         std::move(part_of_rank));
+}
+}  // namespace
+}  // namespace detail
+
+template <class T>
+std::shared_ptr<AttentionCore<T>> make_replica_core(const LayerConfig& cfg, int64_t N,
+                                                    const ReplicaGroups& g, ParallelScheme scheme,
+                                                    SeqParallelOptions opt) {
+  return detail::replica_core<T>(cfg, N, g, scheme, opt, replica_token_map(opt.layout, N, g.S, g.T));
+}
+
+template <class T>
+std::shared_ptr<AttentionCore<T>> make_replica_core(const LayerConfig& cfg, const ParallelPlan& plan,
+                                                    ParallelScheme scheme, SeqParallelOptions opt) {
+  opt.layout = plan.layout();
+  return detail::replica_core<T>(cfg, plan.seq_len(), ReplicaGroups::from(plan.compute_mesh()), scheme, opt,
+                                 plan.map());
 }
 
 #define IHA_RINGATTN_INSTANTIATE(T)                                                                \
@@ -575,7 +593,9 @@ std::shared_ptr<AttentionCore<T>> make_replica_core(const LayerConfig& cfg, int6
   template std::shared_ptr<AttentionCore<T>> make_sequence_parallel_core<T>(                       \
       const LayerConfig&, int64_t, std::shared_ptr<Communicator>, SeqParallelOptions);              \
   template std::shared_ptr<AttentionCore<T>> make_replica_core<T>(                                 \
-      const LayerConfig&, int64_t, const ReplicaGroups&, ParallelScheme, SeqParallelOptions);
+      const LayerConfig&, int64_t, const ReplicaGroups&, ParallelScheme, SeqParallelOptions);       \
+  template std::shared_ptr<AttentionCore<T>> make_replica_core<T>(const LayerConfig&, const ParallelPlan&, \
+                                                                  ParallelScheme, SeqParallelOptions);
 IHA_RINGATTN_INSTANTIATE(float)
 IHA_RINGATTN_INSTANTIATE(double)
 #undef IHA_RINGATTN_INSTANTIATE

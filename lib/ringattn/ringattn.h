@@ -38,7 +38,7 @@
 //   - A core is used by one thread; it owns no threads. Communication overlaps compute through
 //     non-blocking transfers that the core tests between heads of work.
 // defines: iha::SeqParallelOptions, iha::ParallelScheme, iha::scheme_name, iha::parse_scheme,
-//          iha::ReplicaGroups, iha::make_replica_core, iha::make_ring_core, iha::make_halo_core,
+//          iha::ReplicaGroups, iha::make_replica_core (with groups, or a ParallelPlan), iha::make_ring_core, iha::make_halo_core,
 //          iha::make_sequence_parallel_core
 #pragma once
 
@@ -49,6 +49,7 @@
 #include "parallel/comm.h"
 #include "parallel/layout.h"
 #include "parallel/mesh.h"
+#include "parallel/plan.h"
 
 namespace iha {
 
@@ -92,6 +93,12 @@ struct ReplicaGroups {
 template <class T>
 std::shared_ptr<AttentionCore<T>> make_replica_core(const LayerConfig& cfg, int64_t N,
                                                     const ReplicaGroups& groups,
+                                                    ParallelScheme scheme, SeqParallelOptions opt = {});
+
+// The same for the replica of a parallel plan: its compute mesh's groups, rows plan.tokens()
+// (the plan's map; opt.layout is the plan's).
+template <class T>
+std::shared_ptr<AttentionCore<T>> make_replica_core(const LayerConfig& cfg, const ParallelPlan& plan,
                                                     ParallelScheme scheme, SeqParallelOptions opt = {});
 
 // Ring attention core (any layer; the window, if any, is honoured and used to skip blocks).

@@ -134,6 +134,71 @@ TEST(Mesh, AMeshThatDoesNotFitTheWorldIsAnErrorOnEveryRank) {
   }
 }
 
+// The parallel plan on every mesh of this world, every layout, N even, odd and smaller than a
+// replica: the parts of a replica cover [0, N) exactly once; the part the plan gives each rank is
+// the tokens that rank holds (gathered over the replica, so the part numbering follows the
+// mesh's rank order); the tp group's counts are its ranks' own; a micro-batch's balanced map is
+// the same on every rank.
+TEST(Mesh, ThePlanGivesEveryRankOnePartOfTheReplicasMap) {
+  const int64_t W = world().size();
+  int64_t plans = 0;
+  for (int64_t tp = 1; tp <= W; ++tp)
+    for (int64_t hp = 1; tp * hp <= W; ++hp)
+      for (int64_t dp = 1; tp * hp * dp <= W; ++dp) {
+        if (W % (tp * hp * dp)) continue;
+        const MeshShape shape{dp, hp, W / (tp * hp * dp), tp};
+        auto mesh = std::make_shared<ProcessMesh>(test::world_ptr(), shape);
+        for (LayoutKind kind : {LayoutKind::contiguous, LayoutKind::zigzag, LayoutKind::balanced})
+          for (int64_t N : {int64_t{2}, int64_t{13}, int64_t{40}}) {
+            SCOPED_TRACE(shape.str() + " " + layout_name(kind) + " N=" + std::to_string(N));
+            const ParallelPlan plan(mesh, kind, N, {{2, 0, false}, {2, 5, true}});
+            const int64_t parts = shape.tp * shape.hp * shape.sp;
+            ASSERT_EQ(plan.parts(), parts);
+            std::vector<int64_t> seen(static_cast<size_t>(N), 0);
+            for (const std::vector<int64_t>& part : plan.map())
+              for (int64_t t : part) ++seen[static_cast<size_t>(t)];
+            EXPECT_EQ(seen, std::vector<int64_t>(static_cast<size_t>(N), 1));
+            EXPECT_EQ(plan.tokens(), plan.map()[static_cast<size_t>(plan.part())]);
+            // Every rank of the replica: its part index and token count, against the map.
+            Communicator& replica = mesh->replica();
+            const int64_t mine[2] = {plan.part(), static_cast<int64_t>(plan.tokens().size())};
+            std::vector<int64_t> all(static_cast<size_t>(2 * replica.size()));
+            replica.all_gather(mine, all.data(), 2, DType::i64, "test");
+            std::vector<int64_t> owners(static_cast<size_t>(parts), 0);
+            for (int64_t r = 0; r < replica.size(); ++r) {
+              const int64_t p = all[2 * r];
+              ASSERT_TRUE(p >= 0 && p < parts);
+              ++owners[static_cast<size_t>(p)];
+              EXPECT_EQ(all[2 * r + 1], static_cast<int64_t>(plan.map()[static_cast<size_t>(p)].size()));
+            }
+            EXPECT_EQ(owners, std::vector<int64_t>(static_cast<size_t>(parts), 1));
+            // The tp group's counts are what its ranks hold.
+            const std::vector<int64_t> counts = plan.tp_tokens(plan.map());
+            if (tp > 1) {
+              std::vector<int64_t> held(static_cast<size_t>(tp));
+              mesh->tensor().all_gather(&mine[1], held.data(), 1, DType::i64, "test");
+              EXPECT_EQ(counts, held);
+            } else {
+              EXPECT_TRUE(counts.empty());
+              EXPECT_EQ(plan.tp_comm(), nullptr);
+            }
+            // A micro-batch's map: every rank computes the same one.
+            const TokenMap batch = plan.micro_batch_map({{0, N / 2}, {0}});
+            std::vector<int64_t> flat;
+            for (const auto& part : batch) flat.insert(flat.end(), part.begin(), part.end());
+            ASSERT_EQ(static_cast<int64_t>(flat.size()), N);
+            uint64_t h = 0xcbf29ce484222325ull;
+            for (int64_t t : flat) h = (h ^ static_cast<uint64_t>(t)) * 0x100000001b3ull;
+            std::vector<uint64_t> hs(static_cast<size_t>(W));
+            world().all_gather(&h, hs.data(), 1, DType::i64, "test");
+            for (uint64_t x : hs) EXPECT_EQ(x, hs[0]);
+            if (!plan.per_batch_map()) EXPECT_EQ(batch, plan.map());
+            ++plans;
+          }
+      }
+  EXPECT_GT(plans, 0);
+}
+
 TEST(Mesh, RanksWithoutTokensTrainToo) {
   // N = 3 tokens on up to 4 ranks (contiguous: the last ranks hold nothing), HDF5 data.
   const std::string path = "/tmp/iha_test_mesh_tokens_n3.h5";
