@@ -41,6 +41,20 @@ void save_checkpoint(const ModelConfig& m, int64_t context, const std::string& d
   ck.save(root);
 }
 
+// The output is a new checkpoint root: absent or an empty directory. The input directory itself
+// (also as DIR/. or through a symbolic link) or any directory already holding files would get
+// a checkpoint written among files that are not its own.
+void check_import_output(const std::string& hf_dir, const std::string& out_root) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(out_root, ec);
+  if (!fs::exists(st)) return;
+  IHA_CONFIG_CHECK(fs::is_directory(st), "output '", out_root, "' exists and is not a directory");
+  IHA_CONFIG_CHECK(!fs::equivalent(hf_dir, out_root, ec), "output '", out_root, "' is the input directory '",
+                   hf_dir, "': the checkpoint needs a directory of its own");
+  IHA_CONFIG_CHECK(fs::is_empty(out_root, ec) && !ec, "output '", out_root, "' is a directory that is not empty "
+                   "and holds no checkpoint: name a new or empty directory");
+}
+
 }  // namespace
 
 std::string model_yaml(const ModelConfig& m) {
@@ -79,6 +93,7 @@ std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator
                    a.dtype, "'");
   m.validate();
   IHA_CONFIG_CHECK(!has_checkpoint(a.out_root), "output '", a.out_root, "' already holds a checkpoint");
+  check_import_output(a.hf_dir, a.out_root);
   const HfWeights weights(a.hf_dir);
   const int64_t context = std::min(hf.max_positions, kRecordedContextCap);
   ModelConfig resolved = m;
@@ -94,7 +109,7 @@ std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator
       << "# The architecture of the checkpoint in this directory (iha-convert import " << a.hf_dir
       << "): a fine-tune config (finetune.from: " << a.out_root << ") must carry this section.\n"
       << model_yaml(m);
-  return "imported " + a.hf_dir + " (" + m.describe() + (hf.tied ? ", tied embeddings" : "") + ") into " + a.out_root;
+  return "imported " + a.hf_dir + " (" + resolved.describe() + (hf.tied ? ", tied embeddings" : "") + ") into " + a.out_root;
 }
 
 std::string export_hf_model(const std::string& checkpoint, const std::string& out_dir,

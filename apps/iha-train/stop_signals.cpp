@@ -31,6 +31,11 @@ void install_stop_handlers() {
   for (int s : kStopSignals) sigaction(s, &sa, nullptr);
 }
 
+void default_stop_handlers() {
+  for (int s : kStopSignals) std::signal(s, SIG_DFL);
+  if (g_received != 0) std::raise(g_received);  // what the default would have done on arrival
+}
+
 int agree_on_stop(Communicator& world) {
   int64_t sig = g_received;
   world.all_reduce(&sig, 1, DType::i64, ReduceOp::max, "train.stop_signal");

@@ -132,11 +132,6 @@ std::string hex64(uint64_t v) {
 
 std::string step_name(int64_t step) { return "step_" + std::to_string(step); }
 
-bool is_temporary_name(const std::string& name) {
-  return (name.compare(0, 5, "step_") == 0 || name.compare(0, 7, "latest.") == 0) &&
-         name.find(".tmp-") != std::string::npos;
-}
-
 // ---- registry agreement ----
 
 void put_registry(BlobWriter& w, const Registry& reg) {
@@ -621,7 +616,7 @@ std::string run_save(Communicator& comm, const SaveJob& job, int64_t& bytes_writ
       if (me != 0) return;
       lock = std::make_unique<RootLock>(job.root);
       for (const std::string& name : list_dir(job.root))
-        if (is_temporary_name(name)) remove_tree(join_path(job.root, name));
+        if (is_own_temporary(name)) remove_tree(join_path(job.root, name));
       IHA_CONFIG_CHECK(!path_exists(final_dir), "checkpoint step ", job.step, " already exists (",
                        final_dir, "); refusing to overwrite it");
       make_dirs(tmp_dir);

@@ -16,7 +16,8 @@
 //   - Writability: the root is created if absent, and a probe file is written and removed
 //     before anything else, so a read-only or non-directory root fails before any training.
 //   - Recovery (every crash point of Checkpointer::save leaves one of these states):
-//       temporaries (*.tmp-*)            never committed: removed
+//       temporaries (step_<N>, latest or write-probe, then .tmp-[del-]<16 hex digits>): never
+//       committed, removed; nothing else in the root is ever removed
 //       step directories newer than what `latest` names (a crash between the rename of the
 //       step directory and the update of `latest`), or step directories and no `latest` (the
 //       same crash during the first save): the newest one is verified (every integrity hash,
@@ -29,7 +30,8 @@
 //     never echoed whole.
 // Errors are thrown on every rank (collective_check); bad roots are ConfigErrors naming `key`.
 // defines: iha::RootUse, iha::RootLock, iha::CheckpointRoot, iha::ckpt::parse_step_name,
-//          iha::ckpt::read_latest, iha::ckpt::random_nonce, iha::ckpt::bcast_string
+//          iha::ckpt::read_latest, iha::ckpt::random_nonce, iha::ckpt::bcast_string,
+//          iha::ckpt::is_own_temporary
 #pragma once
 
 #include <cstdint>
@@ -85,6 +87,10 @@ class CheckpointRoot {
 namespace ckpt {
 // Small helpers shared by the save protocol and the root protocol.
 std::string random_nonce();  // 16 hex digits for temporary names
+// True only for the names the protocol gives its temporaries: `step_<N>`, `latest` or
+// `write-probe`, then `.tmp-` or `.tmp-del-`, then exactly random_nonce()'s 16 hex digits. Only
+// these are ever removed from a root: a user's `notes.tmp-draft` is not ours.
+bool is_own_temporary(const std::string& name);
 // Root rank's string, on every rank (collective).
 std::string bcast_string(Communicator& comm, const std::string& s, int root);
 // step_<digits> -> step, else -1.

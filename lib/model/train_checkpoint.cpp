@@ -1,6 +1,7 @@
 #include "model/train_checkpoint.h"
 
 #include <filesystem>
+#include <sstream>
 
 namespace iha {
 
@@ -108,6 +109,38 @@ void check_same_architecture(const ModelConfig& c, const CheckpointModel& ck) {
   same_str("collapse", collapse_name(c.collapse), collapse_name(m.collapse));
   same_str("mask", mask_name(c.mask), mask_name(m.mask));
   same_str("rope", c.rope ? "true" : "false", m.rope ? "true" : "false");
+}
+
+namespace {
+std::string rope_scaling_text(const RopeScaling& r) {
+  std::ostringstream os;
+  os << rope_scaling_type_name(r.type);
+  if (r.on())
+    os << " (factor " << r.factor << ", original_length " << r.original_length << ", beta_fast "
+       << r.beta_fast << ", beta_slow " << r.beta_slow << ", ramp " << yarn_ramp_name(r.ramp)
+       << ", low_freq_factor " << r.low_freq_factor << ", high_freq_factor " << r.high_freq_factor << ")";
+  return os.str();
+}
+}  // namespace
+
+void check_same_positions(const ModelConfig& c, const CheckpointModel& ck) {
+  const ModelConfig& m = ck.model;
+  auto differ = [&](const char* key, const std::string& mine, const std::string& theirs) {
+    throw ConfigError("config key 'model." + std::string(key) + "' is " + mine + " but checkpoint '" +
+                      ck.dir + "' was trained with " + theirs + ": a resumed run continues the same "
+                      "positions (to change them, start from its weights with iha-train finetune)");
+  };
+  auto text = [](double v) {
+    std::ostringstream os;
+    os.precision(17);
+    os << v;
+    return os.str();
+  };
+  if (!c.rope) return;
+  if (c.rope_base != m.rope_base) differ("rope_base", text(c.rope_base), text(m.rope_base));
+  if (c.rope_scale != m.rope_scale) differ("rope_scale", text(c.rope_scale), text(m.rope_scale));
+  const std::string mine = rope_scaling_text(c.rope_scaling), theirs = rope_scaling_text(m.rope_scaling);
+  if (mine != theirs) differ("rope_scaling", mine, theirs);
 }
 
 bool has_checkpoint(const std::string& root) {
