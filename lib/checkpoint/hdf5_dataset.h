@@ -64,7 +64,10 @@ inline std::string hdf5_storage_problem(hid_t file, const std::string& name, hid
       expected *= (dims[i] + chunk[i] - 1) / chunk[i];
     }
     hsize_t written = 0;
-    if (H5Dget_num_chunks(dset, H5S_ALL, &written) < 0) return "its chunk index cannot be read (damaged file?)";
+    const hid_t whole = H5Dget_space(dset);
+    const herr_t rc = whole < 0 ? -1 : H5Dget_num_chunks(dset, whole, &written);
+    if (whole >= 0) H5Sclose(whole);
+    if (rc < 0) return "its chunk index cannot be read (damaged file?)";
     if (written != expected)
       return "has " + std::to_string(expected - written) + " of its " + std::to_string(expected) +
              " chunks never written (they would read as fill values, not data)";

@@ -54,7 +54,8 @@ class ShapeCheck final : public YAML::EventHandler {
   static constexpr size_t kMaxKeyBytes = 128;
   static constexpr size_t kMaxDepth = 32;
 
-  explicit ShapeCheck(std::string name) : name_(std::move(name)) {}
+  // base: where the text sits (an override's value sits under its key).
+  ShapeCheck(std::string name, std::string base) : name_(std::move(name)), base_(std::move(base)) {}
 
   void OnDocumentStart(const YAML::Mark& m) override {
     if (++documents_ > 1) fail(m, "holds more than one YAML document ('---'); a config is one mapping");
@@ -96,7 +97,7 @@ class ShapeCheck final : public YAML::EventHandler {
                       (m.line >= 0 ? " (line " + std::to_string(m.line + 1) + ")" : "") + ": " + what);
   }
   std::string key_here() const {
-    std::string k;
+    std::string k = base_;
     for (const Frame& f : stack_) {
       if (f.key.empty()) continue;
       if (!f.is_map) k += f.key;
@@ -144,14 +145,14 @@ class ShapeCheck final : public YAML::EventHandler {
     }
   }
 
-  std::string name_;
+  std::string name_, base_;
   int documents_ = 0;
   std::vector<Frame> stack_;
 };
 
-void check_shape(const std::string& text, const std::string& name) {
+void check_shape(const std::string& text, const std::string& name, const std::string& base = "") {
   std::istringstream in(text);
-  ShapeCheck check(name);
+  ShapeCheck check(name, base);
   try {
     YAML::Parser parser(in);
     while (parser.HandleNextDocument(check)) {
@@ -220,6 +221,15 @@ template <> const char* type_word<double>() { return "a number"; }
 template <> const char* type_word<std::string>() { return "a string"; }
 template <> const char* type_word<std::vector<int64_t>>() { return "a list of integers"; }
 
+// Numbers are decimal: a leading zero reads as octal in YAML 1.1 and in C ("010" is 8), and
+// "0x" as hex, so "010" is refused rather than read as either 8 or 10. ("0", "0.5" pass.)
+void reject_leading_zero(const std::string& s, const std::string& key) {
+  const size_t at = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+  if (s.size() > at + 1 && s[at] == '0' && s[at + 1] != '.' && s[at + 1] != 'e' && s[at + 1] != 'E')
+    throw ConfigError("config key '" + key + "': '" + s + "' has a leading zero; write the number in "
+                      "decimal without one");
+}
+
 template <class T>
 T convert_node(const YAML::Node& n, const std::string& key) {
   if (n.IsNull())
@@ -240,12 +250,8 @@ T convert_node(const YAML::Node& n, const std::string& key) {
       return n.Scalar();
     } else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, int>) {
       // yaml-cpp accepts "1.5" as an int by truncation in some versions; be strict.
-      // Decimal only: a leading zero would read as octal ("010" is 8) and "0x" as hex.
       const std::string& s = n.Scalar();
-      const size_t digits = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
-      if (s.size() > digits + 1 && s[digits] == '0')
-        throw ConfigError("config key '" + key + "': '" + s + "' has a leading zero; write the "
-                          "integer in decimal without one");
+      reject_leading_zero(s, key);
       size_t pos = 0;
       long long v = 0;
       try {
@@ -259,6 +265,7 @@ T convert_node(const YAML::Node& n, const std::string& key) {
       }
       return static_cast<T>(v);
     } else {
+      if constexpr (std::is_same_v<T, double>) reject_leading_zero(n.Scalar(), key);
       try {
         return n.as<T>();
       } catch (const YAML::Exception&) {
@@ -337,7 +344,7 @@ void ConfigNode::apply_override(const std::string& assignment) const {
   const std::string key = assignment.substr(0, eq);
   const std::string value = assignment.substr(eq + 1);
   const std::string origin = "--set " + key;
-  check_shape(value, origin);
+  check_shape(value, origin, key);
   YAML::Node parsed;
   try {
     parsed = YAML::Load(value);
