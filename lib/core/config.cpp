@@ -232,6 +232,11 @@ void reject_leading_zero(const std::string& s, const std::string& key) {
 
 template <class T>
 T convert_node(const YAML::Node& n, const std::string& key) {
+  // One rule for an empty or null value: never the default. A string key reads it as the
+  // empty string (`--set logging.jsonl=` turns the log off); any other type is an error.
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (n.IsNull()) return std::string();
+  }
   if (n.IsNull())
     throw ConfigError("config key '" + key + "' has an empty (null) value: give it " + type_word<T>() +
                       ", or remove the key to use the default");

@@ -149,11 +149,12 @@ YamlCase yaml_case(const std::vector<Leaf>& base, uint64_t seed) {
       c.what = "alias bomb " + std::to_string(width) + "^" + std::to_string(depth);
       return c;
     }
-    case 2: {  // an empty or null value in the file
+    case 2: {  // an empty or null value in the file, at a number (a string key reads it as "")
       const char* nulls[] = {"", "null", "~", "Null"};
-      ls[i].value = nulls[rng() % 4];
-      c.must_name = {key, "empty"};
-      c.what = "null at " + key;
+      const Leaf& l = ls[ints[rng() % ints.size()]];
+      ls[&l - ls.data()].value = nulls[rng() % 4];
+      c.must_name = {l.section + "." + l.key, "empty"};
+      c.what = "null at " + l.section + "." + l.key;
       break;
     }
     case 3: {  // an integer with a leading zero in the file
@@ -170,10 +171,12 @@ YamlCase yaml_case(const std::vector<Leaf>& base, uint64_t seed) {
       c.what = "key of " + std::to_string(n) + " bytes under " + ls[i].section;
       break;
     }
-    case 5: {  // --set with an empty or null value
+    case 5: {  // --set with an empty or null value, at a number
       const char* nulls[] = {"", "null", "~"};
-      c.overrides = {key + "=" + nulls[rng() % 3]};
-      c.must_name = {key, "empty"};
+      const Leaf& l = ls[ints[rng() % ints.size()]];
+      const std::string k = l.section + "." + l.key;
+      c.overrides = {k + "=" + nulls[rng() % 3]};
+      c.must_name = {k, "empty"};
       c.what = "--set " + c.overrides[0];
       break;
     }
