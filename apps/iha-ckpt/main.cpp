@@ -123,7 +123,7 @@ int verify(int* argc, char*** argv, const std::string& dir) {
     if (world.rank() == 0) std::fprintf(stderr, "iha-ckpt: %s\n", e.what());
     rc = 2;
   } catch (const std::exception& e) {
-    if (world.rank() == 0) std::fprintf(stderr, "iha-ckpt: %s\n", e.what());
+    if (world.rank() == 0) std::fprintf(stderr, "iha-ckpt: %s\n", iha::error_text(e).c_str());
     rc = 1;
   }
   return rc;
@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "iha-ckpt: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "iha-ckpt: %s\n", e.what());
+    std::fprintf(stderr, "iha-ckpt: %s\n", iha::error_text(e).c_str());
     return 1;
   }
   return usage();

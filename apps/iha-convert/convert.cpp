@@ -134,12 +134,20 @@ std::string export_hf_model(const std::string& checkpoint, const std::string& ou
   const std::vector<StTensor> hf = export_tensors(ck.model, *layout, flat);
   const std::string config = hf_config_json(ck.model, ck.seq_len);
   // Written beside the target and renamed into place: a failure leaves no partial directory.
+  // The temporary is created new (never an existing directory of that name, which is not ours
+  // to remove).
   const fs::path tmp = fs::path(out_dir).string() + ".tmp-iha-convert";
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  std::ofstream(tmp / "config.json") << config;
-  write_safetensors((tmp / "model.safetensors").string(), hf);
-  fs::rename(tmp, out_dir);
+  IHA_CONFIG_CHECK(fs::create_directory(tmp), "temporary directory '", tmp.string(),
+                   "' already exists (left by an earlier export, or not ours): remove it");
+  try {
+    std::ofstream(tmp / "config.json") << config;
+    write_safetensors((tmp / "model.safetensors").string(), hf);
+    fs::rename(tmp, out_dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
   return "exported " + ck.dir + " (" + ck.model.describe() + ") to " + out_dir;
 }
 

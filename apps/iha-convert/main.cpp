@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     std::cerr << "iha-convert: error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "iha-convert: error: " << e.what() << "\n";
+    std::cerr << "iha-convert: error: " << iha::error_text(e) << "\n";
     return 1;
   }
 }

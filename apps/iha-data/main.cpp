@@ -381,12 +381,8 @@ int main(int argc, char** argv) {
   } catch (const iha::ConfigError& e) {
     std::cerr << "iha-data: error: " << e.what() << std::endl;
     return 2;
-  } catch (const std::bad_alloc&) {
-    std::cerr << "iha-data: error: out of memory (the machine's or the process's memory limit, "
-                 "ulimit -v)" << std::endl;
-    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "iha-data: error: " << e.what() << std::endl;
+    std::cerr << "iha-data: error: " << iha::error_text(e) << std::endl;
     return 1;
   }
 }

@@ -210,6 +210,7 @@ H5File::H5File(const std::string& path, char mode) : path_(path) {
     id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (id_ < 0) fail(path, "cannot open HDF5 file for reading");
   } else {
+    require_new_output(path, "output file");  // truncated below: never through a link
     id_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (id_ < 0) fail(path, "cannot create HDF5 file (is the directory writable?)");
   }

@@ -452,7 +452,7 @@ int main(int argc, char** argv) {
     if (root) std::cerr << "iha-train: error: " << e.what() << std::endl;
     return 2;
   } catch (const std::exception& e) {
-    if (root) std::cerr << "iha-train: error: " << e.what() << std::endl;
+    if (root) std::cerr << "iha-train: error: " << iha::error_text(e) << std::endl;
     return 1;
   }
 }
