@@ -130,6 +130,17 @@ TEST(HostileCommands, AFreshRunRemovesNothingItDidNotCreateAndWritesNoLinkedLock
   fs::remove_all(dir);
 }
 
+TEST(HostileCommands, AResumeWithOtherRopeSettingsIsRefused) {
+  const std::string dir = tmp("rope");
+  fs::remove_all(dir);
+  ASSERT_EQ(run(train_cmd(dir + "/ck")).code, 0);
+  const Result r = run(train_cmd(dir + "/ck", "--resume --set train.steps=2 "
+                                            "--set 'model.rope_scaling={type: linear, factor: 2}'"));
+  expect_refused(r, "model.rope_scaling");
+  EXPECT_EQ(run(train_cmd(dir + "/ck", "--resume --set train.steps=2")).code, 0);
+  fs::remove_all(dir);
+}
+
 // SIGUSR1 delivered before main runs (pending while blocked across exec, as a batch system's
 // signal can arrive while the process starts): the run stops with the documented code 4,
 // not with death by the signal (138).

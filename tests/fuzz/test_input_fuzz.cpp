@@ -247,6 +247,42 @@ TEST(InputFuzz, AnOverrideChangesOnlyItsKey) {
   EXPECT_EQ(n.child("a").get<int64_t>("y", 0), 1);
 }
 
+// The probe's examples, one by one, through what iha-train loads.
+TEST(InputFuzz, TheProbesConfigExamplesNameTheKeyTheUserWrote) {
+  const std::string demo = std::string(IHA_SOURCE_DIR) + "/configs/demo.yaml";
+  const std::vector<std::string> quiet = {"checkpoint.dir=", "logging.jsonl="};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), quiet.begin(), quiet.end());
+    return load_error(demo, more);
+  };
+  ASSERT_EQ(with({}), "");
+  std::string e = with({"model.H=0"});
+  EXPECT_NE(e.find("'model.H'"), std::string::npos) << e;
+  EXPECT_EQ(e.find("kv_heads"), std::string::npos) << e;
+  e = with({"train.steps=010"});
+  EXPECT_NE(e.find("'train.steps'"), std::string::npos) << e;
+  for (const char* v : {"optim.lr=", "optim.lr=null"}) {
+    e = with({v});
+    EXPECT_NE(e.find("'optim.lr'"), std::string::npos) << v << ": " << e;
+  }
+  e = with({"model={D: 64, D: 32}"});
+  EXPECT_NE(e.find("--set model"), std::string::npos) << e;
+  EXPECT_NE(e.find("'model.D'"), std::string::npos) << e;
+  EXPECT_EQ(e.find("line 2"), std::string::npos) << "blames a line of the config file: " << e;
+  const std::string dir = tmp("config-dir");
+  fs::create_directories(dir);
+  e = load_error(dir, {});
+  EXPECT_NE(e.find("is a directory"), std::string::npos) << e;
+  fs::remove_all(dir);
+  // Nested aliases, 9 levels of 9 (the hang): refused at once.
+  const std::string bomb = tmp("bomb.yaml");
+  write_file(bomb, alias_bomb(9, 9) + read_file(demo));
+  Alarm alarm(20);
+  e = load_error(bomb, quiet);
+  EXPECT_NE(e.find("anchor"), std::string::npos) << e;
+  fs::remove(bomb);
+}
+
 // ---- file types ----
 
 // Paths that are not regular files, made fresh under dir: name -> path.
