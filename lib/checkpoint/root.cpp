@@ -64,6 +64,23 @@ void probe_writable(const std::string& root) {
   ::unlink(probe.c_str());
 }
 
+// A step directory newer than `latest` continues latest's run, or it is another run's (copied
+// or moved in) and must not be resumed from as if an interrupted save had left it.
+void check_same_run(const std::string& root, const std::string& latest, const CheckpointInfo& candidate) {
+  if (latest.empty() || !candidate.has_meta(kRunIdMeta)) return;
+  CheckpointInfo of_latest;
+  try {
+    of_latest = inspect_checkpoint(join_path(root, latest));
+  } catch (const Error&) {
+    return;  // `latest`'s own checkpoint is judged when it is loaded
+  }
+  if (!of_latest.has_meta(kRunIdMeta)) return;
+  const std::string& mine = candidate.get<std::string>(kRunIdMeta);
+  const std::string& theirs = of_latest.get<std::string>(kRunIdMeta);
+  IHA_CONFIG_CHECK(mine == theirs, "it was written by another run (run_id ", excerpt(mine), ") than ",
+                   latest, ", which 'latest' names (run_id ", excerpt(theirs), ")");
+}
+
 }  // namespace
 
 // ---- lock ----
@@ -283,8 +300,9 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
       verify_checkpoint(comm, dir);
       collective_check(comm, [&] {
         if (comm.rank() != 0) return;
-        const int64_t step = inspect_checkpoint(dir).step;
-        IHA_CONFIG_CHECK(step == parse_step_name(name), "its file holds step ", step);
+        const CheckpointInfo info = inspect_checkpoint(dir);
+        IHA_CONFIG_CHECK(info.step == parse_step_name(name), "its file holds step ", info.step);
+        check_same_run(root, latest, info);
       });
     } catch (const Error& e) {
       why = e.what();

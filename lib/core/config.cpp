@@ -128,6 +128,7 @@ class ShapeCheck final : public YAML::EventHandler {
     if (!stack_.empty() && !stack_.back().is_map)
       stack_.back().key = "[" + std::to_string(stack_.back().index) + "]";
     stack_.push_back(Frame{is_map});
+    if (!is_map) stack_.back().key = "[0]";
   }
   void close() {
     stack_.pop_back();

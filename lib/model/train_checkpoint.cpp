@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include "checkpoint/root.h"
+
 namespace iha {
 
 namespace {
@@ -150,6 +152,8 @@ bool has_checkpoint(const std::string& root) {
 template <class T>
 TrainCheckpoints<T>::TrainCheckpoints(Trainer<T>& trainer, int64_t keep)
     : t_(trainer), ckpt_(trainer.mesh().world_ptr(), options_for(keep)) {
+  Communicator& w = *trainer.mesh().world_ptr();
+  run_id_ = ckpt::bcast_string(w, w.rank() == 0 ? ckpt::random_nonce() : std::string(), 0);
   register_state(StateParts::everything);
 }
 
@@ -173,6 +177,7 @@ std::string TrainCheckpoints<T>::save(const std::string& root) {
   const ModelConfig& m = t_.model_config();
   const TrainerScalars& s = t_.scalars();
   ckpt_.set_meta("format", std::string(kFormat));
+  ckpt_.set_meta(kRunIdMeta, run_id_);
   ckpt_.set_meta("step", s.step);
   ckpt_.set_meta("data/cursor", s.data_cursor);
   ckpt_.set_meta("optim/updates", s.updates);
@@ -234,6 +239,7 @@ CheckpointInfo TrainCheckpoints<T>::load(const std::string& path, StateParts par
     s.updates = info.has_meta("optim/updates") ? info.get<int64_t>("optim/updates") : s.step;
     s.rng.seed = info.get<uint64_t>("rng/seed");
     s.rng.counter = info.get<uint64_t>("rng/counter");
+    if (info.has_meta(kRunIdMeta)) run_id_ = info.get<std::string>(kRunIdMeta);
   }
   return info;
 }

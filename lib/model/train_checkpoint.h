@@ -68,6 +68,10 @@ class TrainCheckpoints {
   void register_state(StateParts parts);
   Trainer<T>& t_;
   Checkpointer ckpt_;
+  // Which run wrote a checkpoint: new for a fresh run or a fine-tune, the checkpoint's on a
+  // resume. The checkpoint root's recovery adopts a step directory only from the run of
+  // `latest` (root.h).
+  std::string run_id_;
 };
 
 }  // namespace iha

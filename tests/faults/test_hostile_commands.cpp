@@ -141,6 +141,22 @@ TEST(HostileCommands, AResumeWithOtherRopeSettingsIsRefused) {
   fs::remove_all(dir);
 }
 
+// Another run's step directory moved in beside `latest`: not adopted as if an interrupted
+// save had left it; set aside, and the run continues from `latest`.
+TEST(HostileCommands, AnotherRunsStepDirectoryIsNotAdopted) {
+  const std::string dir = tmp("foreign");
+  fs::remove_all(dir);
+  ASSERT_EQ(run(train_cmd(dir + "/mine")).code, 0);
+  ASSERT_EQ(run(train_cmd(dir + "/theirs", "--set train.steps=2 --set train.seed=7")).code, 0);
+  fs::copy(dir + "/theirs/step_2", dir + "/mine/step_2", fs::copy_options::recursive);
+  const Result r = run(train_cmd(dir + "/mine", "--resume auto --set train.steps=2"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("another run"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("recovered"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/mine/step_2.rejected"));
+  fs::remove_all(dir);
+}
+
 // SIGUSR1 delivered before main runs (pending while blocked across exec, as a batch system's
 // signal can arrive while the process starts): the run stops with the documented code 4,
 // not with death by the signal (138).
