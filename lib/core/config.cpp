@@ -86,7 +86,7 @@ class ShapeCheck final : public YAML::EventHandler {
 
  private:
   struct Frame {
-    bool is_map;
+    bool is_map = true;
     bool at_key = true;  // a mapping alternates key, value
     std::string key;     // the mapping's current key, or "[i]" in a list
     size_t index = 0;
@@ -127,8 +127,10 @@ class ShapeCheck final : public YAML::EventHandler {
       fail(m, "nests deeper than " + std::to_string(kMaxDepth) + " levels at key '" + key_here() + "'");
     if (!stack_.empty() && !stack_.back().is_map)
       stack_.back().key = "[" + std::to_string(stack_.back().index) + "]";
-    stack_.push_back(Frame{is_map});
-    if (!is_map) stack_.back().key = "[0]";
+    Frame f;
+    f.is_map = is_map;
+    if (!is_map) f.key = "[0]";
+    stack_.push_back(f);
   }
   void close() {
     stack_.pop_back();

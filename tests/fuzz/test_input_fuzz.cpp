@@ -489,7 +489,9 @@ TEST(InputFuzz, OnlyTheProtocolsOwnTemporariesAreRemovable) {
                                  own + "x", own.substr(0, own.size() - 1), "latest.tmp-" + nonce + ".bak",
                                  "step_x.tmp-" + nonce, "x" + own};
     const std::string& name = forms[rng() % 8];
-    if (name != own) EXPECT_FALSE(iha::ckpt::is_own_temporary(name)) << name;
+    if (name != own) {
+      EXPECT_FALSE(iha::ckpt::is_own_temporary(name)) << name;
+    }
   }
 }
 
