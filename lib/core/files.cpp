@@ -23,7 +23,7 @@ std::string file_kind_name(unsigned mode) {
 void require_regular_file(const std::string& path, const std::string& what) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0)
-    throw ConfigError(what + " '" + path + "': cannot open it (missing or unreadable): " + std::strerror(errno));
+    throw ConfigError("cannot open " + what + " '" + path + "' (missing or unreadable): " + std::strerror(errno));
   IHA_CONFIG_CHECK(S_ISREG(st.st_mode), what, " '", path, "': is ", file_kind_name(st.st_mode),
                    ", not a regular file");
 }
