@@ -12,6 +12,7 @@
 
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -22,12 +23,13 @@ namespace {
 
 using namespace iha;
 
-int usage() {
-  std::fprintf(stderr,
+// Asked for (--help): stdout and 0; a wrong command line: stderr and 2.
+int usage(bool asked = false) {
+  std::fprintf(asked ? stdout : stderr,
                "usage: iha-ckpt inspect DIR [--meta KEY]\n"
                "       iha-ckpt verify DIR\n"
                "DIR is a checkpoint step directory or a root holding a 'latest' pointer.\n");
-  return 2;
+  return asked ? 0 : 2;
 }
 
 // Shortest text that reads back as the same double.
@@ -121,7 +123,7 @@ int verify(int* argc, char*** argv, const std::string& dir) {
     if (world.rank() == 0) std::fprintf(stderr, "iha-ckpt: %s\n", e.what());
     rc = 2;
   } catch (const std::exception& e) {
-    if (world.rank() == 0) std::fprintf(stderr, "iha-ckpt: %s\n", e.what());
+    if (world.rank() == 0) std::fprintf(stderr, "iha-ckpt: %s\n", iha::error_text(e).c_str());
     rc = 1;
   }
   return rc;
@@ -130,6 +132,8 @@ int verify(int* argc, char*** argv, const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return usage(true);
   if (argc < 3) return usage();
   const std::string cmd = argv[1], dir = argv[2];
   std::string meta_key;
@@ -145,7 +149,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "iha-ckpt: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "iha-ckpt: %s\n", e.what());
+    std::fprintf(stderr, "iha-ckpt: %s\n", iha::error_text(e).c_str());
     return 1;
   }
   return usage();

@@ -42,6 +42,20 @@ void save_checkpoint(const ModelConfig& m, int64_t context, const std::string& d
   ck.save(root);
 }
 
+// The output is a new checkpoint root: absent or an empty directory. The input directory itself
+// (also as DIR/. or through a symbolic link) or any directory already holding files would get
+// a checkpoint written among files that are not its own.
+void check_import_output(const std::string& hf_dir, const std::string& out_root) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(out_root, ec);
+  if (!fs::exists(st)) return;
+  IHA_CONFIG_CHECK(fs::is_directory(st), "output '", out_root, "' exists and is not a directory");
+  IHA_CONFIG_CHECK(!fs::equivalent(hf_dir, out_root, ec), "output '", out_root, "' is the input directory '",
+                   hf_dir, "': the checkpoint needs a directory of its own");
+  IHA_CONFIG_CHECK(fs::is_empty(out_root, ec) && !ec, "output '", out_root, "' is a directory that is not empty "
+                   "and holds no checkpoint: name a new or empty directory");
+}
+
 }  // namespace
 
 std::string model_yaml(const ModelConfig& m) {
@@ -117,6 +131,7 @@ std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator
                    a.dtype, "'");
   m.validate();
   IHA_CONFIG_CHECK(!has_checkpoint(a.out_root), "output '", a.out_root, "' already holds a checkpoint");
+  check_import_output(a.hf_dir, a.out_root);
   const HfWeights weights(a.hf_dir);
   const int64_t context = std::min(hf.max_positions, kRecordedContextCap);
   ModelConfig resolved = m;
@@ -132,7 +147,7 @@ std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator
       << "# The architecture of the checkpoint in this directory (iha-convert import " << a.hf_dir
       << "): a fine-tune config (finetune.from: " << a.out_root << ") must carry this section.\n"
       << model_yaml(m);
-  return "imported " + a.hf_dir + " (" + m.describe() + (hf.tied ? ", tied embeddings" : "") + ") into " + a.out_root;
+  return "imported " + a.hf_dir + " (" + resolved.describe() + (hf.tied ? ", tied embeddings" : "") + ") into " + a.out_root;
 }
 
 std::string export_hf_model(const std::string& checkpoint, const std::string& out_dir,
@@ -161,14 +176,22 @@ std::string export_hf_model(const std::string& checkpoint, const std::string& ou
                                          : export_iha_tensors(ck.model, *layout, flat);
   const std::string config = llama ? hf_config_json(ck.model, ck.seq_len) : iha_config_json(ck.model, ck.seq_len);
   // Written beside the target and renamed into place: a failure leaves no partial directory.
+  // The temporary is created new (never an existing directory of that name, which is not ours
+  // to remove).
   const fs::path tmp = fs::path(out_dir).string() + ".tmp-iha-convert";
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  std::ofstream(tmp / "config.json") << config;
-  if (!llama)
-    for (const auto& [name, text] : iha_remote_code()) std::ofstream(tmp / name) << text;
-  write_safetensors((tmp / "model.safetensors").string(), hf);
-  fs::rename(tmp, out_dir);
+  IHA_CONFIG_CHECK(fs::create_directory(tmp), "temporary directory '", tmp.string(),
+                   "' already exists (left by an earlier export, or not ours): remove it");
+  try {
+    std::ofstream(tmp / "config.json") << config;
+    if (!llama)
+      for (const auto& [name, text] : iha_remote_code()) std::ofstream(tmp / name) << text;
+    write_safetensors((tmp / "model.safetensors").string(), hf);
+    fs::rename(tmp, out_dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
   return "exported " + ck.dir + " (" + ck.model.describe() + ") to " + out_dir;
 }
 

@@ -15,6 +15,7 @@
 //
 // Exit codes: 0 success; 2 bad command line or input (the message names the file and tensor
 // or field); 1 any other error.
+#include <cstring>
 #include <iostream>
 
 #include "convert.h"
@@ -38,7 +39,9 @@ const char* kUsage =
 int dispatch(int argc, char** argv, std::shared_ptr<Communicator> world) {
   IHA_CONFIG_CHECK(argc >= 2, "missing command (import or export)");
   const std::string cmd = argv[1];
-  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+  bool help = cmd == "help";
+  for (int i = 1; i < argc; ++i) help = help || !std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h");
+  if (help) {
     std::cout << kUsage;
     return 0;
   }
@@ -98,7 +101,7 @@ int main(int argc, char** argv) {
     std::cerr << "iha-convert: error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "iha-convert: error: " << e.what() << "\n";
+    std::cerr << "iha-convert: error: " << iha::error_text(e) << "\n";
     return 1;
   }
 }

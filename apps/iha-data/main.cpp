@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "model/data.h"
 
 namespace {
@@ -146,9 +147,7 @@ class ByteTokenizer final : public Tokenizer {
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& model) : model_(model) {
-    struct stat st;
-    IHA_CONFIG_CHECK(::stat(model.c_str(), &st) == 0, "SentencePiece model '", model,
-                     "' (option --spm): no such file");
+    iha::require_regular_file(model, "SentencePiece model (option --spm)");
     const auto status = sp_.Load(model);
     IHA_CONFIG_CHECK(status.ok(), "SentencePiece model '", model, "' (option --spm): cannot load it (",
                      status.ToString(), ")");
@@ -167,11 +166,12 @@ class SentencePieceTokenizer final : public Tokenizer {
   sentencepiece::SentencePieceProcessor sp_;
 };
 
-// The output is created by truncation: it must not be an input under another name (the same
-// path, a symlink or a hard link to it).
+// An output replaces what its name holds: it must not be an input under another name (the
+// same path, a symlink or a hard link to it), nor a directory.
 void check_not_an_input(const std::vector<std::string>& inputs, const std::string& out_path) {
   struct stat so;
   if (::stat(out_path.c_str(), &so) != 0) return;
+  IHA_CONFIG_CHECK(!S_ISDIR(so.st_mode), "output '", out_path, "' is a directory");
   for (const std::string& in : inputs) {
     struct stat si;
     IHA_CONFIG_CHECK(!(::stat(in.c_str(), &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino),
@@ -183,7 +183,10 @@ void check_not_an_input(const std::vector<std::string>& inputs, const std::strin
 int text_to_tokens(const Options& o) {
   const std::vector<std::string> inputs(o.pos.begin() + 1, o.pos.end() - 1);
   const std::string out_path = o.pos.back();
-  check_not_an_input(inputs, out_path);
+  for (const std::string& in : inputs) iha::require_regular_file(in, "input file");
+  std::vector<std::string> read = inputs;
+  if (!o.spm_model.empty()) read.push_back(o.spm_model);  // the tokenizer is an input too
+  check_not_an_input(read, out_path);
   std::unique_ptr<Tokenizer> tok;
   if (o.spm_model.empty()) {
     tok = std::make_unique<ByteTokenizer>();
@@ -196,7 +199,14 @@ int text_to_tokens(const Options& o) {
   }
   // Written beside the output and renamed over it when complete: bad input found half way
   // leaves no half-written file, and an existing output stays as it was.
+  // The name is ours: whatever is there (a stale partial, or a symbolic link to any file) is
+  // removed, not written through; HDF5 then creates a new file.
   const std::string partial = out_path + ".partial";
+  struct stat ps;
+  if (::lstat(partial.c_str(), &ps) == 0) {
+    IHA_CONFIG_CHECK(!S_ISDIR(ps.st_mode), "temporary output '", partial, "' is a directory; remove it");
+    IHA_CONFIG_CHECK(::unlink(partial.c_str()) == 0, "cannot remove the stale temporary output '", partial, "'");
+  }
   int64_t written = 0, docs = 0;
   try {
     iha::TokenFileWriter out(partial, o.dataset, tok->vocab(), tok->name(), o.spm_model);
@@ -222,12 +232,31 @@ int text_to_tokens(const Options& o) {
   return 0;
 }
 
-// Training sentences for SentencePiece: one per document.
+// Training sentences for SentencePiece: the lines of every document, each cut into pieces
+// short enough for the trainer (it refuses sentences over max_sentence_length bytes, and
+// fails when it has skipped them all). Cuts fall on UTF-8 character boundaries.
 class DocumentSentences final : public sentencepiece::SentenceIterator {
  public:
+  static constexpr size_t kMaxSentenceBytes = 4096;
+
   explicit DocumentSentences(const Documents& docs) {
-    docs.for_each([&](const std::string& d) { docs_.push_back(d); });
+    docs.for_each([&](const std::string& d) {
+      ++documents_;
+      size_t b = 0;
+      while (b < d.size()) {
+        size_t e = d.find('\n', b);
+        if (e == std::string::npos) e = d.size();
+        for (size_t p = b; p < e;) {
+          size_t q = std::min(e, p + kMaxSentenceBytes);
+          while (q < e && q > p + 1 && (static_cast<unsigned char>(d[q]) & 0xC0) == 0x80) --q;
+          docs_.push_back(d.substr(p, q - p));
+          p = q;
+        }
+        b = e + 1;
+      }
+    });
   }
+  size_t documents() const { return documents_; }
   bool done() const override { return at_ >= docs_.size(); }
   void Next() override { ++at_; }
   const std::string& value() const override { return docs_[at_]; }
@@ -236,6 +265,7 @@ class DocumentSentences final : public sentencepiece::SentenceIterator {
   size_t size() const { return docs_.size(); }
 
  private:
+  size_t documents_ = 0;
   std::vector<std::string> docs_;
   size_t at_ = 0;
 };
@@ -244,6 +274,12 @@ int spm_train(const Options& o) {
   IHA_CONFIG_CHECK(o.vocab_size >= 2, "spm-train needs --vocab-size V (>= 2)");
   const std::vector<std::string> inputs(o.pos.begin() + 1, o.pos.end() - 1);
   const std::string prefix = o.pos.back();
+  for (const std::string& in : inputs) iha::require_regular_file(in, "input file");
+  // SentencePiece writes PREFIX.model and PREFIX.vocab by truncation, through any symbolic link.
+  for (const char* ext : {".model", ".vocab"}) {
+    check_not_an_input(inputs, prefix + ext);
+    iha::require_new_output(prefix + ext, "SentencePiece output");
+  }
   DocumentSentences sentences(Documents(inputs, o.split, o.separator));
   IHA_CONFIG_CHECK(sentences.size() > 0, "the inputs hold no non-empty document to train on");
   // byte_fallback: any byte of a later text has an id (no <unk> for unseen characters).
@@ -254,11 +290,12 @@ int spm_train(const Options& o) {
        {"byte_fallback", "true"},
        {"input_sentence_size", "2000000"},
        {"shuffle_input_sentence", "true"},
+       {"max_sentence_length", std::to_string(DocumentSentences::kMaxSentenceBytes)},
        {"minloglevel", "1"}},
       &sentences);
   IHA_CONFIG_CHECK(status.ok(), "SentencePiece training (model prefix '", prefix, "') failed: ", status.ToString());
   std::cout << "wrote SentencePiece model '" << prefix << ".model' (vocab_size " << o.vocab_size << ", "
-            << o.model_type << ") trained on " << sentences.size() << " documents" << std::endl;
+            << o.model_type << ") trained on " << sentences.documents() << " documents" << std::endl;
   return 0;
 }
 
@@ -299,6 +336,11 @@ int64_t integer_option(const std::string& name, const char* value) {
 
 int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);  // a write past ulimit -f fails (EFBIG) and is reported
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
   try {
     Options o;
     bool jsonl = false, separated = false;
@@ -340,7 +382,7 @@ int main(int argc, char** argv) {
     std::cerr << "iha-data: error: " << e.what() << std::endl;
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "iha-data: error: " << e.what() << std::endl;
+    std::cerr << "iha-data: error: " << iha::error_text(e) << std::endl;
     return 1;
   }
 }

@@ -6,7 +6,9 @@
 #include <optional>
 #include <set>
 
+#include "checkpoint/hdf5_dataset.h"
 #include "core/error.h"
+#include "core/files.h"
 
 namespace iha::layer_file {
 
@@ -201,11 +203,14 @@ void write_attr_text(H5File& f, const char* name, const std::string& v) {
 H5File::H5File(const std::string& path, char mode) : path_(path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // our messages replace HDF5's error stack dumps
   if (mode == 'r') {
+    // stat before any open: a FIFO would block, a directory reads as an unreadable file.
+    require_regular_file(path, "layer file");
     if (!std::ifstream(path).good()) fail(path, "cannot open file (does it exist and is it readable?)");
     if (H5Fis_hdf5(path.c_str()) <= 0) fail(path, "is not an HDF5 file");
     id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (id_ < 0) fail(path, "cannot open HDF5 file for reading");
   } else {
+    require_new_output(path, "output file");  // truncated below: never through a link
     id_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (id_ < 0) fail(path, "cannot create HDF5 file (is the directory writable?)");
   }
@@ -307,6 +312,8 @@ Tensor read_tensor(const H5File& f, const std::string& name, const Shape& want,
   Hid type(ds.ok() ? H5Dget_type(ds.get()) : -1, H5Tclose);
   Hid space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
   if (!type.ok() || !space.ok()) fail(f.path(), "dataset '" + name + "' cannot be read");
+  const std::string storage = hdf5_storage_problem(f.id(), name, ds.get());
+  if (!storage.empty()) fail(f.path(), "dataset '" + name + "' " + storage);
   const size_t bytes = H5Tget_size(type.get());
   if (H5Tget_class(type.get()) != H5T_FLOAT || (bytes != 4 && bytes != 8))
     fail(f.path(), "dataset '" + name + "' has dtype " + type_name(type.get()) +

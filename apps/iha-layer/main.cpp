@@ -7,6 +7,7 @@
 //
 // Exit status: 0 on success, 2 for bad input (file, dataset, attribute, arguments; the message
 // names it), 1 for anything else.
+#include <sys/stat.h>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -71,6 +72,10 @@ Options parse_args(int argc, char** argv) {
                    positional.size(), " file argument(s)\n", kUsage);
   o.input = positional[0];
   o.output = positional[1];
+  struct stat si, so;
+  IHA_CONFIG_CHECK(!(::stat(o.input.c_str(), &si) == 0 && ::stat(o.output.c_str(), &so) == 0 &&
+                     si.st_dev == so.st_dev && si.st_ino == so.st_ino),
+                   "output '", o.output, "' is the input file '", o.input, "': writing it would destroy the input");
   return o;
 }
 
@@ -138,7 +143,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "iha-layer: error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "iha-layer: error: %s\n", e.what());
+    std::fprintf(stderr, "iha-layer: error: %s\n", iha::error_text(e).c_str());
     return 1;
   }
 }

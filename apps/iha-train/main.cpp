@@ -61,7 +61,9 @@ Args parse_args(int argc, char** argv) {
   Args a;
   IHA_CONFIG_CHECK(argc >= 2, "missing command (train, finetune or eval)");
   const std::string cmd = argv[1];
-  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+  bool help = cmd == "help";
+  for (int i = 1; i < argc; ++i) help = help || !std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h");
+  if (help) {
     a.help = true;
     return a;
   }
@@ -173,6 +175,7 @@ Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
   if (o.ck)
     collective_check(w, [&] {
       check_same_architecture(cfg.model, *o.ck);
+      if (o.kind == Origin::resume) check_same_positions(cfg.model, *o.ck);
       // Loading narrows only by permission (lib/checkpoint); say which config key gives it.
       IHA_CONFIG_CHECK(!(o.ck->dtype == DType::f64 && cfg.dtype == DType::f32), "config key "
                        "'train.dtype' is float32 but checkpoint '", o.ck->dir, "' holds float64 "
@@ -396,6 +399,9 @@ int main(int argc, char** argv) {
   // A write past RLIMIT_FSIZE then fails with EFBIG, which the checkpoint and log writers
   // report (naming the file), instead of SIGXFSZ killing the rank without a word.
   std::signal(SIGXFSZ, SIG_IGN);
+  // From the first instruction: the batch script's SIGUSR1 may come while MPI or the config
+  // is still starting, and its requeue relies on exit code 4, not on death by the signal.
+  install_stop_handlers();
   MpiRuntime runtime(&argc, &argv);
   auto world = runtime.world();
   const bool root = world->rank() == 0;
@@ -412,7 +418,11 @@ int main(int argc, char** argv) {
   }
   // Training stops at a step boundary on a signal; eval and check have nothing to save and
   // keep the default (the signal ends them).
-  if (args.mode == Mode::train || args.mode == Mode::finetune) install_stop_handlers();
+  if (args.mode == Mode::train || args.mode == Mode::finetune) {
+    install_stop_handlers();
+  } else {
+    default_stop_handlers();
+  }
   try {
     // A bad IHA_CPU_LEVEL stops every rank here, before the first kernel call would.
     collective_check(*world, [] { cpu_level(); });
@@ -443,7 +453,7 @@ int main(int argc, char** argv) {
     if (root) std::cerr << "iha-train: error: " << e.what() << std::endl;
     return 2;
   } catch (const std::exception& e) {
-    if (root) std::cerr << "iha-train: error: " << e.what() << std::endl;
+    if (root) std::cerr << "iha-train: error: " << iha::error_text(e) << std::endl;
     return 1;
   }
 }

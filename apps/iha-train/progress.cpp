@@ -12,6 +12,7 @@
 
 #include "core/blas.h"
 #include "core/error.h"
+#include "core/files.h"
 #if defined(IHA_HAVE_CUDA)
 #include <cuda_runtime.h>
 
@@ -158,6 +159,8 @@ Reporter::Reporter(bool active, const std::string& path) : active_(active), path
   if (!active_ || path.empty()) return;
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
+  // Appended to, never written through a symbolic link into another file, nor opened if a FIFO.
+  require_new_output(path, "config key 'logging.jsonl': log file");
   jsonl_ = std::make_unique<std::ofstream>(path, std::ios::app);
   IHA_CONFIG_CHECK(jsonl_->good(), "config key 'logging.jsonl': cannot open '", path, "' for writing");
 }

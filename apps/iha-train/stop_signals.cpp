@@ -29,6 +29,17 @@ void install_stop_handlers() {
   // Blocking calls (MPI progress, file writes) resume instead of failing with EINTR.
   sa.sa_flags = SA_RESTART;
   for (int s : kStopSignals) sigaction(s, &sa, nullptr);
+  // A stop signal blocked by whoever started us (a launcher's mask survives exec) would never
+  // stop the run; one already pending is delivered here, during start-up, and counts.
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int s : kStopSignals) sigaddset(&stop, s);
+  sigprocmask(SIG_UNBLOCK, &stop, nullptr);
+}
+
+void default_stop_handlers() {
+  for (int s : kStopSignals) std::signal(s, SIG_DFL);
+  if (g_received != 0) std::raise(g_received);  // what the default would have done on arrival
 }
 
 int agree_on_stop(Communicator& world) {

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/files.h"
 #include "model/trainer.h"
 #include "parallel/layout.h"
 
@@ -74,6 +75,8 @@ int run_sweep(const RunConfig& cfg, std::shared_ptr<Communicator> world, const C
     if (w.rank() != 0 || cfg.sweep.out.empty()) return;
     std::error_code ec;
     std::filesystem::create_directories(cfg.sweep.out, ec);
+    for (const char* name : {"/sweep.jsonl", "/sweep.md"})
+      require_new_output(cfg.sweep.out + name, "config key 'sweep.out': output");
     jsonl = std::make_unique<std::ofstream>(cfg.sweep.out + "/sweep.jsonl", std::ios::trunc);
     table = std::make_unique<std::ofstream>(cfg.sweep.out + "/sweep.md", std::ios::trunc);
     IHA_CONFIG_CHECK(*jsonl && *table, "config key 'sweep.out': cannot write '", cfg.sweep.out,

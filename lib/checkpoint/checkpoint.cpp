@@ -132,11 +132,6 @@ std::string hex64(uint64_t v) {
 
 std::string step_name(int64_t step) { return "step_" + std::to_string(step); }
 
-bool is_temporary_name(const std::string& name) {
-  return (name.compare(0, 5, "step_") == 0 || name.compare(0, 7, "latest.") == 0) &&
-         name.find(".tmp-") != std::string::npos;
-}
-
 // ---- registry agreement ----
 
 void put_registry(BlobWriter& w, const Registry& reg) {
@@ -623,7 +618,7 @@ class SaveRun {
       if (me_ != 0) return;
       lock_ = std::make_unique<RootLock>(job_.root);
       for (const std::string& name : list_dir(job_.root))
-        if (is_temporary_name(name)) remove_tree(join_path(job_.root, name));
+        if (is_own_temporary(name)) remove_tree(join_path(job_.root, name));
       IHA_CONFIG_CHECK(!path_exists(final_dir_), "checkpoint step ", job_.step, " already exists (", final_dir_,
                        "); refusing to overwrite it");
       make_dirs(tmp_dir_);

@@ -166,7 +166,7 @@ std::string read_text_file(const std::string& path) {
 }
 
 void write_text_file_synced(const std::string& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) fail_errno("cannot create " + path, errno);
   size_t done = 0;
   while (done < text.size()) {

@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/posix_io.h"
 #include "core/error.h"
+#include "core/files.h"
 
 namespace iha {
 
@@ -63,6 +64,23 @@ void probe_writable(const std::string& root) {
   ::unlink(probe.c_str());
 }
 
+// A step directory newer than `latest` continues latest's run, or it is another run's (copied
+// or moved in) and must not be resumed from as if an interrupted save had left it.
+void check_same_run(const std::string& root, const std::string& latest, const CheckpointInfo& candidate) {
+  if (latest.empty() || !candidate.has_meta(kRunIdMeta)) return;
+  CheckpointInfo of_latest;
+  try {
+    of_latest = inspect_checkpoint(join_path(root, latest));
+  } catch (const Error&) {
+    return;  // `latest`'s own checkpoint is judged when it is loaded
+  }
+  if (!of_latest.has_meta(kRunIdMeta)) return;
+  const std::string& mine = candidate.get<std::string>(kRunIdMeta);
+  const std::string& theirs = of_latest.get<std::string>(kRunIdMeta);
+  IHA_CONFIG_CHECK(mine == theirs, "it was written by another run (run_id ", excerpt(mine), ") than ",
+                   latest, ", which 'latest' names (run_id ", excerpt(theirs), ")");
+}
+
 }  // namespace
 
 // ---- lock ----
@@ -90,8 +108,13 @@ RootLock::RootLock(const std::string& root) {
   const std::string file = join_path(root, kLockFile);
   int fd;
   do {
-    fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // O_NOFOLLOW: a `lock` that is a symbolic link must not lead the truncate below into the
+    // file it names.
+    fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   } while (fd < 0 && errno == EINTR);
+  if (fd < 0 && errno == ELOOP)
+    throw ConfigError("lock file " + file + " is a symbolic link; refusing to write through it "
+                      "(remove the link: the run creates its own lock file)");
   if (fd < 0)
     throw ConfigError("checkpoint directory " + root + " is not writable: cannot create its lock file " +
                       file + ": " + std::strerror(errno));
@@ -100,6 +123,14 @@ RootLock::RootLock(const std::string& root) {
     const int err = errno;
     ::close(fd);
     throw ConfigError("cannot stat " + file + ": " + std::strerror(err));
+  }
+  // A hard link to a user's file, or a FIFO or device, is not the lock this protocol created.
+  if (!S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    ::close(fd);
+    throw ConfigError("lock file " + file + " is " +
+                      (S_ISREG(st.st_mode) ? "a file with " + std::to_string(st.st_nlink) + " hard links"
+                                           : file_kind_name(st.st_mode)) +
+                      ", not the lock file a run creates; remove it");
   }
   std::lock_guard<std::mutex> guard(held_mutex);
   auto& slot = held_locks[{st.st_dev, st.st_ino}];
@@ -159,6 +190,17 @@ std::string bcast_string(Communicator& comm, const std::string& s, int root) {
   return out;
 }
 
+bool is_own_temporary(const std::string& name) {
+  const size_t tmp = name.rfind(".tmp-");
+  if (tmp == std::string::npos) return false;
+  const std::string stem = name.substr(0, tmp);
+  if (stem != "latest" && stem != "write-probe" && parse_step_name(stem) < 0) return false;
+  std::string nonce = name.substr(tmp + 5);
+  if (nonce.compare(0, 4, "del-") == 0) nonce = nonce.substr(4);
+  return nonce.size() == 16 &&
+         std::all_of(nonce.begin(), nonce.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
 int64_t parse_step_name(const std::string& name) {
   if (name.size() <= 5 || name.size() > 24 || name.compare(0, 5, "step_") != 0) return -1;
   for (size_t i = 5; i < name.size(); ++i)
@@ -170,12 +212,16 @@ int64_t parse_step_name(const std::string& name) {
 
 std::string read_latest(const std::string& root) {
   const std::string latest = join_path(root, "latest");
+  // lstat: a dangling symbolic link is not "no latest" (which would start recovery from
+  // whatever step directories are there); the protocol writes `latest` as a regular file.
   struct stat st;
-  if (::stat(latest.c_str(), &st) != 0) {
+  if (::lstat(latest.c_str(), &st) != 0) {
     if (errno == ENOENT) return "";
     throw ConfigError("cannot stat " + latest + ": " + std::strerror(errno));
   }
-  IHA_CONFIG_CHECK(S_ISREG(st.st_mode), latest, " is not a regular file");
+  IHA_CONFIG_CHECK(!S_ISLNK(st.st_mode), latest, " is a symbolic link; the checkpoint protocol "
+                   "writes it as a regular file holding step_<N> (replace the link by such a file)");
+  IHA_CONFIG_CHECK(S_ISREG(st.st_mode), latest, " is ", file_kind_name(st.st_mode), ", not a regular file");
   IHA_CONFIG_CHECK(st.st_size <= kLatestMaxBytes, latest, " is ", st.st_size,
                    " bytes long: not a step directory name (step_<N>); the file is damaged");
   std::string name;
@@ -218,7 +264,7 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
         const int64_t s = parse_step_name(name);
         if (s > latest_step && is_dir(join_path(root, name))) newer.push_back({s, name});
         // Never committed (Checkpointer::save writes and removes these under the lock).
-        if (name.find(".tmp-") != std::string::npos) remove_tree(join_path(root, name));
+        if (is_own_temporary(name)) remove_tree(join_path(root, name));
       }
       std::sort(newer.rbegin(), newer.rend());
       if (use == RootUse::fresh) {
@@ -254,8 +300,9 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
       verify_checkpoint(comm, dir);
       collective_check(comm, [&] {
         if (comm.rank() != 0) return;
-        const int64_t step = inspect_checkpoint(dir).step;
-        IHA_CONFIG_CHECK(step == parse_step_name(name), "its file holds step ", step);
+        const CheckpointInfo info = inspect_checkpoint(dir);
+        IHA_CONFIG_CHECK(info.step == parse_step_name(name), "its file holds step ", info.step);
+        check_same_run(root, latest, info);
       });
     } catch (const Error& e) {
       why = e.what();

@@ -16,20 +16,24 @@
 //   - Writability: the root is created if absent, and a probe file is written and removed
 //     before anything else, so a read-only or non-directory root fails before any training.
 //   - Recovery (every crash point of Checkpointer::save leaves one of these states):
-//       temporaries (*.tmp-*)            never committed: removed
+//       temporaries (step_<N>, latest or write-probe, then .tmp-[del-]<16 hex digits>): never
+//       committed, removed; nothing else in the root is ever removed
 //       step directories newer than what `latest` names (a crash between the rename of the
 //       step directory and the update of `latest`), or step directories and no `latest` (the
 //       same crash during the first save): the newest one is verified (every integrity hash,
 //       and its step equals its name) and adopted (`latest` names it); one that fails is set
-//       aside as step_<N>.rejected (.1, .2, ... if taken), which no command reads or removes; then the next
+//       aside as step_<N>.rejected (.1, .2, ... if taken), which no command reads or removes; so
+//       is one whose meta `run_id` (kRunIdMeta) differs from that of the checkpoint `latest`
+//       names (another run's step directory, copied or moved in); then the next
 //       newest is tried. A root is recovered once: no state makes a later open loop.
 //     Recovery changes the root only for the resuming uses; a fresh run refuses a root that
 //     holds any checkpoint (`latest` or a step directory) and changes nothing.
 //   - `latest` is read bounded (a few bytes): a damaged one is a ConfigError naming the file,
 //     never echoed whole.
 // Errors are thrown on every rank (collective_check); bad roots are ConfigErrors naming `key`.
-// defines: iha::RootUse, iha::RootLock, iha::CheckpointRoot, iha::ckpt::parse_step_name,
-//          iha::ckpt::read_latest, iha::ckpt::random_nonce, iha::ckpt::bcast_string
+// defines: iha::RootUse, iha::RootLock, iha::CheckpointRoot, iha::kRunIdMeta, iha::ckpt::parse_step_name,
+//          iha::ckpt::read_latest, iha::ckpt::random_nonce, iha::ckpt::bcast_string,
+//          iha::ckpt::is_own_temporary
 #pragma once
 
 #include <cstdint>
@@ -82,9 +86,17 @@ class CheckpointRoot {
   std::vector<std::string> notes_;
 };
 
+// Checkpoint meta naming the run that wrote it (a writer that sets it, iha-train, carries it
+// across resumes): recovery adopts a newer step directory only from the run of `latest`.
+inline constexpr const char* kRunIdMeta = "run_id";
+
 namespace ckpt {
 // Small helpers shared by the save protocol and the root protocol.
 std::string random_nonce();  // 16 hex digits for temporary names
+// True only for the names the protocol gives its temporaries: `step_<N>`, `latest` or
+// `write-probe`, then `.tmp-` or `.tmp-del-`, then exactly random_nonce()'s 16 hex digits. Only
+// these are ever removed from a root: a user's `notes.tmp-draft` is not ours.
+bool is_own_temporary(const std::string& name);
 // Root rank's string, on every rank (collective).
 std::string bcast_string(Communicator& comm, const std::string& s, int root);
 // step_<digits> -> step, else -1.

@@ -1,5 +1,5 @@
 // Errors: one exception type carrying where (file:line) and why.
-// defines: iha::Error, iha::ConfigError, IHA_CHECK, IHA_FAIL, IHA_CONFIG_CHECK
+// defines: iha::Error, iha::ConfigError, iha::error_text, IHA_CHECK, IHA_FAIL, IHA_CONFIG_CHECK
 #pragma once
 
 #include <sstream>
@@ -20,6 +20,10 @@ class ConfigError : public Error {
  public:
   explicit ConfigError(const std::string& msg) : Error(msg) {}
 };
+
+// What an app prints for an exception: its what(), except where that names nothing (a
+// std::bad_alloc says only "std::bad_alloc"): then what ran out and which limits apply.
+std::string error_text(const std::exception& e);
 
 namespace detail {
 template <class... Args>

@@ -7,8 +7,10 @@
 #include <mutex>
 #include <sstream>
 
+#include "checkpoint/hdf5_dataset.h"
 #include "checkpoint/hdf5_lock.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/rng.h"
 
 namespace iha {
@@ -333,6 +335,8 @@ class Hdf5TokenSource final : public TokenSource {
     silence_hdf5_errors();
     const std::string where = "token file '" + path + "'";
     IHA_CONFIG_CHECK(N >= 1, where, ": sequence length must be >= 1, got ", N);
+    // Before HDF5 opens it: a FIFO would block the open, a directory gives HDF5's own words.
+    require_regular_file(path, "token file");
     if (H5Fis_hdf5(path.c_str()) <= 0) {
       FILE* f = fopen(path.c_str(), "rb");
       if (!f) throw ConfigError(where + ": cannot open the file (missing or unreadable)");
@@ -354,6 +358,8 @@ class Hdf5TokenSource final : public TokenSource {
       throw ConfigError(ds + ": cannot open the dataset (not a dataset, or the file is damaged)");
     }
     try {
+      const std::string storage = hdf5_storage_problem(file_, dataset, dset_);
+      IHA_CONFIG_CHECK(storage.empty(), ds, ": ", storage);
       {
         H5Id type(H5Dget_type(dset_), H5Tclose);
         const H5T_class_t cls = H5Tget_class(type.id);
@@ -383,6 +389,7 @@ class Hdf5TokenSource final : public TokenSource {
       IHA_CONFIG_CHECK(total_ >= N + 1, ds, ": holds ", total_, " tokens, fewer than one sequence of ",
                        N, " tokens plus its label needs (", N + 1, ")");
       read_doc_starts(where);
+      check_token_ids();
     } catch (...) {
       close_all();
       throw;
@@ -494,6 +501,8 @@ class Hdf5TokenSource final : public TokenSource {
     const std::string ds = where + ", dataset '" + name + "'";
     H5Id d(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
     IHA_CONFIG_CHECK(d.id >= 0, ds, ": cannot open the dataset (not a dataset, or the file is damaged)");
+    const std::string storage = hdf5_storage_problem(file_, name, d.id);
+    IHA_CONFIG_CHECK(storage.empty(), ds, ": ", storage);
     {
       H5Id type(H5Dget_type(d.id), H5Tclose);
       IHA_CONFIG_CHECK(H5Tget_class(type.id) == H5T_INTEGER && H5Tget_size(type.id) == 8 &&
@@ -506,7 +515,16 @@ class Hdf5TokenSource final : public TokenSource {
     hsize_t dims[1] = {0};
     H5Sget_simple_extent_dims(space.id, dims, nullptr);
     IHA_CONFIG_CHECK(dims[0] > 0, ds, ": is empty (a file of one document has doc_starts = [0])");
-    doc_starts_.resize(static_cast<size_t>(dims[0]));
+    // Strictly ascending starts below the token count: more of them than tokens is damage,
+    // refused before a declared size is allocated.
+    IHA_CONFIG_CHECK(dims[0] <= static_cast<hsize_t>(total_), ds, ": declares ", dims[0],
+                     " document starts for ", total_, " tokens of dataset '", dataset_,
+                     "' (at most one per token)");
+    try {
+      doc_starts_.resize(static_cast<size_t>(dims[0]));
+    } catch (const std::bad_alloc&) {
+      throw ConfigError(ds + ": " + std::to_string(dims[0]) + " document starts do not fit in memory");
+    }
     IHA_CONFIG_CHECK(H5Dread(d.id, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, doc_starts_.data()) >= 0,
                      ds, ": reading it failed (truncated or corrupted file?)");
     IHA_CONFIG_CHECK(doc_starts_[0] == 0, ds, ": the first document starts at ", doc_starts_[0],
@@ -517,6 +535,25 @@ class Hdf5TokenSource final : public TokenSource {
                        " (empty documents are dropped when the file is written)");
     IHA_CONFIG_CHECK(doc_starts_.back() < total_, ds, ": element ", doc_starts_.size() - 1, " is ",
                      doc_starts_.back(), ", outside the ", total_, " tokens of dataset '", dataset_, "'");
+  }
+  // Every id, at open: a bad id is found before the first step, wherever the run would read it.
+  void check_token_ids() const {
+    constexpr int64_t kBlock = int64_t(1) << 20;
+    std::vector<int64_t> buf(static_cast<size_t>(std::min(total_, kBlock)));
+    H5Id fspace(H5Dget_space(dset_), H5Sclose);
+    for (int64_t first = 0; first < total_; first += kBlock) {
+      const int64_t count = std::min(kBlock, total_ - first);
+      const hsize_t start[1] = {static_cast<hsize_t>(first)}, cnt[1] = {static_cast<hsize_t>(count)};
+      H5Sselect_hyperslab(fspace.id, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
+      H5Id mspace(H5Screate_simple(1, cnt, nullptr), H5Sclose);
+      IHA_CONFIG_CHECK(H5Dread(dset_, H5T_NATIVE_INT64, mspace.id, fspace.id, H5P_DEFAULT, buf.data()) >= 0,
+                       "token file '", path_, "', dataset '", dataset_, "': reading tokens [", first, ", ",
+                       first + count, ") failed (truncated or corrupted file?)");
+      for (int64_t i = 0; i < count; ++i)
+        IHA_CONFIG_CHECK(buf[i] >= 0 && buf[i] < vocab_, "token file '", path_, "', dataset '", dataset_,
+                         "': token ", first + i, " has id ", buf[i], ", outside [0, vocab_size = ",
+                         vocab_, ")");
+    }
   }
   void close_all() {
     if (dset_ >= 0) H5Dclose(dset_);

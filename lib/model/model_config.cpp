@@ -98,6 +98,8 @@ ModelConfig parse_model_config(const ConfigNode& n) {
   m.vocab = n.require<int64_t>("vocab_size");
   m.D = n.require<int64_t>("D");
   m.H = n.require<int64_t>("H");
+  // kv_heads defaults to H: a bad H is named as H, not as the key the user never wrote.
+  IHA_CONFIG_CHECK(m.H >= 1, "config key '", n.key_path("H"), "': must be >= 1, got ", m.H);
   m.kv_heads = n.get<int64_t>("kv_heads", m.H);
   IHA_CONFIG_CHECK(m.kv_heads >= 1, "config key '", n.key_path("kv_heads"), "': must be >= 1, got ", m.kv_heads);
   m.d = n.get<int64_t>("d", m.H > 0 && m.D % m.H == 0 ? m.D / m.H : 0);

@@ -1,6 +1,9 @@
 #include "model/train_checkpoint.h"
 
 #include <filesystem>
+#include <sstream>
+
+#include "checkpoint/root.h"
 
 namespace iha {
 
@@ -110,6 +113,38 @@ void check_same_architecture(const ModelConfig& c, const CheckpointModel& ck) {
   same_str("rope", c.rope ? "true" : "false", m.rope ? "true" : "false");
 }
 
+namespace {
+std::string rope_scaling_text(const RopeScaling& r) {
+  std::ostringstream os;
+  os << rope_scaling_type_name(r.type);
+  if (r.on())
+    os << " (factor " << r.factor << ", original_length " << r.original_length << ", beta_fast "
+       << r.beta_fast << ", beta_slow " << r.beta_slow << ", ramp " << yarn_ramp_name(r.ramp)
+       << ", low_freq_factor " << r.low_freq_factor << ", high_freq_factor " << r.high_freq_factor << ")";
+  return os.str();
+}
+}  // namespace
+
+void check_same_positions(const ModelConfig& c, const CheckpointModel& ck) {
+  const ModelConfig& m = ck.model;
+  auto differ = [&](const char* key, const std::string& mine, const std::string& theirs) {
+    throw ConfigError("config key 'model." + std::string(key) + "' is " + mine + " but checkpoint '" +
+                      ck.dir + "' was trained with " + theirs + ": a resumed run continues the same "
+                      "positions (to change them, start from its weights with iha-train finetune)");
+  };
+  auto text = [](double v) {
+    std::ostringstream os;
+    os.precision(17);
+    os << v;
+    return os.str();
+  };
+  if (!c.rope) return;
+  if (c.rope_base != m.rope_base) differ("rope_base", text(c.rope_base), text(m.rope_base));
+  if (c.rope_scale != m.rope_scale) differ("rope_scale", text(c.rope_scale), text(m.rope_scale));
+  const std::string mine = rope_scaling_text(c.rope_scaling), theirs = rope_scaling_text(m.rope_scaling);
+  if (mine != theirs) differ("rope_scaling", mine, theirs);
+}
+
 bool has_checkpoint(const std::string& root) {
   return !root.empty() && std::filesystem::exists(std::filesystem::path(root) / "latest");
 }
@@ -117,6 +152,8 @@ bool has_checkpoint(const std::string& root) {
 template <class T>
 TrainCheckpoints<T>::TrainCheckpoints(Trainer<T>& trainer, int64_t keep)
     : t_(trainer), ckpt_(trainer.mesh().world_ptr(), options_for(keep)) {
+  Communicator& w = *trainer.mesh().world_ptr();
+  run_id_ = ckpt::bcast_string(w, w.rank() == 0 ? ckpt::random_nonce() : std::string(), 0);
   register_state(StateParts::everything);
 }
 
@@ -140,6 +177,7 @@ std::string TrainCheckpoints<T>::save(const std::string& root) {
   const ModelConfig& m = t_.model_config();
   const TrainerScalars& s = t_.scalars();
   ckpt_.set_meta("format", std::string(kFormat));
+  ckpt_.set_meta(kRunIdMeta, run_id_);
   ckpt_.set_meta("step", s.step);
   ckpt_.set_meta("data/cursor", s.data_cursor);
   ckpt_.set_meta("optim/updates", s.updates);
@@ -201,6 +239,7 @@ CheckpointInfo TrainCheckpoints<T>::load(const std::string& path, StateParts par
     s.updates = info.has_meta("optim/updates") ? info.get<int64_t>("optim/updates") : s.step;
     s.rng.seed = info.get<uint64_t>("rng/seed");
     s.rng.counter = info.get<uint64_t>("rng/counter");
+    if (info.has_meta(kRunIdMeta)) run_id_ = info.get<std::string>(kRunIdMeta);
   }
   return info;
 }

@@ -14,6 +14,7 @@
 //
 // Threads: collective calls, one thread, like Trainer.
 // defines: iha::CheckpointModel, iha::inspect_train_checkpoint, iha::check_same_architecture,
+//          iha::check_same_positions,
 //          iha::has_checkpoint, iha::StateParts, iha::TrainCheckpoints
 #pragma once
 
@@ -43,6 +44,8 @@ CheckpointModel inspect_train_checkpoint(Communicator& world, const std::string&
 // the checkpoint (rope_base, rope_scale, rope_scaling and norm_eps may differ; the window is checked by the
 // window rule when the trainer resolves it).
 void check_same_architecture(const ModelConfig& config, const CheckpointModel& ck);
+// For a resume (not a fine-tune, which may rescale): the RoPE settings match the checkpoint's.
+void check_same_positions(const ModelConfig& config, const CheckpointModel& ck);
 // Whether `root` holds a committed checkpoint (`root/latest` exists). Local.
 bool has_checkpoint(const std::string& root);
 
@@ -65,6 +68,10 @@ class TrainCheckpoints {
   void register_state(StateParts parts);
   Trainer<T>& t_;
   Checkpointer ckpt_;
+  // Which run wrote a checkpoint: new for a fresh run or a fine-tune, the checkpoint's on a
+  // resume. The checkpoint root's recovery adopts a step directory only from the run of
+  // `latest` (root.h).
+  std::string run_id_;
 };
 
 }  // namespace iha

@@ -696,15 +696,18 @@ TEST(CheckpointCommit, KeepsLastKAndNeverWhatLatestNames) {
 TEST(CheckpointCommit, LeftoverTemporariesDoNotBlockASave) {
   const std::string root = make_root("leftover");
   save_state(root, 1, Layout{1, 1});
+  // The protocol's temporaries carry 16 hex digits; a user's look-alikes are not removed.
   if (world().rank() == 0) {
-    fs::create_directories(root + "/step_2.tmp-deadbeef");
-    std::ofstream(root + "/step_2.tmp-deadbeef/state.h5") << "half a file";
-    std::ofstream(root + "/latest.tmp-deadbeef") << "step_2";
-    fs::create_directories(root + "/step_0.tmp-del-0000");
+    fs::create_directories(root + "/step_2.tmp-00000000deadbeef");
+    std::ofstream(root + "/step_2.tmp-00000000deadbeef/state.h5") << "half a file";
+    std::ofstream(root + "/latest.tmp-00000000deadbeef") << "step_2";
+    fs::create_directories(root + "/step_0.tmp-del-0000000000000000");
+    fs::create_directories(root + "/thesis.tmp-draft");
+    std::ofstream(root + "/step_3.tmp-mine") << "mine";
   }
   world().barrier();
   save_state(root, 2, Layout{1, 1});
-  EXPECT_EQ(entries(root), (std::set<std::string>{"latest", "step_1", "step_2"}));
+  EXPECT_EQ(entries(root), (std::set<std::string>{"latest", "step_1", "step_2", "thesis.tmp-draft", "step_3.tmp-mine"}));
   load_and_check(root, 2, Layout{1, 3});
   remove_root(root);
 }

@@ -1,0 +1,192 @@
+// The commands against a hostile user, second round (docs/reliability.md): outputs that are
+// symbolic links or inputs under another name, inputs that are directories, user files in a
+// checkpoint directory, --help, a stop signal during start-up, iha-convert's output directory.
+// Each case is one the probe of issue 31 found, reproduced as the user ran it.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "run_command.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Result = iha::test::CommandResult;
+
+std::string tmp(const std::string& name) {
+  return "/tmp/iha_hostile_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string read_file(const std::string& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+Result run(const std::string& cmd) {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  return iha::test::run_command("timeout 120 " + cmd);
+}
+
+void expect_refused(const Result& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in:\n" << r.output;
+}
+
+TEST(HostileCommands, EveryToolAnswersHelpWithItsUsage) {
+  for (const char* bin : {IHA_TRAIN_BIN, IHA_DATA_BIN, IHA_CKPT_BIN, IHA_CONVERT_BIN, IHA_LAYER_BIN, IHA_EXAMPLE_BIN})
+    for (const char* flag : {"--help", "-h"}) {
+      const Result r = run(std::string(bin) + " " + flag);
+      EXPECT_EQ(r.code, 0) << bin << " " << flag << ":\n" << r.output;
+      EXPECT_NE(r.output.find("usage"), std::string::npos) << bin << " " << flag << ":\n" << r.output;
+    }
+  // After a command word too.
+  EXPECT_EQ(run(std::string(IHA_DATA_BIN) + " text --help").code, 0);
+  EXPECT_EQ(run(std::string(IHA_CKPT_BIN) + " verify --help").code, 0);
+}
+
+TEST(HostileCommands, IhaDataNeverWritesThroughALinkOrOverAnInput) {
+  const std::string dir = tmp("data");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string in = dir + "/in.txt";
+  std::ofstream(in) << "the user's only copy of these words\n";
+  const std::string original = read_file(in);
+  // out.h5.partial a symbolic link to the input: the link is replaced, the input kept.
+  fs::create_symlink(in, dir + "/out.h5.partial");
+  Result r = run(std::string(IHA_DATA_BIN) + " text " + in + " " + dir + "/out.h5");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(read_file(in), original);
+  // The tokenizer model named as the output: refused, the model kept.
+  const std::string model = dir + "/m.model";
+  std::ofstream(model) << "not really a model, but the user's file\n";
+  r = run(std::string(IHA_DATA_BIN) + " text " + in + " " + model + " --spm " + model);
+  expect_refused(r, model);
+  EXPECT_EQ(read_file(model), "not really a model, but the user's file\n");
+  // spm-train whose output PREFIX.model is its input.
+  const std::string notes = dir + "/notes.model";
+  std::ofstream(notes) << "notes\n";
+  r = run(std::string(IHA_DATA_BIN) + " spm-train " + notes + " " + dir + "/notes --vocab-size 8");
+  expect_refused(r, notes);
+  EXPECT_EQ(read_file(notes), "notes\n");
+  // A directory as input: named, exit 2.
+  r = run(std::string(IHA_DATA_BIN) + " text " + dir + " " + dir + "/o2.h5");
+  expect_refused(r, "is a directory");
+  fs::remove_all(dir);
+}
+
+TEST(HostileCommands, IhaConvertImportRefusesTheInputOrANonEmptyDirectory) {
+  const std::string dir = tmp("convert");
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/hf");
+  std::ofstream(dir + "/hf/config.json") << "{}";
+  fs::create_symlink(dir + "/hf", dir + "/hf-link");
+  for (const std::string& out : {dir + "/hf", dir + "/hf/.", dir + "/hf-link"}) {
+    const Result r = run(std::string(IHA_CONVERT_BIN) + " import " + dir + "/hf " + out);
+    EXPECT_EQ(r.code, 2) << out << ":\n" << r.output;
+    EXPECT_FALSE(fs::exists(dir + "/hf/latest")) << out;
+  }
+  fs::create_directories(dir + "/busy");
+  std::ofstream(dir + "/busy/thesis.tex") << "x";
+  EXPECT_EQ(run(std::string(IHA_CONVERT_BIN) + " import " + dir + "/hf " + dir + "/busy").code, 2);
+  EXPECT_FALSE(fs::exists(dir + "/busy/latest"));
+  fs::remove_all(dir);
+}
+
+// Under mpiexec, as a user runs it (a singleton MPI start can stall on a loaded machine).
+std::string train_cmd(const std::string& ckdir, const std::string& extra = "", bool mpiexec = true) {
+  return (mpiexec ? std::string(IHA_MPIEXEC) + " -n 1 " : std::string()) + IHA_TRAIN_BIN + " train --config " + IHA_SOURCE_DIR +
+         "/configs/demo.yaml --set sequence.length=32 --set eval.sequences=0 --set logging.jsonl= "
+         "--set mesh.sp=1 --set train.steps=1 --set checkpoint.every=1 --set checkpoint.dir=" + ckdir + " " + extra;
+}
+
+TEST(HostileCommands, AFreshRunRemovesNothingItDidNotCreateAndWritesNoLinkedLock) {
+  const std::string dir = tmp("fresh");
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/ck/thesis.tmp-draft");
+  std::ofstream(dir + "/ck/thesis.tmp-draft/chapter1.tex") << "words";
+  std::ofstream(dir + "/ck/step_3.tmp-mine") << "mine";
+  std::ofstream(dir + "/ck/latest.tmp-0123") << "mine too";
+  Result r = run(train_cmd(dir + "/ck"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(read_file(dir + "/ck/thesis.tmp-draft/chapter1.tex"), "words");
+  EXPECT_TRUE(fs::exists(dir + "/ck/step_3.tmp-mine"));
+  EXPECT_TRUE(fs::exists(dir + "/ck/latest.tmp-0123"));
+  // A lock that is a symbolic link to a user's file: refused, the file untouched.
+  fs::create_directories(dir + "/ck2");
+  std::ofstream(dir + "/users.txt") << "precious";
+  fs::create_symlink(dir + "/users.txt", dir + "/ck2/lock");
+  r = run(train_cmd(dir + "/ck2"));
+  expect_refused(r, "symbolic link");
+  EXPECT_EQ(read_file(dir + "/users.txt"), "precious");
+  fs::remove_all(dir);
+}
+
+TEST(HostileCommands, AResumeWithOtherRopeSettingsIsRefused) {
+  const std::string dir = tmp("rope");
+  fs::remove_all(dir);
+  ASSERT_EQ(run(train_cmd(dir + "/ck")).code, 0);
+  const Result r = run(train_cmd(dir + "/ck", "--resume --set train.steps=2 "
+                                            "--set 'model.rope_scaling={type: linear, factor: 2}'"));
+  expect_refused(r, "model.rope_scaling");
+  EXPECT_EQ(run(train_cmd(dir + "/ck", "--resume --set train.steps=2")).code, 0);
+  fs::remove_all(dir);
+}
+
+// Another run's step directory moved in beside `latest`: not adopted as if an interrupted
+// save had left it; set aside, and the run continues from `latest`.
+TEST(HostileCommands, AnotherRunsStepDirectoryIsNotAdopted) {
+  const std::string dir = tmp("foreign");
+  fs::remove_all(dir);
+  ASSERT_EQ(run(train_cmd(dir + "/mine")).code, 0);
+  ASSERT_EQ(run(train_cmd(dir + "/theirs", "--set train.steps=2 --set train.seed=7")).code, 0);
+  fs::copy(dir + "/theirs/step_2", dir + "/mine/step_2", fs::copy_options::recursive);
+  const Result r = run(train_cmd(dir + "/mine", "--resume auto --set train.steps=2"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("another run"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("recovered"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/mine/step_2.rejected"));
+  fs::remove_all(dir);
+}
+
+// SIGUSR1 delivered before main runs (pending while blocked across exec, as a batch system's
+// signal can arrive while the process starts): the run stops with the documented code 4,
+// not with death by the signal (138).
+TEST(HostileCommands, AStopSignalDuringStartUpEndsWithCodeFour) {
+  const std::string dir = tmp("startup");
+  fs::remove_all(dir);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &s, nullptr);
+    ::raise(SIGUSR1);  // pending, delivered once iha-train unblocks it
+    // Without mpiexec: the pending signal must reach iha-train itself.
+    const std::string cmd = "exec " + train_cmd(dir + "/ck", "", false) + " > " + dir + ".log 2>&1";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  const std::string log = read_file(dir + ".log");
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << WTERMSIG(status) << ":\n" << log;
+  EXPECT_EQ(WEXITSTATUS(status), 4) << log;
+  EXPECT_NE(log.find("SIGUSR1"), std::string::npos) << log;
+  fs::remove_all(dir);
+  fs::remove(dir + ".log");
+}
+
+}  // namespace
