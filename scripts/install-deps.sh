@@ -278,6 +278,13 @@ if have_cmd apt-get && have_cmd dpkg && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]
   fi
   echo "install-deps: still missing after installing:"
 else
+  # .venv/ and pip need no root: done wherever python3 can make a virtual environment.
+  install_pips || echo "install-deps: could not make .venv/ or install into it (python3 -m venv, pip)"
+  check_all
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: done"
+    exit 0
+  fi
   echo "install-deps: no apt-get (or no root/sudo) here; install these yourself:"
 fi
 report_missing
