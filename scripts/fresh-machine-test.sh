@@ -20,7 +20,8 @@
 #   --compare-demo LOG  a host demo's output: fail unless the fresh root's final evaluation
 #                       line (loss and held-out accuracy) is the same
 #
-# Needs root (debootstrap, chroot, mounts) on a Debian-family machine; installs debootstrap
+# Needs root (debootstrap, chroot, mounts: proc, /sys with its cgroups, /dev, a private /dev/shm
+# and /run) on a Debian-family machine; installs debootstrap
 # with apt-get when it is missing. A rerun on the same machine reuses the cached root tarball
 # and apt's and pip's downloaded packages (IHA_FRESH_CACHE, default /var/cache/iha-fresh-machine), so it
 # costs the package installation, the build and the tests, not the downloads. The root lives
@@ -126,7 +127,7 @@ cleanup() {
   done
   sleep 1
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
-    umount "${mounted[$i]}" 2>/dev/null || umount -l "${mounted[$i]}" 2>/dev/null || true
+    umount -R "${mounted[$i]}" 2>/dev/null || umount -R -l "${mounted[$i]}" 2>/dev/null || true
   done
   if grep -q " $root[/ ]" /proc/mounts; then
     log "mounts remain under $root; not removing it"
@@ -149,7 +150,10 @@ apt-config dump 2>/dev/null | grep -E '^Acquire::(Check-Valid-Until|Check-Date|h
   sed 's/$/;/' > "$root/etc/apt/apt.conf.d/50host-acquire" || true
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 mount_in -t proc proc "$root/proc"
-mount_in -t sysfs sysfs "$root/sys"
+# /sys with its submounts (the cgroup hierarchy slurmd needs, as systemd mounts it on a real
+# machine), as a slave so that undoing it never propagates back to this machine's /sys.
+mount_in --rbind /sys "$root/sys"
+mount --make-rslave "$root/sys"
 mount_in --bind /dev "$root/dev"
 mount_in --bind /dev/pts "$root/dev/pts"
 mount_in -t tmpfs -o mode=1777 shm "$root/dev/shm"

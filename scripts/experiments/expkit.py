@@ -212,11 +212,17 @@ def machine():
                 break
     except OSError:
         pass
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return {"cpu": cpu, "cpus": os.cpu_count(), "commit": commit + ("+dirty" if dirty else ""),
+    def git(*args):
+        # A checkout without git (a tarball, or a machine that never installed it) still runs.
+        try:
+            return subprocess.run(["git", "-C", REPO] + list(args), capture_output=True,
+                                  text=True).stdout.strip()
+        except OSError:
+            return ""
+    commit = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    commit = (commit + ("+dirty" if dirty else "")) if commit else "unknown (no git)"
+    return {"cpu": cpu, "cpus": os.cpu_count(), "commit": commit,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
