@@ -29,7 +29,8 @@
 # is undone. Logs and summary.txt go to IHA_FRESH_RESULTS (default fresh-machine-results/ in
 # this repository).
 # What stays on the host: the CUDA compile (the root has no nvcc; .ci/run builds CUDA on the
-# host). Inside the root the commands see only PATH, HOME and TERM, and IHA_JOBS when set.
+# host). Inside the root the commands see only PATH, HOME and TERM, and IHA_JOBS and this
+# machine's OPENBLAS_* settings when set.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 rev=HEAD
@@ -171,6 +172,13 @@ git -C "$root/root/iha" checkout --quiet "$commit"
 rm -rf "$root/root/iha/.git/hooks"
 log "commit $(git -C "$repo" log -1 --format='%h %s' "$commit" | cut -c1-100)"
 
+# This machine's OpenBLAS settings (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE: set on machines whose
+# CPU an older OpenBLAS misreads) belong to the machine, not to what was installed on it: the
+# root runs on the same CPU, so it gets them too (and the demo the same kernels as the host's).
+machine_env=()
+while IFS= read -r v; do machine_env+=("$v"); done < <(env | grep -E '^OPENBLAS_[A-Z0-9_]+=' || true)
+[ ${#machine_env[@]} -eq 0 ] || log "passing this machine's ${machine_env[*]} into the root"
+
 run_in_root() {  # name command...
   local name=$1
   shift
@@ -178,7 +186,7 @@ run_in_root() {  # name command...
   t=$(now)
   local cmd=(chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-    ${IHA_JOBS:+IHA_JOBS=$IHA_JOBS}
+    ${IHA_JOBS:+IHA_JOBS=$IHA_JOBS} "${machine_env[@]}"
     /bin/bash -c 'cd /root/iha && exec "$@"' bash "$@")
   if [ "$stream" -eq 1 ]; then
     "${cmd[@]}" < /dev/null 2>&1 | tee "$results/$name.log" || rc=${PIPESTATUS[0]}
