@@ -30,7 +30,9 @@
 # this repository).
 # What stays on the host: the CUDA compile (the root has no nvcc; .ci/run builds CUDA on the
 # host). Inside the root the commands see only PATH, HOME and TERM, and IHA_JOBS and this
-# machine's OPENBLAS_* settings when set.
+# machine's OPENBLAS_* settings when set. Besides the clone, the root gets only this machine's
+# network settings: its resolver, apt's sources and Acquire options, pip's configuration and the
+# certificate bundle that names.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 rev=HEAD
@@ -150,6 +152,26 @@ done <<< "$sources" > "$root/etc/apt/sources.list"
 apt-config dump 2>/dev/null | grep -E '^Acquire::(Check-Valid-Until|Check-Date|https?::Proxy) ' |
   sed 's/$/;/' > "$root/etc/apt/apt.conf.d/50host-acquire" || true
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+# pip: this machine's configuration and the certificate bundle it trusts (a machine behind an
+# intercepting proxy reaches PyPI only with its own CA), at the same paths. Network settings,
+# like the resolver and apt's Acquire options: no package comes in with them.
+for conf in /etc/pip.conf /etc/xdg/pip/pip.conf; do
+  [ -f "$conf" ] || continue
+  mkdir -p "$root$(dirname "$conf")"
+  cp "$conf" "$root$conf"
+  sed -n 's/^[[:space:]]*cert[[:space:]]*=[[:space:]]*//p' "$conf"
+done | sort -u | while read -r bundle; do
+  if [ -f "$bundle" ]; then
+    mkdir -p "$root$(dirname "$bundle")"
+    cp "$bundle" "$root$bundle"
+  fi
+done
+# ... and the local CAs behind that bundle, so that it keeps them when a package in the root
+# installs ca-certificates (whose update-ca-certificates rebuilds the bundle).
+if [ -d /usr/local/share/ca-certificates ]; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp -r /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/"
+fi
 mount_in -t proc proc "$root/proc"
 # /sys with its submounts (the cgroup hierarchy slurmd needs, as systemd mounts it on a real
 # machine), as a slave so that undoing it never propagates back to this machine's /sys.
