@@ -193,14 +193,17 @@ std::vector<double> HfWeights::read(const std::string& name, const std::vector<i
   return f.read(name);
 }
 
-void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors) {
+void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
+                       const std::vector<StTensorF64>& tensors_f64) {
   json header = json::object();
   header["__metadata__"] = {{"format", "pt"}};
   uint64_t offset = 0;
-  for (const StTensor& t : tensors) {
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + 4 * t.data.size()}}};
-    offset += 4 * t.data.size();
-  }
+  auto place = [&](const std::string& name, const char* dtype, const std::vector<int64_t>& shape, uint64_t bytes) {
+    header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  };
+  for (const StTensor& t : tensors) place(t.name, "F32", t.shape, 4 * t.data.size());
+  for (const StTensorF64& t : tensors_f64) place(t.name, "F64", t.shape, 8 * t.data.size());
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // data 8-byte aligned, as the reference writer does
   const std::string tmp = path + ".tmp";
@@ -214,6 +217,8 @@ void write_safetensors(const std::string& path, const std::vector<StTensor>& ten
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
     for (const StTensor& t : tensors)
       out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(4 * t.data.size()));
+    for (const StTensorF64& t : tensors_f64)
+      out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(8 * t.data.size()));
     out.flush();
     IHA_CONFIG_CHECK(out.good(), "cannot write '", tmp, "' (disk full?)");
   }

@@ -7,7 +7,8 @@
 // holds.
 // Threads: plain objects, one thread each.
 // defines: iha::convert::StDType, iha::convert::StTensorInfo, iha::convert::SafetensorsFile,
-//          iha::convert::HfWeights, iha::convert::StTensor, iha::convert::write_safetensors
+//          iha::convert::HfWeights, iha::convert::StTensor, iha::convert::StTensorF64,
+//          iha::convert::write_safetensors
 #pragma once
 
 #include <cstdint>
@@ -64,8 +65,16 @@ struct StTensor {
   std::vector<float> data;
 };
 
-// Writes fp32 tensors as one safetensors file (header metadata {"format": "pt"}, which
-// transformers expects). Written under a temporary name and renamed into place.
-void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors);
+struct StTensorF64 {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<double> data;
+};
+
+// Writes fp32 tensors (and fp64 ones after them) as one safetensors file (header metadata
+// {"format": "pt"}, which transformers expects). Written under a temporary name and renamed into
+// place.
+void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors,
+                       const std::vector<StTensorF64>& tensors_f64 = {});
 
 }  // namespace iha::convert
