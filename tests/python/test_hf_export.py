@@ -1,9 +1,13 @@
 """iha-convert export of IHA models (any P, window and global blocks) into the Hugging Face
 custom architecture: a model trained a few steps by iha-train (so mixing and collapse are no
-longer the identity) is exported, loaded with AutoModelForCausalLM(trust_remote_code=True), and
-its logits must equal the library's layers (iha.torch) on the exported weights (float32, 1e-5
-normwise); greedy generate() with the cache must equal argmax over full forward passes.
-Needs IHA_TRAIN and IHA_CONVERT (the binaries; CTest sets them)."""
+longer the identity) is exported and loaded with AutoModelForCausalLM(trust_remote_code=True).
+Its logits must equal the library's own model (lib/model, the code iha-train runs, through
+tests/interop/library_reference.cpp) on the checkpoint: in float32 within 1e-5 normwise and,
+loaded in float64, within 1e-12 of the library's float64 logits. They must also equal the
+library's layers (iha.torch) on the exported weights (float32, 1e-5). Greedy generate() with the
+cache must equal argmax over full forward passes. iha-convert import of the export must give
+back the trained checkpoint's float32 weights bit for bit (and export again, the same files).
+Needs IHA_TRAIN, IHA_CONVERT and IHA_LIBRARY_REFERENCE (the binaries; CTest sets them)."""
 import os
 import shutil
 import subprocess
@@ -11,7 +15,9 @@ import sys
 import tempfile
 import unittest
 
+import safetensors.torch
 import torch
+import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference  # noqa: E402
@@ -20,6 +26,10 @@ import iha.hf  # noqa: E402
 import iha.torch as it  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
+# transformers 5 names the load dtype `dtype`; 4.x `torch_dtype`.
+DTYPE_KW = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+# Normwise bounds against the library's own logits, per compute dtype (measured: see docs/python.md).
+LIBRARY_TAU = {torch.float32: 1e-5, torch.float64: 1e-12}
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 CASES = [
     ("P2_gqa_LG_yarn", ["model.P=2", "model.kv_heads=2", "model.pattern=LG",
@@ -65,6 +75,7 @@ class ExportTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp()
         self.train, self.convert = os.environ["IHA_TRAIN"], os.environ["IHA_CONVERT"]
+        self.library = os.environ["IHA_LIBRARY_REFERENCE"]
 
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -81,6 +92,16 @@ class ExportTest(unittest.TestCase):
         r = subprocess.run(args, capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         return os.path.join(run, "ck")
+
+    def library_model_logits(self, ck, ids):
+        """The library's model on checkpoint ck: {torch.float32: logits, torch.float64: logits}."""
+        out = os.path.join(self.tmp, "library.safetensors")
+        r = subprocess.run([self.library, "logits", ck, out] + [str(i) for i in ids.tolist()], capture_output=True,
+                           text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        t = safetensors.torch.load_file(out)
+        self.assertTrue(torch.equal(t["ids"].to(torch.int64), ids))
+        return {torch.float32: t["logits_f32"], torch.float64: t["logits_f64"]}
 
     def test_import_refuses_bad_directory(self):
         ck = self.trained_checkpoint("bad", CASES[0][1])
@@ -112,6 +133,18 @@ class ExportTest(unittest.TestCase):
                         for m in range(aq.shape[0]):
                             eye[m, m, :] = 1
                         self.assertGreater((aq - eye).abs().max().item(), 1e-4)
+                # transformers against the library's own model, loaded in float32 and in float64.
+                lib = self.library_model_logits(ck, ids[0])
+                for dtype, tau in LIBRARY_TAU.items():
+                    m = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, **{DTYPE_KW: dtype}).eval()
+                    with torch.no_grad():
+                        got = m(input_ids=ids[:1]).logits[0]
+                    self.assertEqual(got.dtype, dtype)
+                    ok, err, scale = reference.close(got, lib[dtype], tau)
+                    print(f"{name} {dtype}: transformers vs the library, logits normwise error {err / scale:.2e}",
+                          file=sys.stderr)
+                    self.assertTrue(ok, f"{dtype} logits vs the library: max|a-b| = {err:.3e}, max|b| = {scale:.3e}")
+
                 hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
                 with torch.no_grad():
                     got = hf(input_ids=ids).logits
@@ -127,10 +160,14 @@ class ExportTest(unittest.TestCase):
                         seq = torch.cat([seq, hf(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
                 self.assertTrue(torch.equal(gen, seq), f"generate {gen.tolist()} vs full passes {seq.tolist()}")
 
-                # iha-convert import of the directory restores the checkpoint: exported again, every
-                # tensor and the config are identical (export is exact for float32 weights).
+                # iha-convert import of the directory restores the checkpoint: the same architecture
+                # and every parameter bit-equal to the trained one (float32 training, float32 export
+                # and import: nothing is rounded), read back by the library; exported again, every
+                # tensor and the config are identical.
                 ck2 = os.path.join(self.tmp, name + "-reimported")
                 r = subprocess.run([self.convert, "import", out, ck2], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                r = subprocess.run([self.library, "same-weights", ck, ck2], capture_output=True, text=True)
                 self.assertEqual(r.returncode, 0, r.stderr)
                 out2 = os.path.join(self.tmp, name + "-hf2")
                 r = subprocess.run([self.convert, "export", ck2, out2], capture_output=True, text=True)
