@@ -1130,6 +1130,10 @@ std::string resolve_checkpoint(const std::string& path) {
   std::string p = path;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   IHA_CONFIG_CHECK(path_exists(p), "checkpoint path ", p, " does not exist");
+  // ROOT/latest names the checkpoint ROOT/latest points at, as ROOT does.
+  const size_t slash = p.find_last_of('/');
+  if (p.substr(slash == std::string::npos ? 0 : slash + 1) == "latest" && !is_dir(p))
+    return resolve_checkpoint(slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash));
   if (path_exists(join_path(p, kStateFile)) || path_exists(join_path(p, kManifestFile))) return p;
   const std::string latest = join_path(p, "latest");
   IHA_CONFIG_CHECK(path_exists(latest), p, " is neither a checkpoint directory (no ", kStateFile,

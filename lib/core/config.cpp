@@ -111,8 +111,8 @@ class ShapeCheck final : public YAML::EventHandler {
     Frame& f = stack_.back();
     if (f.is_map && f.at_key) {
       if (scalar.size() > kMaxKeyBytes)
-        fail(m, "has a key of " + std::to_string(scalar.size()) + " bytes under '" + key_here() +
-                    "' (at most " + std::to_string(kMaxKeyBytes) + "): not a config key");
+        fail(m, "has a key of " + std::to_string(scalar.size()) + " bytes under '" + key_here() + "' (it begins '" +
+                    scalar.substr(0, 32) + "'; at most " + std::to_string(kMaxKeyBytes) + " bytes): not a config key");
       f.key = scalar;
       f.at_key = false;
       return;
@@ -153,6 +153,27 @@ class ShapeCheck final : public YAML::EventHandler {
   std::vector<Frame> stack_;
 };
 
+// A YAML syntax error, with the text of the line it points at (its first bytes): yaml-cpp's
+// message gives only the position, and for a plain key past 1024 bytes (which YAML itself refuses)
+// not even a hint of which key.
+ConfigError syntax_error(const std::string& name, const std::string& text, const YAML::Exception& e) {
+  std::string msg = "config '" + name + "': YAML syntax error: " + e.what();
+  if (e.mark.line >= 0) {
+    std::istringstream in(text);
+    std::string line;
+    for (int i = 0; i <= e.mark.line && std::getline(in, line); ++i) {
+    }
+    if (in || !line.empty()) {
+      msg += " (line " + std::to_string(e.mark.line + 1) + " begins '" + line.substr(0, 48) + "'";
+      if (line.size() > ShapeCheck::kMaxKeyBytes)
+        msg += ", " + std::to_string(line.size()) + " bytes long; config keys are at most " +
+               std::to_string(ShapeCheck::kMaxKeyBytes) + " bytes";
+      msg += ")";
+    }
+  }
+  return ConfigError(msg);
+}
+
 void check_shape(const std::string& text, const std::string& name, const std::string& base = "") {
   std::istringstream in(text);
   ShapeCheck check(name, base);
@@ -161,7 +182,7 @@ void check_shape(const std::string& text, const std::string& name, const std::st
     while (parser.HandleNextDocument(check)) {
     }
   } catch (const YAML::Exception& e) {
-    throw ConfigError("config '" + name + "': YAML syntax error: " + e.what());
+    throw syntax_error(name, text, e);
   }
 }
 
@@ -195,7 +216,7 @@ ConfigNode ConfigNode::from_string(const std::string& text, const std::string& n
   try {
     n = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    throw ConfigError("config '" + name + "': YAML syntax error: " + e.what());
+    throw syntax_error(name, text, e);
   }
   reject_duplicate_keys(n, "", name);
   if (n.IsNull()) n = YAML::Node(YAML::NodeType::Map);

@@ -83,7 +83,7 @@ Arg borrow(py::handle obj, const std::string& name) {
   }
   const DLTensor& t = m->dl_tensor;
   if (t.device.device_type != 1)
-    arg_error(name, t.device.device_type == 2 ? "is a CUDA tensor; this build computes on CPU tensors only (it was built without IHA_CUDA)"
+    arg_error(name, t.device.device_type == 2 ? "is a CUDA tensor; the Python route computes on CPU tensors only in this version (docs/python.md)"
                                               : "is on a device other than the CPU");
   if (t.dtype.lanes != 1 || t.dtype.code != 2 || (t.dtype.bits != 32 && t.dtype.bits != 64))
     arg_error(name, "has dtype code " + std::to_string(t.dtype.code) + " of " + std::to_string(t.dtype.bits) +

@@ -217,6 +217,32 @@ TEST(IhaConvert, BadExportsWriteNothing) {
   fs::remove_all(ck);
 }
 
+// Every spelling of one checkpoint exports the same files: the root, its `latest` file (the
+// file, not a directory: it names the step) and the step directory.
+TEST(IhaConvert, ExportReadsTheRootItsLatestFileOrTheStep) {
+  const std::string ck = tmp("spell");
+  fs::remove_all(ck);
+  ASSERT_EQ(convert("import " + kFixtures + "gqa_h8_kv2 " + ck + " --P 2").code, 0);
+  const auto read = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  std::string first;
+  for (const std::string& src : {ck, ck + "/latest", ck + "/latest/", ck + "/step_0"}) {
+    SCOPED_TRACE(src);
+    const std::string out = tmp("spell-hf");
+    fs::remove_all(out);
+    const Result r = convert("export " + src + " " + out);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const std::string weights = read(out + "/model.safetensors");
+    EXPECT_GT(weights.size(), 1000u);
+    if (first.empty()) first = weights;
+    EXPECT_TRUE(weights == first) << "the export of " << src << " differs from that of the root";
+    fs::remove_all(out);
+  }
+  fs::remove_all(ck);
+}
+
 // iha-train finetune from imported checkpoints: the HF model at P = 1 with a new RoPE scaling,
 // and the same model upcycled to P = 2, on 2 sequence-parallel ranks.
 TEST(IhaConvert, FinetuneStartsFromAnImportedCheckpoint) {

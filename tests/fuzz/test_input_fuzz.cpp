@@ -164,10 +164,12 @@ YamlCase yaml_case(const std::vector<Leaf>& base, uint64_t seed) {
       c.what = "leading zero at " + l.section + "." + l.key;
       break;
     }
-    case 4: {  // an over-long key (past 1024 bytes, YAML itself refuses a plain key: a syntax error)
-      const size_t n = 129 + rng() % 896;
+    case 4: {  // an over-long key (past 1024 bytes, YAML itself refuses a plain key: a syntax
+               // error, named by its line and length)
+      const size_t n = 129 + rng() % 1900;
       ls.insert(ls.begin() + static_cast<long>(i) + 1, Leaf{ls[i].section, std::string(n, 'k'), "1"});
-      c.must_name = {ls[i].section, "bytes"};
+      if (n <= 1024) c.must_name = {ls[i].section, "bytes"};
+      else c.must_name = {"line ", "kkkkkkkk", "bytes long"};
       c.what = "key of " + std::to_string(n) + " bytes under " + ls[i].section;
       break;
     }
