@@ -507,21 +507,12 @@ class UlyssesCore final : public AttentionCore<T> {
 
 // ---------------------------------------------------------------- factories
 
-namespace detail {
-std::vector<std::vector<int64_t>> layout_tokens(LayoutKind kind, int64_t N, int64_t R) {
-  const SequenceLayout layout(kind, N, R);
-  std::vector<std::vector<int64_t>> out;
-  for (int64_t s = 0; s < R; ++s) out.push_back(layout.tokens_of(s));
-  return out;
-}
-}  // namespace detail
-using detail::layout_tokens;
 
 template <class T>
 std::shared_ptr<AttentionCore<T>> make_ring_core(const LayerConfig& cfg, int64_t N,
                                                  std::shared_ptr<Communicator> seq, SeqParallelOptions opt) {
   IHA_CHECK(seq != nullptr, "ring core needs a communicator");
-  auto tokens = layout_tokens(opt.layout, N, seq->size());
+  auto tokens = replica_token_map(opt.layout, N, seq->size(), 1);  // a replica of one head rank
   return std::make_shared<detail::PremixCore<T>>(cfg, N, std::move(seq), std::move(tokens), opt, false);
 }
 
@@ -530,7 +521,7 @@ std::shared_ptr<AttentionCore<T>> make_halo_core(const LayerConfig& cfg, int64_t
                                                  std::shared_ptr<Communicator> seq, SeqParallelOptions opt) {
   IHA_CHECK(seq != nullptr, "halo core needs a communicator");
   IHA_CHECK(cfg.windowed(), "halo exchange needs a window layer (window_virtual >= 1)");
-  auto tokens = layout_tokens(opt.layout, N, seq->size());
+  auto tokens = replica_token_map(opt.layout, N, seq->size(), 1);  // a replica of one head rank
   return std::make_shared<detail::PremixCore<T>>(cfg, N, std::move(seq), std::move(tokens), opt, true);
 }
 

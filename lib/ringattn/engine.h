@@ -24,7 +24,7 @@
 //              steps are never bf16).
 // defines: iha::detail::EngineBackend, iha::detail::EngineCache,
 //          iha::detail::SeqEngine, iha::detail::make_ring_engine, iha::detail::make_halo_engine,
-//          iha::detail::check_agreement, iha::detail::layout_tokens
+//          iha::detail::check_agreement
 #pragma once
 
 #include <memory>
@@ -185,8 +185,5 @@ std::unique_ptr<SeqEngine> make_halo_engine(const LayerConfig& cfg, int64_t head
 // Every rank of the group must describe the same layer over the same sequence: checked before
 // any traffic depends on it, so a mismatch is the same ConfigError on every rank, not a hang.
 void check_agreement(Communicator& c, const LayerConfig& k, int64_t N, LayoutKind layout);
-
-// Each rank's tokens under SequenceLayout(kind, N, R).
-std::vector<std::vector<int64_t>> layout_tokens(LayoutKind kind, int64_t N, int64_t R);
 
 }  // namespace iha::detail

@@ -18,6 +18,7 @@
 #include "parallel/layout.h"
 #include "parallel/mesh.h"
 #include "parallel/mpi_handle.h"
+#include "parallel/plan.h"
 #include "ringattn/ringattn.h"
 
 namespace py = pybind11;
@@ -197,7 +198,7 @@ class Core {
       c64_ = iha::make_replica_core<double>(cfg_, N, groups, sch, opt);
     else
       c32_ = iha::make_replica_core<float>(cfg_, N, groups, sch, opt);
-    tokens_ = iha::ReplicaLayout(kind_, N, groups.S, groups.T).tokens_of(groups.sp_index, groups.hp_index);
+    tokens_ = iha::replica_token_map(kind_, N, groups.S, groups.T)[groups.sp_index * groups.T + groups.hp_index];
   }
 
   int64_t local_tokens() const { return c64_ ? c64_->local_tokens() : c32_->local_tokens(); }
@@ -551,7 +552,7 @@ PYBIND11_MODULE(_iha, m) {
   m.def("layout_tokens", [](const std::string& kind, int64_t N, int64_t S, int64_t T, int64_t s, int64_t t) {
     if (N < 1 || S < 1 || T < 1) throw py::value_error("layout_tokens: N, S and T must be >= 1");
     if (s < 0 || s >= S || t < 0 || t >= T) throw py::value_error("layout_tokens: index out of range");
-    return iha::ReplicaLayout(iha::parse_layout(kind, "layout"), N, S, T).tokens_of(s, t);
+    return iha::replica_token_map(iha::parse_layout(kind, "layout"), N, S, T)[s * T + t];
   }, py::arg("kind"), py::arg("N"), py::arg("S"), py::arg("T") = 1, py::arg("s") = 0, py::arg("t") = 0);
   m.def("balanced_parts", [](int64_t N, int64_t R, int64_t P, int64_t window_virtual, bool token_causal,
                              const iha::SegmentStarts& starts) {
