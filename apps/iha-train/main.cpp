@@ -208,6 +208,9 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
   std::unique_ptr<TrainCheckpoints<T>> ckpt;
   if (origin.ck || !cfg.checkpoint.dir.empty())
     ckpt = std::make_unique<TrainCheckpoints<T>>(trainer, cfg.checkpoint.keep);
+  // The checkpoints carry the run id the root records (root.h): recovery tells this run's
+  // interrupted save from another run's step directory by it.
+  if (ckpt && origin.root && !origin.root->run_id().empty()) ckpt->set_run_id(origin.root->run_id());
   if (origin.kind == Origin::resume) {
     ckpt->load(origin.path, StateParts::everything);
     rep->console("resumed from " + origin.ck->dir + " at step " + std::to_string(trainer.step()));

@@ -27,6 +27,8 @@ namespace {
 constexpr const char* kLockFile = "lock";
 // `latest` holds "step_<N>\n"; anything longer is damage, and is not read whole.
 constexpr off_t kLatestMaxBytes = 64;
+// The record holds "<run id>\n"; anything longer is damage.
+constexpr off_t kRecordMaxBytes = 65;
 
 // Printable excerpt of untrusted bytes for a message.
 std::string excerpt(const std::string& s) {
@@ -64,21 +66,54 @@ void probe_writable(const std::string& root) {
   ::unlink(probe.c_str());
 }
 
-// A step directory newer than `latest` continues latest's run, or it is another run's (copied
-// or moved in) and must not be resumed from as if an interrupted save had left it.
-void check_same_run(const std::string& root, const std::string& latest, const CheckpointInfo& candidate) {
-  if (latest.empty() || !candidate.has_meta(kRunIdMeta)) return;
-  CheckpointInfo of_latest;
+// Whether s can be a run id in the root's record: what random_nonce() makes, or any short
+// printable word a writer put in its checkpoints' kRunIdMeta.
+bool valid_run_id(const std::string& s) {
+  return !s.empty() && s.size() <= static_cast<size_t>(kRecordMaxBytes) - 1 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
+// Replaces root/<name> with `text` as `latest` is replaced: a protocol temporary, fsync,
+// rename, fsync of the root.
+void replace_file_synced(const std::string& root, const std::string& name, const std::string& text) {
+  const std::string tmp = join_path(root, name + ".tmp-" + random_nonce());
   try {
-    of_latest = inspect_checkpoint(join_path(root, latest));
-  } catch (const Error&) {
-    return;  // `latest`'s own checkpoint is judged when it is loaded
+    write_text_file_synced(tmp, text);
+    rename_path(tmp, join_path(root, name));
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
   }
-  if (!of_latest.has_meta(kRunIdMeta)) return;
-  const std::string& mine = candidate.get<std::string>(kRunIdMeta);
-  const std::string& theirs = of_latest.get<std::string>(kRunIdMeta);
-  IHA_CONFIG_CHECK(mine == theirs, "it was written by another run (run_id ", excerpt(mine), ") than ",
-                   latest, ", which 'latest' names (run_id ", excerpt(theirs), ")");
+  fsync_dir(root);
+}
+
+// Which run owns the root, for recovery: the run_id of the checkpoint `latest` names, else the
+// root's record; empty if neither says.
+struct Owner {
+  std::string id;
+  std::string from;  // where id came from, for messages
+};
+
+// A step directory newer than `latest` (or without `latest`) is adopted only as the owner's
+// interrupted save: one written by another run (copied or moved in), or one that cannot say
+// which run wrote it where the owner is known, must not be resumed from.
+void check_owner(const std::string& root, const Owner& owner, const CheckpointInfo& candidate) {
+  const bool has = candidate.has_meta(kRunIdMeta);
+  const std::string mine = has ? candidate.get<std::string>(kRunIdMeta) : std::string();
+  if (owner.id.empty()) {
+    // Nothing here names a run: a root that no CheckpointRoot recorded and whose checkpoints
+    // carry no run_id (a writer that never sets one) is recovered as before; a step directory
+    // that does name a run cannot be shown to be this root's.
+    IHA_CONFIG_CHECK(!has, "it carries run_id ", excerpt(mine), " but nothing in ", root,
+                     " says which run owns the root (no record ", join_path(root, kRunRecord),
+                     ", and no 'latest' whose checkpoint has a run_id): it may be another run's");
+    return;
+  }
+  IHA_CONFIG_CHECK(has, "it carries no run_id (meta '", kRunIdMeta, "'), so it cannot be told from "
+                   "another run's; the run that owns ", root, " is run_id ", excerpt(owner.id), " (",
+                   owner.from, ")");
+  IHA_CONFIG_CHECK(mine == owner.id, "it was written by another run (run_id ", excerpt(mine),
+                   ") than the one that owns ", root, " (run_id ", excerpt(owner.id), ", ", owner.from, ")");
 }
 
 }  // namespace
@@ -194,7 +229,8 @@ bool is_own_temporary(const std::string& name) {
   const size_t tmp = name.rfind(".tmp-");
   if (tmp == std::string::npos) return false;
   const std::string stem = name.substr(0, tmp);
-  if (stem != "latest" && stem != "write-probe" && parse_step_name(stem) < 0) return false;
+  if (stem != "latest" && stem != "write-probe" && stem != kRunRecord && parse_step_name(stem) < 0)
+    return false;
   std::string nonce = name.substr(tmp + 5);
   if (nonce.compare(0, 4, "del-") == 0) nonce = nonce.substr(4);
   return nonce.size() == 16 &&
@@ -237,6 +273,29 @@ std::string read_latest(const std::string& root) {
   return name;
 }
 
+std::string read_run_record(const std::string& root) {
+  const std::string file = join_path(root, kRunRecord);
+  struct stat st;
+  if (::lstat(file.c_str(), &st) != 0) {
+    if (errno == ENOENT) return "";
+    throw ConfigError("cannot stat " + file + ": " + std::strerror(errno));
+  }
+  IHA_CONFIG_CHECK(!S_ISLNK(st.st_mode), file, " is a symbolic link; the checkpoint protocol "
+                   "writes it as a regular file holding the run id of the root's run (remove the link)");
+  IHA_CONFIG_CHECK(S_ISREG(st.st_mode), file, " is ", file_kind_name(st.st_mode), ", not a regular file");
+  IHA_CONFIG_CHECK(st.st_size <= kRecordMaxBytes, file, " is ", st.st_size,
+                   " bytes long: not a run id; the file is damaged");
+  std::string id;
+  try {
+    id = read_text_file(file);
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ' || id.back() == '\r')) id.pop_back();
+  IHA_CONFIG_CHECK(valid_run_id(id), file, " holds '", excerpt(id), "', not a run id");
+  return id;
+}
+
 }  // namespace ckpt
 
 // ---- the protocol ----
@@ -248,6 +307,10 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
   // Step directories newer than what `latest` names, newest first (rank 0's view, shipped).
   std::vector<std::string> candidates;
   std::string latest;
+  // Rank 0's: the root's record, and the run that owns the root (for recovery).
+  std::string record;
+  Owner owner;
+  std::string latest_id;  // run_id of the checkpoint `latest` names, as recovery leaves it
   collective_check(comm, [&] {
     IHA_CONFIG_CHECK(!root.empty(), "config key '", key, "' is empty: no checkpoint directory");
     if (comm.rank() != 0) return;
@@ -258,6 +321,19 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
       IHA_CONFIG_CHECK(latest.empty() || is_dir(join_path(root, latest)), join_path(root, "latest"),
                        " names ", latest, ", which does not exist (restore it, or point 'latest' "
                        "at a step directory that does)");
+      record = read_run_record(root);
+      if (!latest.empty()) {
+        try {
+          const CheckpointInfo of_latest = inspect_checkpoint(join_path(root, latest));
+          if (of_latest.has_meta(kRunIdMeta)) latest_id = of_latest.get<std::string>(kRunIdMeta);
+        } catch (const Error&) {
+          // `latest`'s own checkpoint is judged when it is loaded
+        }
+      }
+      if (!latest_id.empty())
+        owner = {latest_id, "the run_id of " + latest + ", which 'latest' names"};
+      else if (!record.empty())
+        owner = {record, "recorded in " + join_path(root, kRunRecord)};
       const int64_t latest_step = latest.empty() ? -1 : parse_step_name(latest);
       std::vector<std::pair<int64_t, std::string>> newer;
       for (const std::string& name : list_dir(root)) {
@@ -302,7 +378,8 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
         if (comm.rank() != 0) return;
         const CheckpointInfo info = inspect_checkpoint(dir);
         IHA_CONFIG_CHECK(info.step == parse_step_name(name), "its file holds step ", info.step);
-        check_same_run(root, latest, info);
+        check_owner(root, owner, info);
+        latest_id = info.has_meta(kRunIdMeta) ? info.get<std::string>(kRunIdMeta) : std::string();
       });
     } catch (const Error& e) {
       why = e.what();
@@ -318,10 +395,7 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
         note = "recovered " + dir + ": a complete checkpoint newer than 'latest' (left by an "
                "interrupted save), verified and adopted as latest";
         if (comm.rank() != 0) return;
-        const std::string tmp = join_path(root, "latest.tmp-" + random_nonce());
-        write_text_file_synced(tmp, name + "\n");
-        rename_path(tmp, join_path(root, "latest"));
-        fsync_dir(root);
+        replace_file_synced(root, "latest", name + "\n");
       } else {
         note = "set aside " + dir + " as " + aside + " (not adopted as latest: " + why + ")";
         if (comm.rank() != 0) return;
@@ -339,6 +413,22 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
     IHA_CONFIG_CHECK(resume_ || use != RootUse::resume, "--resume: ", where,
                      " holds no checkpoint (no 'latest'); --resume auto starts fresh there");
   });
+  // The run that writes the root from now on, recorded before its first save can start: a new
+  // id for a run that starts fresh; on a resume, that of the checkpoint it continues (else the
+  // record's; a root whose checkpoints carry no run_id and that has no record stays without).
+  collective_check(comm, [&] {
+    if (comm.rank() != 0) return;
+    try {
+      if (!resume_)
+        run_id_ = random_nonce();
+      else
+        run_id_ = !latest_id.empty() ? latest_id : record;
+      if (valid_run_id(run_id_) && run_id_ != record) replace_file_synced(root, kRunRecord, run_id_ + "\n");
+    } catch (const Error& e) {
+      throw ConfigError(where + ": cannot record the run in " + join_path(root, kRunRecord) + ": " + e.what());
+    }
+  });
+  run_id_ = bcast_string(comm, run_id_, 0);
 }
 
 CheckpointRoot::~CheckpointRoot() = default;

@@ -63,14 +63,18 @@ class TrainCheckpoints {
   // eval; the optimizer state, step and cursor stay as they are); everything: also the AdamW
   // moments, step, data cursor and RNG (resume). Collective.
   CheckpointInfo load(const std::string& path, StateParts parts);
+  // The run id stamped on every save (kRunIdMeta): a command that opened its root with
+  // CheckpointRoot passes the root's (CheckpointRoot::run_id(), the one the root records), so
+  // that recovery knows the run's interrupted saves. A resume's load then sets the same id.
+  void set_run_id(const std::string& id) { run_id_ = id; }
 
  private:
   void register_state(StateParts parts);
   Trainer<T>& t_;
   Checkpointer ckpt_;
   // Which run wrote a checkpoint: new for a fresh run or a fine-tune, the checkpoint's on a
-  // resume. The checkpoint root's recovery adopts a step directory only from the run of
-  // `latest` (root.h).
+  // resume; the root's (set_run_id) where the command opened one. The checkpoint root's
+  // recovery adopts a step directory only from the run that owns the root (root.h).
   std::string run_id_;
 };
 

@@ -8,6 +8,9 @@
 //   ckpt_helper load PATH STEP HP SP
 //       loads PATH (root or step directory) on mesh HP x SP and checks every piece and the
 //       metadata against the generator for STEP
+//   ckpt_helper save_run ROOT STEP HP SP
+//       as a command that writes ROOT: opens it (CheckpointRoot, RootUse::resume_auto), then
+//       saves STEP stamped with the run id the root records (kRunIdMeta), as iha-train does
 //   ckpt_helper check_then_save ROOT STEP NEW_STEP HP SP
 //       open ROOT as every resuming command does (CheckpointRoot, RootUse::resume: lock,
 //       recovery), load its latest (must be STEP), then save NEW_STEP and check that no
@@ -29,11 +32,12 @@ using Locals = std::map<std::string, std::vector<Tensor>>;
 namespace {
 
 void save(Communicator& c, std::shared_ptr<Communicator> world, const std::string& root,
-          int64_t step, const test::Layout& L) {
+          int64_t step, const test::Layout& L, const std::string& run_id = "") {
   Checkpointer ck(world);
   Locals locals;
   test::register_state(ck, L, c.rank(), c.size(), true, locals, static_cast<uint64_t>(step));
   for (const auto& [k, v] : test::state_meta(step)) ck.set_meta(k, v);
+  if (!run_id.empty()) ck.set_meta(kRunIdMeta, run_id);
   ck.save(root, step);
 }
 
@@ -47,7 +51,9 @@ std::string load(Communicator& c, std::shared_ptr<Communicator> world, const std
   std::string err = test::check_state(L, c.rank(), c.size(), locals, static_cast<uint64_t>(step));
   if (err.empty() && info.step != step)
     err = "loaded step " + std::to_string(info.step) + ", expected " + std::to_string(step);
-  if (err.empty() && !(info.meta == test::state_meta(step))) err = "metadata differs";
+  MetaMap meta = info.meta;
+  meta.erase(kRunIdMeta);  // save_run's stamp
+  if (err.empty() && !(meta == test::state_meta(step))) err = "metadata differs";
   int64_t bad = err.empty() ? 0 : 1;
   c.all_reduce(&bad, 1, DType::i64, ReduceOp::max, "helper");
   if (bad && err.empty()) err = "another rank found a difference";
@@ -101,7 +107,7 @@ int run(int argc, char** argv, std::shared_ptr<Communicator> world) {
     for (size_t i = 0; i + 1 < a.size(); ++i) if (a[i] == f) return a[i + 1];
     return std::string();
   };
-  IHA_CONFIG_CHECK(a.size() >= 5, "usage: ckpt_helper save|load|check_then_save ...");
+  IHA_CONFIG_CHECK(a.size() >= 5, "usage: ckpt_helper save|save_run|load|check_then_save ...");
   const std::string& cmd = a[0];
   const std::string& path = a[1];
   const int64_t step = std::stoll(a[2]);
@@ -111,6 +117,11 @@ int run(int argc, char** argv, std::shared_ptr<Communicator> world) {
     c.barrier();
     save(c, world, path, step, {std::stoll(a[3]), std::stoll(a[4])});
     if (!option("--dump").empty() && c.rank() == 0) dump(option("--dump"), step);
+  } else if (cmd == "save_run") {
+    CheckpointRoot opened(c, path, "ROOT", RootUse::resume_auto);
+    for (const std::string& note : opened.notes())
+      if (c.rank() == 0) std::printf("ckpt_helper: %s\n", note.c_str());
+    save(c, world, path, step, {std::stoll(a[3]), std::stoll(a[4])}, opened.run_id());
   } else if (cmd == "load") {
     err = load(c, world, path, step, {std::stoll(a[3]), std::stoll(a[4])});
   } else if (cmd == "check_then_save") {

@@ -819,6 +819,149 @@ TEST(CheckpointRoot, StepsWithoutLatestAreRefusedFreshAndAdoptedOnResume) {
   remove_root(root);
 }
 
+// The save of a run that stamps its checkpoints with `run_id` (as iha-train does).
+std::string save_of_run(const std::string& root, int64_t step, const std::string& run_id) {
+  Communicator& c = world();
+  Checkpointer ck(test::world_ptr(), small_chunks());
+  Locals locals;
+  test::register_state(ck, Layout{1, 2}, c.rank(), c.size(), true, locals);
+  for (const auto& [k, v] : test::state_meta(step)) ck.set_meta(k, v);
+  ck.set_meta(kRunIdMeta, run_id);
+  return ck.save(root, step);
+}
+
+// What the root's record of its run holds ("" if there is none).
+std::string record_of(const std::string& root) {
+  std::ifstream in(root + "/" + ckpt::kRunRecord);
+  std::string s;
+  in >> s;
+  return s;
+}
+
+// Moves a step directory of another root into root (rank 0), as a user copying one in.
+void move_in(const std::string& from, const std::string& root, const std::string& name) {
+  if (world().rank() == 0) fs::rename(from + "/" + name, root + "/" + name);
+  world().barrier();
+}
+
+TEST(CheckpointRoot, AnotherRunsStepWithoutLatestIsSetAsideByTheRootsRecord) {
+  // This run opened the root (its record written) and died before its first save committed;
+  // another run's step directory is then moved in. No `latest`: the record says whose it is.
+  const std::string root = make_root("foreign_nolatest");
+  const std::string theirs = make_root("foreign_theirs");
+  std::string mine;
+  {
+    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::fresh);
+    mine = r.run_id();
+  }
+  EXPECT_EQ(mine.size(), 16u);
+  EXPECT_EQ(record_of(root), mine);
+  save_of_run(theirs, 3, "0123456789abcdef");
+  move_in(theirs, root, "step_3");
+  {
+    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    EXPECT_FALSE(r.resume());
+    ASSERT_EQ(r.notes().size(), 1u);
+    expect_contains(r.notes()[0], {"set aside " + root + "/step_3 as step_3.rejected", "another run",
+                                   "0123456789abcdef", mine, root + "/run"});
+    EXPECT_NE(r.run_id(), mine);  // it starts fresh: a new run
+    EXPECT_EQ(record_of(root), r.run_id());
+  }
+  EXPECT_EQ(entries(root), (std::set<std::string>{"run", "step_3.rejected"}));
+  EXPECT_EQ(latest_of(root), "");
+  // A step directory that names a run, in a root that records none and has no `latest`: whose
+  // it is cannot be shown, so it is set aside too.
+  const std::string bare = make_root("foreign_bare");
+  save_of_run(theirs, 4, "0123456789abcdef");
+  move_in(theirs, bare, "step_4");
+  {
+    CheckpointRoot r(world(), bare, "checkpoint.dir", RootUse::resume_auto);
+    EXPECT_FALSE(r.resume());
+    ASSERT_EQ(r.notes().size(), 1u);
+    expect_contains(r.notes()[0], {"set aside " + bare + "/step_4 as step_4.rejected",
+                                   "says which run owns the root"});
+  }
+  EXPECT_EQ(entries(bare), (std::set<std::string>{"run", "step_4.rejected"}));
+  remove_root(bare);
+  remove_root(theirs);
+  remove_root(root);
+}
+
+TEST(CheckpointRoot, OwnInterruptedFirstSaveIsAdoptedByTheRootsRecord) {
+  // A crash between the rename of the first step directory and the writing of `latest` (the
+  // state IHA_CKPT_CRASH=renamed leaves; ckpt_crash_first_save_np2 kills a real run there).
+  const std::string root = make_root("own_first");
+  std::string mine;
+  {
+    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    EXPECT_FALSE(r.resume());
+    mine = r.run_id();
+    save_of_run(root, 5, mine);
+  }
+  set_latest(root, "");
+  {
+    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume);
+    EXPECT_TRUE(r.resume());
+    ASSERT_EQ(r.notes().size(), 1u);
+    expect_contains(r.notes()[0], {"recovered " + root + "/step_5", "adopted"});
+    EXPECT_EQ(r.run_id(), mine);  // the run continues under its id
+  }
+  EXPECT_EQ(latest_of(root), "step_5");
+  EXPECT_EQ(record_of(root), mine);
+  EXPECT_EQ(entries(root), (std::set<std::string>{"latest", "run", "step_5"}));
+  remove_root(root);
+}
+
+TEST(CheckpointRoot, StepWithoutRunIdNextToLatestWithOneIsSetAside) {
+  const std::string root = make_root("no_run_id");
+  const std::string theirs = make_root("no_run_id_theirs");
+  save_of_run(root, 1, "00000000000000aa");
+  save_state(theirs, 2, Layout{1, 2});  // a writer that sets no run_id
+  move_in(theirs, root, "step_2");
+  {
+    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume);
+    EXPECT_TRUE(r.resume());
+    ASSERT_EQ(r.notes().size(), 1u);
+    expect_contains(r.notes()[0], {"set aside " + root + "/step_2 as step_2.rejected",
+                                   "carries no run_id", "00000000000000aa", "step_1, which 'latest' names"});
+    EXPECT_EQ(r.run_id(), "00000000000000aa");
+  }
+  EXPECT_EQ(latest_of(root), "step_1");
+  // Resuming recorded the run that owns the root (it had no record: an older writer's root).
+  EXPECT_EQ(record_of(root), "00000000000000aa");
+  EXPECT_EQ(entries(root), (std::set<std::string>{"latest", "run", "step_1", "step_2.rejected"}));
+  remove_root(theirs);
+  remove_root(root);
+}
+
+TEST(CheckpointRoot, ALinkedOrDamagedRecordIsRefusedNamingTheFile) {
+  const std::string root = make_root("bad_record");
+  if (world().rank() == 0) {
+    std::ofstream(root + "/users.txt") << "precious";
+    fs::create_symlink(root + "/users.txt", root + "/run");
+  }
+  world().barrier();
+  expect_contains(expect_same_error([&] {
+                    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+                  }),
+                  {root + "/run is a symbolic link", "checkpoint.dir"});
+  if (world().rank() == 0) {
+    fs::remove(root + "/run");
+    std::ofstream out(root + "/run");
+    for (int i = 0; i < 1000; ++i) out << "garbage ";
+  }
+  world().barrier();
+  const std::string msg = expect_same_error(
+      [&] { CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto); });
+  expect_contains(msg, {root + "/run is 8000 bytes long"});
+  EXPECT_LT(msg.size(), 400u);
+  std::ifstream in(root + "/users.txt");
+  std::string kept;
+  in >> kept;
+  EXPECT_EQ(kept, "precious");
+  remove_root(root);
+}
+
 TEST(CheckpointRoot, EmptyRootResumeAutoStartsFreshResumeRefuses) {
   const std::string root = make_root("empty");
   {

@@ -158,6 +158,30 @@ TEST(HostileCommands, AnotherRunsStepDirectoryIsNotAdopted) {
   fs::remove_all(dir);
 }
 
+// No `latest`: the first save was killed after its step directory was renamed into place, and
+// another run's step directory was copied in. The root's record of its run (`run`) tells this
+// run's own interrupted save (adopted) from the other run's (set aside, kept).
+TEST(HostileCommands, WithoutLatestTheRootsRecordTellsOwnStepFromAnotherRuns) {
+  const std::string dir = tmp("foreign_first");
+  fs::remove_all(dir);
+  ASSERT_EQ(run(train_cmd(dir + "/theirs", "--set train.steps=2 --set train.seed=7")).code, 0);
+  const Result crashed = run("env IHA_CKPT_CRASH=renamed:0 " + train_cmd(dir + "/mine"));
+  ASSERT_NE(crashed.code, 0) << crashed.output;
+  ASSERT_TRUE(fs::is_directory(dir + "/mine/step_1")) << crashed.output;
+  ASSERT_FALSE(fs::exists(dir + "/mine/latest"));
+  ASSERT_TRUE(fs::is_regular_file(dir + "/mine/run"));
+  fs::copy(dir + "/theirs/step_2", dir + "/mine/step_2", fs::copy_options::recursive);
+  const Result r = run(train_cmd(dir + "/mine", "--resume auto --set train.steps=2"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step_2 as step_2.rejected"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("another run"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("recovered " + dir + "/mine/step_1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::is_directory(dir + "/mine/step_2.rejected"));
+  EXPECT_EQ(read_file(dir + "/mine/latest"), "step_2\n");  // its own step 2, saved by the resume
+  fs::remove_all(dir);
+}
+
 // SIGUSR1 delivered before main runs (pending while blocked across exec, as a batch system's
 // signal can arrive while the process starts): the run stops with the documented code 4,
 // not with death by the signal (138).

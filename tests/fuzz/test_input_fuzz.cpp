@@ -481,8 +481,8 @@ TEST(InputFuzz, OnlyTheProtocolsOwnTemporariesAreRemovable) {
   for (int c = 0; c < 2000; ++c) {
     // The protocol's own names: removable.
     const std::string nonce = iha::ckpt::random_nonce();
-    const std::string stem[] = {"step_" + std::to_string(rng() % 100000), "latest", "write-probe"};
-    const std::string own = stem[rng() % 3] + (rng() % 2 ? ".tmp-" : ".tmp-del-") + nonce;
+    const std::string stem[] = {"step_" + std::to_string(rng() % 100000), "latest", "write-probe", "run"};
+    const std::string own = stem[rng() % 4] + (rng() % 2 ? ".tmp-" : ".tmp-del-") + nonce;
     EXPECT_TRUE(iha::ckpt::is_own_temporary(own)) << own;
     // A user's name holding ".tmp-": kept.
     std::string user;
