@@ -28,13 +28,14 @@ std::string tmp(const std::string& name) {
 }
 
 // iha-train under mpiexec -n 2; `env` are VAR=value exported to the ranks.
-Result train(const std::string& args, const std::string& env = "") {
+// env: variables for the ranks (mpiexec -x); launcher_env: for the launcher itself.
+Result train(const std::string& args, const std::string& env = "", const std::string& launcher_env = "") {
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   std::string x;
   std::istringstream is(env);
   for (std::string kv; is >> kv;) x += " -x " + kv;
-  return iha::test::run_command("timeout 300 " + std::string(IHA_MPIEXEC) + " -n 2 --oversubscribe" + x +
+  return iha::test::run_command(launcher_env + (launcher_env.empty() ? "" : " ") + "timeout 300 " + std::string(IHA_MPIEXEC) + " -n 2 --oversubscribe" + x +
                                 " " + IHA_TRAIN_BIN + " train --config " + IHA_SOURCE_DIR +
                                 "/configs/demo.yaml --set sequence.length=32 --set eval.sequences=0"
                                 " --set logging.every=1 --set checkpoint.every=1 --set checkpoint.keep=2"
@@ -142,8 +143,16 @@ TEST(Faults, ConcurrentWritersIntoOneDirectory) {
     const std::string dir = tmp("concurrent");
     fs::remove_all(dir);
     Result a, b;
-    std::thread ta([&] { a = train("--set train.steps=3 --resume auto --set checkpoint.dir=" + dir); });
-    std::thread tb([&] { b = train("--set train.steps=3 --set checkpoint.dir=" + dir); });
+    // Each launcher gets its own temporary directory: two Open MPI launchers started in the same
+    // instant race to create their shared session directory under /tmp, and one can fail
+    // ("mkdir ...: File exists", orte_init failed) before iha-train runs at all.
+    const std::string tmp_a = tmp("concurrent_tmp_a"), tmp_b = tmp("concurrent_tmp_b");
+    fs::create_directories(tmp_a);
+    fs::create_directories(tmp_b);
+    std::thread ta([&] {
+      a = train("--set train.steps=3 --resume auto --set checkpoint.dir=" + dir, "", "TMPDIR=" + tmp_a);
+    });
+    std::thread tb([&] { b = train("--set train.steps=3 --set checkpoint.dir=" + dir, "", "TMPDIR=" + tmp_b); });
     ta.join();
     tb.join();
     const auto trained = [](const Result& r) {
@@ -156,10 +165,14 @@ TEST(Faults, ConcurrentWritersIntoOneDirectory) {
     const bool a_found_done = a.code == 0 && a.output.find("nothing to do") != std::string::npos &&
                               a.output.find("step 1/") == std::string::npos;
     EXPECT_EQ(trained(a) + trained(b), 1) << a.output << "\n----\n" << b.output;
-    if (trained(a)) EXPECT_TRUE(refused(b)) << b.output;
-    if (trained(b)) EXPECT_TRUE(refused(a) || a_found_done) << a.output;
+    if (trained(a)) {
+      EXPECT_TRUE(refused(b)) << b.output;
+    }
+    if (trained(b)) {
+      EXPECT_TRUE(refused(a) || a_found_done) << a.output;
+    }
     expect_intact(dir, "step_3");
-    fs::remove_all(dir);
+    for (const std::string& p : {dir, tmp_a, tmp_b}) fs::remove_all(p);
   }
 }
 
