@@ -226,8 +226,10 @@ check_all() {
     [[ $want_kinds == *" $kind "* ]] || continue
     if ! "check_$name"; then
       missing+=("$name")
-      # shellcheck disable=SC2206
-      missing_pkgs+=($debs)
+      local deb
+      for deb in $debs; do  # each package once, in first-named order
+        [[ " ${missing_pkgs[*]} " == *" $deb "* ]] || missing_pkgs+=("$deb")
+      done
       [ "$kind" = build ] && build_missing=1
     fi
   done
