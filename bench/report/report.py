@@ -733,7 +733,12 @@ def full(results, report_path):
         ["date (UTC)", mach.get("date", "?")],
         ["command", f"`{mach.get('command', 'bench/run')}`"],
         ["total time", f"{int(mach['total_seconds']) // 60} min {int(mach['total_seconds']) % 60} s" if "total_seconds" in mach else "?"],
-    ]))
+    ] + ([["suites rerun later", f"{mach.get('rerun_suites', '?')}: `{mach.get('rerun_command', '?')}` at "
+           f"{mach.get('rerun_git_commit', '?')}, {mach.get('rerun_date', '?')}, on {mach.get('rerun_cpu_model', '?')} "
+           f"({mach.get('rerun_nproc', '?')} cores, AVX-512 {mach.get('rerun_avx512', '?')})"
+           + (" — **another CPU than the rest of this report**: compare those suites' ratios only with each other"
+              if mach.get("rerun_cpu_model") != mach.get("cpu_model") else "")]]
+         if "rerun_date" in mach else [])))
     L.append("")
     L.append("The machine is shared with other engineers' builds and tests; load average (1, 5, 15 min) before "
              f"and after each suite. The load after includes the suite's own processes (up to {nproc} busy "
