@@ -115,6 +115,8 @@ def main():
           "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()
           if hasattr(torch.backends, "cpu") and hasattr(torch.backends.cpu, "get_cpu_capability") else
           os.environ.get("ATEN_CPU_CAPABILITY", "default"),
+          "mkl_instructions": os.environ.get("MKL_ENABLE_INSTRUCTIONS", "default"),
+          "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
           "N": N, "D": D, "H": H, "d": d, "P": P, "window_virtual": Wv,
           "seconds": times, "median_s": statistics.median(times),
           "cpu_seconds": cpu, "median_cpu_s": statistics.median(cpu)})

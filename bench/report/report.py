@@ -900,7 +900,7 @@ def full(results, report_path):
             lrows.append([lv["level"], core, "peer / layer", 8192, fmt(1000 * median(peer["seconds"]), 1), "", "",
                           f"**{pr[0]:.2f}** ({pr[1]:.2f}..{pr[2]:.2f})", fmt(pc[0], 2) if pc else "-",
                           f"torch {peer.get('torch_version', '?')}, {peer.get('attention', '?')}, "
-                          f"ATen {peer.get('cpu_capability', '?')}"])
+                          f"ATen {peer.get('cpu_capability', '?')}, MKL {peer.get('mkl_instructions', 'not held')}"])
         elif "skipped" in peer:
             lrows.append([lv["level"], core, "peer / layer", "", "", "", "", "skipped", "", peer["skipped"]])
     if lrows:
