@@ -32,10 +32,13 @@ void check_lengths(const RunConfig& cfg, const CheckpointModel& ck, int64_t worl
                    "depths of the multikey task, got '", cfg.data.kind, "'");
   IHA_CONFIG_CHECK(cfg.eval.sequences > 0 || cfg.sweep.sequences > 0, "config key "
                    "'sweep.sequences': the sweep needs >= 1 sequence per depth bin");
-  const int64_t ranks = cfg.mesh.dp * cfg.mesh.hp * cfg.mesh.sp;
-  IHA_CONFIG_CHECK(ranks == world_size, "config key 'mesh': dp * hp * sp = ", ranks,
-                   " ranks but the job has ", world_size, " (dp * hp * sp must equal the world size)");
-  const int64_t replica = cfg.mesh.hp * cfg.mesh.sp;
+  const int64_t ranks = cfg.mesh.size();
+  IHA_CONFIG_CHECK(ranks == world_size, "config key 'mesh': dp * tp * hp * sp = ", ranks,
+                   " ranks but the job has ", world_size,
+                   " (mesh.dp * mesh.tp * mesh.hp * mesh.sp must equal the world size)");
+  // The ranks of one replica split its tokens: tp and hp ranks split heads (the head group),
+  // sp ranks the sequence.
+  const int64_t replica = cfg.mesh.head_group() * cfg.mesh.sp;
   for (int64_t L : cfg.sweep.lengths) {
     try {
       RunConfig c = at_length(cfg, L);
@@ -46,7 +49,7 @@ void check_lengths(const RunConfig& cfg, const CheckpointModel& ck, int64_t worl
       const SequenceLayout parts(c.layout, L, replica);
       for (int64_t r = 0; r < replica; ++r)
         for (const TokenRange& chunk : parts.chunks_of(r))
-          IHA_CONFIG_CHECK(!chunk.empty(), "mesh.hp * mesh.sp = ", replica, " ranks cannot split ",
+          IHA_CONFIG_CHECK(!chunk.empty(), "mesh.tp * mesh.hp * mesh.sp = ", replica, " ranks cannot split ",
                            L, " tokens into ", parts.num_chunks(), " non-empty ",
                            layout_name(c.layout), " chunks");
       for (int64_t bin = 0; bin < c.data.multikey.pairs; ++bin)

@@ -56,9 +56,10 @@ const std::string& checkpoint() {
   return made.dir;
 }
 
-Result sweep(int ranks, const std::string& sets) {
-  return train(ranks, "sweep" + kConfig + " --set logging.jsonl= --set mesh.sp=" + std::to_string(ranks) +
-                          " --set eval.checkpoint=" + checkpoint() + " " + sets);
+Result sweep(int ranks, const std::string& sets, const std::string& mesh_key = "mesh.sp") {
+  return train(ranks, "sweep" + kConfig + " --set logging.jsonl= --set " + mesh_key + "=" + std::to_string(ranks) +
+                          (mesh_key == "mesh.sp" ? "" : " --set mesh.sp=1") + " --set eval.checkpoint=" +
+                          checkpoint() + " " + sets);
 }
 
 void expect_bad(const Result& r, const std::vector<std::string>& needles) {
@@ -122,12 +123,14 @@ std::vector<Row> read_rows(const std::string& path) {
 }
 
 TEST(IhaSweep, WritesEveryLengthAndDepthTheSameOnAnyMesh) {
-  std::map<int, std::vector<Row>> by_ranks;
-  for (int ranks : {1, 2}) {
-    const std::string out = tmp("out" + std::to_string(ranks));
+  // One rank, 2 sequence-parallel ranks, 2 tensor-parallel ranks (the world is dp * tp * hp * sp).
+  std::map<std::string, std::vector<Row>> by_mesh;
+  for (const auto& [ranks, key] : std::vector<std::pair<int, std::string>>{{1, "mesh.sp"}, {2, "mesh.sp"}, {2, "mesh.tp"}}) {
+    const std::string name = key + "=" + std::to_string(ranks);
+    const std::string out = tmp("out" + std::to_string(ranks) + key);
     std::filesystem::remove_all(out);
     const Result r = sweep(ranks, "--set 'sweep.lengths=[32, 64]' --set sweep.sequences=6 --set eval.batch=4"
-                                  " --set sweep.out=" + out);
+                                  " --set sweep.out=" + out, key);
     ASSERT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("| 64 | 2.00 |"), std::string::npos) << r.output;
     const std::vector<Row> rows = read_rows(out + "/sweep.jsonl");
@@ -153,11 +156,14 @@ TEST(IhaSweep, WritesEveryLengthAndDepthTheSameOnAnyMesh) {
     text << md.rdbuf();
     EXPECT_NE(text.str().find("| length | x trained | depth 0.00-0.25 |"), std::string::npos) << text.str();
     EXPECT_NE(text.str().find("| 32 | 1.00 |"), std::string::npos) << text.str();
-    by_ranks[ranks] = rows;
+    by_mesh[name] = rows;
     std::filesystem::remove_all(out);
   }
-  for (size_t i = 0; i < by_ranks[1].size(); ++i)
-    EXPECT_EQ(by_ranks[1][i].accuracy, by_ranks[2][i].accuracy) << "row " << i;
+  for (const char* other : {"mesh.sp=2", "mesh.tp=2"}) {
+    ASSERT_EQ(by_mesh[other].size(), by_mesh["mesh.sp=1"].size()) << other;
+    for (size_t i = 0; i < by_mesh["mesh.sp=1"].size(); ++i)
+      EXPECT_EQ(by_mesh["mesh.sp=1"][i].accuracy, by_mesh[other][i].accuracy) << other << ", row " << i;
+  }
 }
 
 }  // namespace
