@@ -184,16 +184,231 @@ Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
   return o;
 }
 
+// The figures a step line is measured against.
+struct Throughput {
+  double peak_total = 0;  // GEMM peak of all ranks at once, FLOP/s
+  double flops_step = 0;  // model FLOPs of one optimizer step
+};
+
+void report_eval(Reporter& rep, const EvalStats& e, int64_t step) {
+  std::ostringstream os;
+  os << "eval  step " << step << " | loss " << fmt("%.4f", e.loss) << " | accuracy "
+     << fmt("%.3f", e.accuracy);
+  if (e.answers > 0)
+    os << " | answer loss " << fmt("%.4f", e.answer_loss) << " | answer accuracy "
+       << fmt("%.3f", e.answer_accuracy) << " (" << e.answers << " answers)";
+  rep.console(os.str());
+  // Data without answer tokens (HDF5 text) has no answer figures: omitted, not logged as 0.
+  JsonLine line;
+  line.add("event", std::string("eval")).add("step", step).add("loss", e.loss).add("accuracy", e.accuracy);
+  if (e.answers > 0) line.add("answer_loss", e.answer_loss).add("answer_accuracy", e.answer_accuracy);
+  // targets: the rows whose loss the mean is over (a per-position analysis needs the sum).
+  rep.json(line.add("answers", e.answers).add("sequences", e.sequences).add("targets", e.targets));
+}
+
+// Loads what the origin names into the trainer (nothing for a fresh run).
+template <class T>
+void load_origin(const Origin& origin, Trainer<T>& trainer, TrainCheckpoints<T>* ckpt, Reporter& rep) {
+  if (origin.kind == Origin::resume) {
+    ckpt->load(origin.path, StateParts::everything);
+    rep.console("resumed from " + origin.ck->dir + " at step " + std::to_string(trainer.step()));
+  } else if (origin.kind == Origin::weights) {
+    ckpt->load(origin.path, StateParts::weights);
+    rep.console("loaded the weights of " + origin.ck->dir + " (step " + std::to_string(origin.ck->step) +
+                ", trained at N=" + std::to_string(origin.ck->seq_len) + " on mesh " + origin.ck->mesh.str() + ")");
+  }
+}
+
+// Measures the peak a step is measured against: the GEMM the run's dense products use (cuBLAS
+// in the compute dtype on GPUs, OpenBLAS in train.dtype on CPUs), every rank at once; then
+// prints and records the start-up line. Collective.
+template <class T>
+Throughput report_start(const RunConfig& cfg, Communicator& w, Trainer<T>& trainer, Reporter& rep) {
+  const bool gpu = cfg.device == Device::cuda;
+  Throughput tp;
+  tp.peak_total = gpu ? measure_gemm_peak_cuda(w, cfg.compute_dtype) : measure_gemm_peak(w, cfg.dtype);
+  w.all_reduce(&tp.peak_total, 1, DType::f64, ReduceOp::sum, "log.peak");
+  tp.flops_step = trainer.flops_per_step();
+  // Every rank's shard has the same size, so rank 0's bytes are every rank's.
+  const StateBytes state = trainer.state_bytes();
+  std::ostringstream os;
+  os << "iha-train: " << w.size() << " ranks (" << cfg.mesh.str() << "; schemes global="
+     << scheme_name(cfg.schemes.global) << " window=" << scheme_name(cfg.schemes.window)
+     << (cfg.optim.zero > 0 ? "; ZeRO-" + std::to_string(cfg.optim.zero) : std::string()) << "), N=" << cfg.seq_len
+     << " layout=" << layout_name(cfg.layout) << " dtype=" << dtype_name(cfg.dtype)
+     << (gpu ? std::string(" device=cuda compute=") + dtype_name(cfg.compute_dtype) : "")
+     << " recompute=" << (cfg.recompute ? "on" : "off") << "\n  model: "
+     << trainer.model_config().describe() << " params=" << trainer.num_params()
+     << "\n  state per rank: parameters " << si(static_cast<double>(state.params)) << "B, gradients "
+     << si(static_cast<double>(state.grads)) << "B, optimizer " << si(static_cast<double>(state.optimizer))
+     << "B (optim.zero=" << cfg.optim.zero << ")"
+     << "\n  data: " << trainer.train_source().describe()
+     << "\n  batch: " << cfg.batch_size << " sequences/step (" << cfg.accumulation()
+     << " micro-batches of " << cfg.micro_batch << " per replica), " << cfg.steps << " steps"
+     << "\n  peak (" << (gpu ? std::string("cuBLAS ") + dtype_name(cfg.compute_dtype) + " gemm"
+                       : std::string(cfg.dtype == DType::f64 ? "dgemm" : "sgemm"))
+     << ", all ranks at once): " << si(tp.peak_total) << "FLOP/s; model " << si(tp.flops_step) << "FLOP/step";
+  rep.console(os.str());
+  rep.json(JsonLine()
+               .add("event", std::string("start"))
+               .add("ranks", static_cast<int64_t>(w.size()))
+               .add("mesh", cfg.mesh.str())
+               .add("schemes", std::string("global=") + scheme_name(cfg.schemes.global) +
+                                   " window=" + scheme_name(cfg.schemes.window))
+               .add("zero", cfg.optim.zero)
+               .add("param_bytes_per_rank", state.params)
+               .add("grad_bytes_per_rank", state.grads)
+               .add("optimizer_bytes_per_rank", state.optimizer)
+               .add("seq_len", cfg.seq_len)
+               .add("params", trainer.num_params())
+               .add("first_step", trainer.step() + 1)
+               .add("peak_flops_per_s", tp.peak_total)
+               .add("flops_per_step", tp.flops_step));
+  return tp;
+}
+
+// The training loop of train and finetune: steps until train.steps (or train.stop_after),
+// logging, periodic checkpoints and evaluations, and the stop on a signal. Collective.
+template <class T>
+class TrainLoop {
+ public:
+  TrainLoop(const RunConfig& cfg, Communicator& w, Trainer<T>& trainer, TrainCheckpoints<T>* ckpt,
+            Reporter& rep, const Origin& origin, Throughput tp)
+      : cfg_(cfg), w_(w), trainer_(trainer), ckpt_(ckpt), rep_(rep), origin_(origin), tp_(tp),
+        last_checkpoint_(origin.kind == Origin::resume ? origin.ck->dir : ""),
+        saved_step_(origin.kind == Origin::resume ? trainer.step() : -1),
+        first_step_(trainer.step()),
+        last_step_(cfg.stop_after > 0 ? std::min(cfg.steps, first_step_ + cfg.stop_after) : cfg.steps) {}
+
+  // The exit code: 0 done (or stopped at train.stop_after), 3 non-finite loss, kExitStopped on a signal.
+  int run() {
+    t_start_ = t_last_ = clock::now();
+    while (trainer_.step() < last_step_) {
+      if (const int sig = agree_on_stop(w_)) return stop(sig);
+      StepStats s;
+      try {
+        s = trainer_.train_step();
+      } catch (const NonFiniteLoss& e) {
+        return nonfinite(e);
+      }
+      ++steps_since_;
+      log_step(s);
+      if (cfg_.checkpoint.every > 0 && s.step % cfg_.checkpoint.every == 0 && s.step != last_step_) save();
+      if (trainer_.has_held_out() && cfg_.eval.every > 0 && s.step % cfg_.eval.every == 0 && s.step != cfg_.steps)
+        report_eval(rep_, trainer_.evaluate(), s.step);
+    }
+    if (trainer_.step() > first_step_ || origin_.kind != Origin::resume) save();
+    if (trainer_.step() == cfg_.steps && trainer_.has_held_out() && cfg_.eval.sequences > 0)
+      report_eval(rep_, trainer_.evaluate(), trainer_.step());
+    const double total = std::chrono::duration<double>(clock::now() - t_start_).count();
+    rep_.console("done: " + std::to_string(trainer_.step() - first_step_) + " steps in " + format_duration(total) +
+                 (trainer_.step() < cfg_.steps ? " (stopped at step " + std::to_string(trainer_.step()) + " of " +
+                                                     std::to_string(cfg_.steps) + "; --resume continues)"
+                                               : std::string()));
+    rep_.json(JsonLine().add("event", std::string("end")).add("step", trainer_.step()).add("elapsed_s", total));
+    return 0;
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  void save() {
+    if (cfg_.checkpoint.dir.empty()) return;
+    last_checkpoint_ = ckpt_->save(cfg_.checkpoint.dir);
+    saved_step_ = trainer_.step();
+    rep_.console("checkpoint " + last_checkpoint_);
+    rep_.json(JsonLine().add("event", std::string("checkpoint")).add("step", trainer_.step()).add("dir", last_checkpoint_));
+  }
+
+  int stop(int sig) {
+    if (saved_step_ != trainer_.step()) save();
+    rep_.console(std::string("stopping: ") + signal_name(sig) + " received; " +
+                 (cfg_.checkpoint.dir.empty() ? std::string("no checkpoint.dir, nothing saved")
+                                              : "step " + std::to_string(trainer_.step()) + " is in " +
+                                                    last_checkpoint_ + "; --resume continues"));
+    rep_.json(JsonLine()
+                  .add("event", std::string("stopped"))
+                  .add("signal", std::string(signal_name(sig)))
+                  .add("step", trainer_.step()));
+    return kExitStopped;
+  }
+
+  int nonfinite(const NonFiniteLoss& e) {
+    if (w_.rank() == 0)
+      std::cerr << "iha-train: stopping: " << e.what() << ". "
+                << (last_checkpoint_.empty() ? std::string("No checkpoint was written.")
+                                             : "The last good checkpoint is " + last_checkpoint_ + ".")
+                << std::endl;
+    rep_.json(JsonLine().add("event", std::string("nonfinite")).add("step", trainer_.step() + 1));
+    return 3;
+  }
+
+  void log_step(const StepStats& s) {
+    if (s.targets == 0) {
+      rep_.console("step " + std::to_string(s.step) + "/" + std::to_string(cfg_.steps) +
+                   " | no target tokens in the whole batch (every label masked: one-token documents, "
+                   "or data.loss_on: answer without answers); parameters unchanged");
+      rep_.json(JsonLine().add("event", std::string("empty_step")).add("step", s.step));
+      return;
+    }
+    if (s.step % cfg_.log.every != 0 && s.step != last_step_) return;
+    const auto now = clock::now();
+    const double dt = std::chrono::duration<double>(now - t_last_).count();
+    const double elapsed = std::chrono::duration<double>(now - t_start_).count();
+    const double tok_s = static_cast<double>(s.tokens * steps_since_) / dt;
+    const double flops_s = tp_.flops_step * static_cast<double>(steps_since_) / dt;
+    const double eta = elapsed / static_cast<double>(s.step - first_step_) * static_cast<double>(last_step_ - s.step);
+    const MemoryUse mem = max_memory_use(w_);
+    std::ostringstream os;
+    os << "step " << s.step << "/" << cfg_.steps << " | loss " << fmt("%.4f", s.loss);
+    if (s.answer_loss > 0) os << " | answer acc " << fmt("%.3f", s.answer_accuracy);
+    os << " | lr " << fmt("%.2e", s.lr) << " | gnorm " << fmt("%.3g", s.grad_norm) << " | " << si(tok_s)
+       << " tok/s | " << si(flops_s) << "FLOP/s (" << fmt("%.1f", 100.0 * flops_s / tp_.peak_total)
+       << "% of peak) | rss/rank " << fmt("%.0f", mem.rss_mib) << " MiB (peak " << fmt("%.0f", mem.peak_rss_mib)
+       << ") | eta " << format_duration(eta);
+    rep_.console(os.str());
+    JsonLine line;
+    line.add("event", std::string("step")).add("step", s.step).add("loss", s.loss);
+    if (s.answer_loss > 0) line.add("answer_loss", s.answer_loss).add("answer_accuracy", s.answer_accuracy);
+    rep_.json(line.add("lr", s.lr)
+                  .add("grad_norm", s.grad_norm)
+                  .add("tokens_per_s", tok_s)
+                  .add("flops_per_s", flops_s)
+                  .add("utilization", flops_s / tp_.peak_total)
+                  .add("rss_mib_max", mem.rss_mib)
+                  .add("peak_rss_mib_max", mem.peak_rss_mib)
+                  .add("step_time_s", dt / static_cast<double>(steps_since_))
+                  .add("elapsed_s", elapsed)
+                  .add("eta_s", eta));
+    t_last_ = now;
+    steps_since_ = 0;
+  }
+
+  const RunConfig& cfg_;
+  Communicator& w_;
+  Trainer<T>& trainer_;
+  TrainCheckpoints<T>* ckpt_;
+  Reporter& rep_;
+  const Origin& origin_;
+  const Throughput tp_;
+  std::string last_checkpoint_;
+  int64_t saved_step_;
+  const int64_t first_step_, last_step_;
+  clock::time_point t_start_, t_last_;
+  int64_t steps_since_ = 0;
+};
+
+// One invocation of train, finetune, eval or sweep: where the model comes from, the trainer,
+// then the command's work. Collective.
 template <class T>
 int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> world) {
   Communicator& w = *world;
-  const bool root = w.rank() == 0;
   std::unique_ptr<Reporter> rep;
   collective_check(w, [&] {
     if (args.mode != Mode::eval && args.mode != Mode::sweep)
       IHA_CONFIG_CHECK(cfg.steps >= 1, "config key 'train.steps': training needs >= 1 step, got ",
                        cfg.steps);
-    rep = std::make_unique<Reporter>(root, cfg.log.jsonl);
+    rep = std::make_unique<Reporter>(w.rank() == 0, cfg.log.jsonl);
   });
   const Origin origin = plan(args, cfg, w);
   if (args.mode == Mode::sweep) return run_sweep<T>(cfg, world, *origin.ck, origin.path, *rep);
@@ -211,186 +426,15 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
   // The checkpoints carry the run id the root records (root.h): recovery tells this run's
   // interrupted save from another run's step directory by it.
   if (ckpt && origin.root && !origin.root->run_id().empty()) ckpt->set_run_id(origin.root->run_id());
-  if (origin.kind == Origin::resume) {
-    ckpt->load(origin.path, StateParts::everything);
-    rep->console("resumed from " + origin.ck->dir + " at step " + std::to_string(trainer.step()));
-  } else if (origin.kind == Origin::weights) {
-    ckpt->load(origin.path, StateParts::weights);
-    rep->console("loaded the weights of " + origin.ck->dir + " (step " +
-                 std::to_string(origin.ck->step) + ", trained at N=" +
-                 std::to_string(origin.ck->seq_len) + " on mesh " + origin.ck->mesh.str() + ")");
-  }
-
-  auto report_eval = [&](const EvalStats& e, int64_t step) {
-    std::ostringstream os;
-    os << "eval  step " << step << " | loss " << fmt("%.4f", e.loss) << " | accuracy "
-       << fmt("%.3f", e.accuracy);
-    if (e.answers > 0)
-      os << " | answer loss " << fmt("%.4f", e.answer_loss) << " | answer accuracy "
-         << fmt("%.3f", e.answer_accuracy) << " (" << e.answers << " answers)";
-    rep->console(os.str());
-    // Data without answer tokens (HDF5 text) has no answer figures: omitted, not logged as 0.
-    JsonLine line;
-    line.add("event", std::string("eval")).add("step", step).add("loss", e.loss).add("accuracy", e.accuracy);
-    if (e.answers > 0) line.add("answer_loss", e.answer_loss).add("answer_accuracy", e.answer_accuracy);
-    // targets: the rows whose loss the mean is over (a per-position analysis needs the sum).
-    rep->json(line.add("answers", e.answers).add("sequences", e.sequences).add("targets", e.targets));
-  };
+  load_origin(origin, trainer, ckpt.get(), *rep);
 
   if (args.mode == Mode::eval) {
     IHA_CONFIG_CHECK(cfg.eval.sequences > 0, "config key 'eval.sequences': eval needs >= 1 sequence");
-    report_eval(trainer.evaluate(), origin.ck->step);  // the step the checkpoint was saved at
+    report_eval(*rep, trainer.evaluate(), origin.ck->step);  // the step the checkpoint was saved at
     return 0;
   }
-
-  // The peak a step is measured against: the GEMM the run's dense products use (cuBLAS in the
-  // compute dtype on GPUs, OpenBLAS in train.dtype on CPUs), every rank at once.
-  const bool gpu = cfg.device == Device::cuda;
-  const double peak_rank = gpu ? measure_gemm_peak_cuda(w, cfg.compute_dtype) : measure_gemm_peak(w, cfg.dtype);
-  double peak_total = peak_rank;
-  w.all_reduce(&peak_total, 1, DType::f64, ReduceOp::sum, "log.peak");
-  const double flops_step = trainer.flops_per_step();
-  // Every rank's shard has the same size, so rank 0's bytes are every rank's.
-  const StateBytes state = trainer.state_bytes();
-  {
-    std::ostringstream os;
-    os << "iha-train: " << w.size() << " ranks (" << cfg.mesh.str() << "; schemes global="
-       << scheme_name(cfg.schemes.global) << " window=" << scheme_name(cfg.schemes.window)
-       << (cfg.optim.zero > 0 ? "; ZeRO-" + std::to_string(cfg.optim.zero) : std::string()) << "), N=" << cfg.seq_len
-       << " layout=" << layout_name(cfg.layout) << " dtype=" << dtype_name(cfg.dtype)
-       << (cfg.device == Device::cuda ? std::string(" device=cuda compute=") + dtype_name(cfg.compute_dtype) : "")
-       << " recompute=" << (cfg.recompute ? "on" : "off") << "\n  model: "
-       << trainer.model_config().describe() << " params=" << trainer.num_params()
-       << "\n  state per rank: parameters " << si(static_cast<double>(state.params)) << "B, gradients "
-       << si(static_cast<double>(state.grads)) << "B, optimizer " << si(static_cast<double>(state.optimizer))
-       << "B (optim.zero=" << cfg.optim.zero << ")"
-       << "\n  data: " << make_data_source(cfg, false)->describe()
-       << "\n  batch: " << cfg.batch_size << " sequences/step (" << cfg.accumulation()
-       << " micro-batches of " << cfg.micro_batch << " per replica), " << cfg.steps << " steps"
-       << "\n  peak (" << (gpu ? std::string("cuBLAS ") + dtype_name(cfg.compute_dtype) + " gemm"
-                         : std::string(cfg.dtype == DType::f64 ? "dgemm" : "sgemm"))
-       << ", all ranks at once): "
-       << si(peak_total) << "FLOP/s; model " << si(flops_step) << "FLOP/step";
-    rep->console(os.str());
-    rep->json(JsonLine()
-                  .add("event", std::string("start"))
-                  .add("ranks", static_cast<int64_t>(w.size()))
-                  .add("mesh", cfg.mesh.str())
-                  .add("schemes", std::string("global=") + scheme_name(cfg.schemes.global) +
-                                      " window=" + scheme_name(cfg.schemes.window))
-                  .add("zero", cfg.optim.zero)
-                  .add("param_bytes_per_rank", state.params)
-                  .add("grad_bytes_per_rank", state.grads)
-                  .add("optimizer_bytes_per_rank", state.optimizer)
-                  .add("seq_len", cfg.seq_len)
-                  .add("params", trainer.num_params())
-                  .add("first_step", trainer.step() + 1)
-                  .add("peak_flops_per_s", peak_total)
-                  .add("flops_per_step", flops_step));
-  }
-
-  std::string last_checkpoint = origin.kind == Origin::resume ? origin.ck->dir : "";
-  int64_t saved_step = origin.kind == Origin::resume ? trainer.step() : -1;
-  auto save = [&]() {
-    if (cfg.checkpoint.dir.empty()) return;
-    last_checkpoint = ckpt->save(cfg.checkpoint.dir);
-    saved_step = trainer.step();
-    rep->console("checkpoint " + last_checkpoint);
-    rep->json(JsonLine()
-                  .add("event", std::string("checkpoint"))
-                  .add("step", trainer.step())
-                  .add("dir", last_checkpoint));
-  };
-
-  using clock = std::chrono::steady_clock;
-  const auto t_start = clock::now();
-  auto t_last = t_start;
-  int64_t steps_since = 0;
-  const int64_t first_step = trainer.step();
-  const int64_t last_step = cfg.stop_after > 0 ? std::min(cfg.steps, first_step + cfg.stop_after) : cfg.steps;
-  while (trainer.step() < last_step) {
-    if (const int sig = agree_on_stop(w)) {
-      if (saved_step != trainer.step()) save();
-      rep->console(std::string("stopping: ") + signal_name(sig) + " received; " +
-                   (cfg.checkpoint.dir.empty() ? std::string("no checkpoint.dir, nothing saved")
-                                               : "step " + std::to_string(trainer.step()) + " is in " +
-                                                     last_checkpoint + "; --resume continues"));
-      rep->json(JsonLine()
-                    .add("event", std::string("stopped"))
-                    .add("signal", std::string(signal_name(sig)))
-                    .add("step", trainer.step()));
-      return kExitStopped;
-    }
-    StepStats s;
-    try {
-      s = trainer.train_step();
-    } catch (const NonFiniteLoss& e) {
-      if (root) {
-        std::cerr << "iha-train: stopping: " << e.what() << ". "
-                  << (last_checkpoint.empty() ? std::string("No checkpoint was written.")
-                                              : "The last good checkpoint is " + last_checkpoint + ".")
-                  << std::endl;
-      }
-      rep->json(JsonLine().add("event", std::string("nonfinite")).add("step", trainer.step() + 1));
-      return 3;
-    }
-    ++steps_since;
-    if (s.targets == 0) {
-      rep->console("step " + std::to_string(s.step) + "/" + std::to_string(cfg.steps) +
-                   " | no target tokens in the whole batch (every label masked: one-token documents, "
-                   "or data.loss_on: answer without answers); parameters unchanged");
-      rep->json(JsonLine().add("event", std::string("empty_step")).add("step", s.step));
-    } else if (s.step % cfg.log.every == 0 || s.step == last_step) {
-      const auto now = clock::now();
-      const double dt = std::chrono::duration<double>(now - t_last).count();
-      const double elapsed = std::chrono::duration<double>(now - t_start).count();
-      const double tok_s = static_cast<double>(s.tokens * steps_since) / dt;
-      const double flops_s = flops_step * static_cast<double>(steps_since) / dt;
-      const double eta = elapsed / static_cast<double>(s.step - first_step) *
-                         static_cast<double>(last_step - s.step);
-      const MemoryUse mem = max_memory_use(w);
-      std::ostringstream os;
-      os << "step " << s.step << "/" << cfg.steps << " | loss " << fmt("%.4f", s.loss);
-      if (s.answer_loss > 0) os << " | answer acc " << fmt("%.3f", s.answer_accuracy);
-      os << " | lr " << fmt("%.2e", s.lr) << " | gnorm " << fmt("%.3g", s.grad_norm) << " | "
-         << si(tok_s) << " tok/s | " << si(flops_s) << "FLOP/s ("
-         << fmt("%.1f", 100.0 * flops_s / peak_total) << "% of peak) | rss/rank "
-         << fmt("%.0f", mem.rss_mib) << " MiB (peak " << fmt("%.0f", mem.peak_rss_mib)
-         << ") | eta " << format_duration(eta);
-      rep->console(os.str());
-      JsonLine line;
-      line.add("event", std::string("step")).add("step", s.step).add("loss", s.loss);
-      if (s.answer_loss > 0) line.add("answer_loss", s.answer_loss).add("answer_accuracy", s.answer_accuracy);
-      rep->json(line
-                    .add("lr", s.lr)
-                    .add("grad_norm", s.grad_norm)
-                    .add("tokens_per_s", tok_s)
-                    .add("flops_per_s", flops_s)
-                    .add("utilization", flops_s / peak_total)
-                    .add("rss_mib_max", mem.rss_mib)
-                    .add("peak_rss_mib_max", mem.peak_rss_mib)
-                    .add("step_time_s", dt / static_cast<double>(steps_since))
-                    .add("elapsed_s", elapsed)
-                    .add("eta_s", eta));
-      t_last = now;
-      steps_since = 0;
-    }
-    if (cfg.checkpoint.every > 0 && s.step % cfg.checkpoint.every == 0 && s.step != last_step) save();
-    if (trainer.has_held_out() && cfg.eval.every > 0 && s.step % cfg.eval.every == 0 &&
-        s.step != cfg.steps)
-      report_eval(trainer.evaluate(), s.step);
-  }
-  if (trainer.step() > first_step || origin.kind != Origin::resume) save();
-  if (trainer.step() == cfg.steps && trainer.has_held_out() && cfg.eval.sequences > 0)
-    report_eval(trainer.evaluate(), trainer.step());
-  const double total = std::chrono::duration<double>(clock::now() - t_start).count();
-  rep->console("done: " + std::to_string(trainer.step() - first_step) + " steps in " +
-               format_duration(total) +
-               (trainer.step() < cfg.steps ? " (stopped at step " + std::to_string(trainer.step()) +
-                                                 " of " + std::to_string(cfg.steps) + "; --resume continues)"
-                                           : std::string()));
-  rep->json(JsonLine().add("event", std::string("end")).add("step", trainer.step()).add("elapsed_s", total));
-  return 0;
+  const Throughput tp = report_start(cfg, w, trainer, *rep);
+  return TrainLoop<T>(cfg, w, trainer, ckpt.get(), *rep, origin, tp).run();
 }
 
 }  // namespace

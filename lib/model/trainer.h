@@ -142,6 +142,8 @@ class Trainer {
   // (e.g. a needle-depth probe; collective, the same source on every rank).
   EvalStats evaluate(std::shared_ptr<TokenSource> held_out);
   bool has_held_out() const { return eval_loader_ != nullptr; }
+  // The training data as the loader reads it (opened once, at construction).
+  const TokenSource& train_source() const { return train_loader_->source(); }
 
   const RunConfig& config() const { return cfg_; }
   const ModelConfig& model_config() const { return cfg_.model; }
