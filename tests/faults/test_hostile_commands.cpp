@@ -84,14 +84,27 @@ TEST(HostileCommands, IhaDataNeverWritesThroughALinkOrOverAnInput) {
   fs::remove_all(dir);
 }
 
+// Under mpiexec, as a user runs it (a singleton MPI start can stall on a loaded machine).
+std::string train_cmd(const std::string& ckdir, const std::string& extra = "", bool mpiexec = true) {
+  return (mpiexec ? std::string(IHA_MPIEXEC) + " -n 1 " : std::string()) + IHA_TRAIN_BIN + " train --config " + IHA_SOURCE_DIR +
+         "/configs/demo.yaml --set sequence.length=32 --set eval.sequences=0 --set logging.jsonl= "
+         "--set mesh.sp=1 --set train.steps=1 --set checkpoint.every=1 --set checkpoint.dir=" + ckdir + " " + extra;
+}
+
 TEST(HostileCommands, IhaConvertImportRefusesTheInputOrANonEmptyDirectory) {
+  // A real export as the input, so that only the output checks can refuse these imports (with
+  // an unreadable input every import would fail anyway, and the test could not fail). P = 1,
+  // global layers: the Llama layout, which every release of iha-convert exports.
   const std::string dir = tmp("convert");
   fs::remove_all(dir);
-  fs::create_directories(dir + "/hf");
-  std::ofstream(dir + "/hf/config.json") << "{}";
+  Result r = run(train_cmd(dir + "/ck", "--set model.P=1 --set model.pattern=G"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(std::string(IHA_CONVERT_BIN) + " export " + dir + "/ck " + dir + "/hf");
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_EQ(run(std::string(IHA_CONVERT_BIN) + " import " + dir + "/hf " + dir + "/ok").code, 0);
   fs::create_symlink(dir + "/hf", dir + "/hf-link");
   for (const std::string& out : {dir + "/hf", dir + "/hf/.", dir + "/hf-link"}) {
-    const Result r = run(std::string(IHA_CONVERT_BIN) + " import " + dir + "/hf " + out);
+    r = run(std::string(IHA_CONVERT_BIN) + " import " + dir + "/hf " + out);
     EXPECT_EQ(r.code, 2) << out << ":\n" << r.output;
     EXPECT_FALSE(fs::exists(dir + "/hf/latest")) << out;
   }
@@ -102,12 +115,6 @@ TEST(HostileCommands, IhaConvertImportRefusesTheInputOrANonEmptyDirectory) {
   fs::remove_all(dir);
 }
 
-// Under mpiexec, as a user runs it (a singleton MPI start can stall on a loaded machine).
-std::string train_cmd(const std::string& ckdir, const std::string& extra = "", bool mpiexec = true) {
-  return (mpiexec ? std::string(IHA_MPIEXEC) + " -n 1 " : std::string()) + IHA_TRAIN_BIN + " train --config " + IHA_SOURCE_DIR +
-         "/configs/demo.yaml --set sequence.length=32 --set eval.sequences=0 --set logging.jsonl= "
-         "--set mesh.sp=1 --set train.steps=1 --set checkpoint.every=1 --set checkpoint.dir=" + ckdir + " " + extra;
-}
 
 TEST(HostileCommands, AFreshRunRemovesNothingItDidNotCreateAndWritesNoLinkedLock) {
   const std::string dir = tmp("fresh");
