@@ -9,6 +9,7 @@
 
 #include "checkpoint/hdf5_dataset.h"
 #include "checkpoint/hdf5_lock.h"
+#include "checkpoint/integrity.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/rng.h"
@@ -539,6 +540,7 @@ class Hdf5TokenSource final : public TokenSource {
   // Every id, at open: a bad id is found before the first step, wherever the run would read it.
   void check_token_ids() const {
     constexpr int64_t kBlock = int64_t(1) << 20;
+    uint64_t sum = 0;
     std::vector<int64_t> buf(static_cast<size_t>(std::min(total_, kBlock)));
     H5Id fspace(H5Dget_space(dset_), H5Sclose);
     for (int64_t first = 0; first < total_; first += kBlock) {
@@ -549,11 +551,31 @@ class Hdf5TokenSource final : public TokenSource {
       IHA_CONFIG_CHECK(H5Dread(dset_, H5T_NATIVE_INT64, mspace.id, fspace.id, H5P_DEFAULT, buf.data()) >= 0,
                        "token file '", path_, "', dataset '", dataset_, "': reading tokens [", first, ", ",
                        first + count, ") failed (truncated or corrupted file?)");
-      for (int64_t i = 0; i < count; ++i)
+      for (int64_t i = 0; i < count; ++i) {
         IHA_CONFIG_CHECK(buf[i] >= 0 && buf[i] < vocab_, "token file '", path_, "', dataset '", dataset_,
                          "': token ", first + i, " has id ", buf[i], ", outside [0, vocab_size = ",
                          vocab_, ")");
+        sum += ckpt::element_hash(static_cast<uint64_t>(first + i), static_cast<uint64_t>(buf[i]));
+      }
     }
+    check_checksum(sum);
+  }
+  // The writer's checksum, where the file has one (kTokenChecksumAttribute).
+  void check_checksum(uint64_t sum) const {
+    const std::string ds = "token file '" + path_ + "', dataset '" + dataset_ + "'";
+    const char* name = kTokenChecksumAttribute;
+    if (H5Aexists(dset_, name) <= 0) return;
+    H5Id attr(H5Aopen(dset_, name, H5P_DEFAULT), H5Aclose);
+    H5Id atype(H5Aget_type(attr.id), H5Tclose);
+    H5Id aspace(H5Aget_space(attr.id), H5Sclose);
+    IHA_CONFIG_CHECK(attr.id >= 0 && H5Tget_class(atype.id) == H5T_INTEGER && H5Tget_size(atype.id) == 8 &&
+                         H5Sget_simple_extent_npoints(aspace.id) == 1,
+                     ds, ": attribute '", name, "' (the ids' checksum) must be one 64-bit integer");
+    uint64_t stored = 0;
+    IHA_CONFIG_CHECK(H5Aread(attr.id, H5T_NATIVE_UINT64, &stored) >= 0, ds, ": cannot read attribute '", name, "'");
+    IHA_CONFIG_CHECK(stored == sum, ds, ": its ids do not match the checksum its writer stored (attribute '", name,
+                     "'): part of the dataset was never written (e.g. a chunk written in part, which HDF5 reads "
+                     "as fill values) or it changed after writing");
   }
   void close_all() {
     if (dset_ >= 0) H5Dclose(dset_);
@@ -695,6 +717,8 @@ void TokenFileWriter::append(const int64_t* tokens, int64_t count) {
     IHA_CONFIG_CHECK(tokens[i] >= 0 && tokens[i] < vocab_, "token file '", path_, "': token ",
                      written_ + i, " has id ", tokens[i], ", outside [0, ", vocab_, ")");
   if (count == 0) return;
+  for (int64_t i = 0; i < count; ++i)
+    checksum_ += ckpt::element_hash(static_cast<uint64_t>(written_ + i), static_cast<uint64_t>(tokens[i]));
   if (document_pending_ || (!documented_ && written_ == 0)) {
     documented_ = documented_ || document_pending_;
     doc_starts_.push_back(written_);
@@ -724,7 +748,14 @@ void TokenFileWriter::close() {
               "token file '", path_, "': writing dataset '", name, "' failed");
     documented_ = false;
   }
-  if (dset_ >= 0) H5Dclose(dset_);
+  if (dset_ >= 0) {
+    H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+    H5Id attr(H5Acreate2(dset_, kTokenChecksumAttribute, H5T_STD_U64LE, space.id, H5P_DEFAULT, H5P_DEFAULT),
+              H5Aclose);
+    IHA_CHECK(attr.id >= 0 && H5Awrite(attr.id, H5T_NATIVE_UINT64, &checksum_) >= 0, "token file '", path_,
+              "': writing attribute '", kTokenChecksumAttribute, "' failed");
+    H5Dclose(dset_);
+  }
   if (file_ >= 0) {
     const herr_t rc = H5Fclose(file_);
     file_ = dset_ = -1;

@@ -121,10 +121,19 @@ std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, i
 // naming `depth_bin` when it is outside [0, pairs).
 std::shared_ptr<TokenSource> make_needle_depth_source(const MultiKeySpec& spec, int64_t vocab,
                                                       int64_t N, uint64_t seed, int64_t depth_bin);
+// The attribute of a token dataset that holds the checksum of its ids: a uint64, the
+// checkpoint integrity sum (checkpoint/integrity.h, scheme iha-sum64-v1) of the ids as
+// 64-bit values, element i hashed with index i. HDF5 reads storage that was allocated but
+// never written (a chunk written in part, contiguous storage allocated early) as fill values
+// without an error; only a sum stored by the writer tells them from data. A file without the
+// attribute (written by other tools) is read as it is.
+inline constexpr const char* kTokenChecksumAttribute = "iha_sum64_v1";
+
 // Opens an HDF5 token file; errors name the file and dataset (missing, wrong dtype or rank,
 // no vocab_size, vocab_size above the model's, too short for one sequence; doc_starts not
-// int64, not 1-D, empty, first not 0, not strictly ascending, or out of range). Ids are
-// checked against vocab_size as they are read. doc_starts is held in memory (8 bytes a
+// int64, not 1-D, empty, first not 0, not strictly ascending, or out of range; ids that do not
+// match the writer's checksum). Ids are checked against vocab_size when the file opens and
+// as they are read. doc_starts is held in memory (8 bytes a
 // document).
 std::shared_ptr<TokenSource> open_token_file(const std::string& path, const std::string& dataset,
                                              int64_t N, int64_t model_vocab);
@@ -135,7 +144,8 @@ std::shared_ptr<TokenSource> open_token_file(const std::string& path, const std:
 // naming the position. begin_document() starts a document at the next appended token; a
 // document that gets no tokens is dropped, and tokens appended before the first
 // begin_document() belong to a first document. A file with at least one begin_document()
-// gets the doc_starts dataset, written by close().
+// gets the doc_starts dataset, written by close(). close() also stores the tokens' checksum
+// (kTokenChecksumAttribute below), which open_token_file verifies.
 class TokenFileWriter {
  public:
   TokenFileWriter(const std::string& path, const std::string& dataset, int64_t vocab,
@@ -152,6 +162,7 @@ class TokenFileWriter {
  private:
   std::string path_, dataset_;
   int64_t vocab_, written_ = 0;
+  uint64_t checksum_ = 0;  // of the tokens appended so far (kTokenChecksumAttribute)
   int64_t file_ = -1, dset_ = -1;  // HDF5 ids (hid_t)
   bool document_pending_ = false, documented_ = false;
   std::vector<int64_t> doc_starts_;

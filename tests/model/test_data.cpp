@@ -316,6 +316,78 @@ TEST_F(TokenFiles, AFileChangedDuringTheRunIsAnError) {
   }
 }
 
+// The writer's checksum tells written ids from fill values: HDF5 reads a part of a chunk (or
+// of contiguous storage) that was allocated but never written as zeros, without an error.
+TEST_F(TokenFiles, IdsThatDoNotMatchTheWritersChecksumAreRefused) {
+  std::vector<int64_t> tokens(3001);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(1 + (i * 13) % 250);
+  const int64_t N = 10;
+  // Rewrites ids [first, first + values.size()) in place, as a partly written chunk reads.
+  auto overwrite = [](const std::string& f, int64_t first, const std::vector<int64_t>& values) {
+    hid_t file = H5Fopen(f.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t d = H5Dopen2(file, "tokens", H5P_DEFAULT);
+    hid_t fspace = H5Dget_space(d);
+    const hsize_t start[1] = {static_cast<hsize_t>(first)}, cnt[1] = {values.size()};
+    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
+    hid_t mspace = H5Screate_simple(1, cnt, nullptr);
+    EXPECT_GE(H5Dwrite(d, H5T_NATIVE_INT64, mspace, fspace, H5P_DEFAULT, values.data()), 0);
+    H5Sclose(mspace);
+    H5Sclose(fspace);
+    H5Dclose(d);
+    H5Fclose(file);
+  };
+  auto write = [&](const std::string& f) {
+    TokenFileWriter w(f, "tokens", 256);
+    w.append(tokens.data(), 1500);
+    w.append(tokens.data() + 1500, static_cast<int64_t>(tokens.size()) - 1500);
+  };
+  const std::string ok = path("sum_ok");
+  write(ok);
+  EXPECT_EQ(error_of(ok, N, 256), "");
+  for (const std::string how : {"zeros", "one id"}) {
+    SCOPED_TRACE(how);
+    const std::string f = path("sum_" + std::string(how == "zeros" ? "zeros" : "one"));
+    write(f);
+    if (how == "zeros")
+      overwrite(f, 1000, std::vector<int64_t>(100, 0));  // the fill value, a valid id
+    else
+      overwrite(f, 2999, {tokens[2999] == 7 ? 8 : 7});
+    const std::string msg = error_of(f, N, 256);
+    EXPECT_NE(msg.find("token file '" + f + "', dataset 'tokens'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("do not match the checksum its writer stored"), std::string::npos) << msg;
+  }
+  // Without the attribute (a file of another tool) the same damage is not detectable: it reads.
+  const std::string other = path("sum_absent");
+  write(other);
+  overwrite(other, 1000, std::vector<int64_t>(100, 0));
+  {
+    hid_t file = H5Fopen(other.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t d = H5Dopen2(file, "tokens", H5P_DEFAULT);
+    EXPECT_GE(H5Adelete(d, kTokenChecksumAttribute), 0);
+    H5Dclose(d);
+    H5Fclose(file);
+  }
+  EXPECT_EQ(error_of(other, N, 256), "");
+  // An attribute that is not one 64-bit integer is named.
+  const std::string odd = path("sum_odd");
+  write(odd);
+  {
+    hid_t file = H5Fopen(odd.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t d = H5Dopen2(file, "tokens", H5P_DEFAULT);
+    EXPECT_GE(H5Adelete(d, kTokenChecksumAttribute), 0);
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(d, kTokenChecksumAttribute, H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    const int32_t v = 1;
+    H5Awrite(a, H5T_NATIVE_INT32, &v);
+    H5Aclose(a);
+    H5Sclose(space);
+    H5Dclose(d);
+    H5Fclose(file);
+  }
+  const std::string msg = error_of(odd, N, 256);
+  EXPECT_NE(msg.find(std::string("attribute '") + kTokenChecksumAttribute + "'"), std::string::npos) << msg;
+}
+
 TEST_F(TokenFiles, WriterPicksTheNarrowTypeAndRefusesBadIds) {
   const std::string f = path("narrow");
   {
