@@ -189,6 +189,25 @@ TEST(HostileCommands, WithoutLatestTheRootsRecordTellsOwnStepFromAnotherRuns) {
   fs::remove_all(dir);
 }
 
+// Out of memory (here: the process's address-space limit, as `ulimit -v` or a batch system
+// sets it, below what the model's first tensor needs) is a named error with exit 1 on 1 and 2
+// ranks, never a crash, a signal or a hang. The config passes the memory check, which reads
+// the machine's available memory, not the process limit.
+TEST(HostileCommands, OutOfMemoryIsANamedErrorNotACrash) {
+  for (int ranks : {1, 2}) {
+    SCOPED_TRACE(ranks);
+    const std::string cmd =
+        "bash -c 'ulimit -v 1500000; exec env OMPI_MCA_rmaps_base_oversubscribe=1 " + std::string(IHA_MPIEXEC) +
+        " -n " + std::to_string(ranks) + " " + IHA_TRAIN_BIN + " train --config " + IHA_SOURCE_DIR +
+        "/configs/demo.yaml --set mesh.sp=" + std::to_string(ranks) +
+        " --set model.D=4096 --set model.ffn=16384 --set model.layers=4 --set model.H=8 --set model.kv_heads=8"
+        " --set train.steps=1 --set eval.sequences=0 --set logging.jsonl='";
+    const Result r = run(cmd);
+    EXPECT_EQ(r.code, 1) << r.output;  // 1 = not bad input; 124 would be the timeout
+    EXPECT_NE(r.output.find("iha-train: error: out of host memory allocating"), std::string::npos) << r.output;
+  }
+}
+
 // SIGUSR1 delivered before main runs (pending while blocked across exec, as a batch system's
 // signal can arrive while the process starts): the run stops with the documented code 4,
 // not with death by the signal (138).
