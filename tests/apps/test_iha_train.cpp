@@ -636,6 +636,30 @@ TEST(IhaData, SentencePieceTokenizerTrainsEncodesAndMustFitTheModel) {
   for (const auto& f : {corpus, prefix + ".model", prefix + ".vocab", h5}) std::filesystem::remove(f);
 }
 
+// Documents that are one long line each (36 KB, no line break, multi-byte UTF-8 words):
+// SentencePiece's trainer skips sentences over its max_sentence_length and failed with its
+// internal check when it had skipped them all; spm-train cuts lines at character boundaries.
+TEST(IhaData, SentencePieceTrainsOnDocumentsWithoutLineBreaks) {
+  const std::string corpus = tmp("spm_long.jsonl"), prefix = tmp("spm_long"), h5 = tmp("spm_long.h5");
+  {
+    std::ofstream out(corpus, std::ios::binary);
+    const char* words[] = {"alpha", "beta", "gamma", "d\u00e9lta", "\u03ba\u03ac\u03c0\u03c0\u03b1",
+                           "\u65e5\u672c\u8a9e", "lambda", "omega"};
+    for (int d = 0; d < 20; ++d) {
+      out << "{\"text\": \"";
+      for (int w = 0; w < 5000; ++w) out << (w ? " " : "") << words[(d * 7 + w * w + w / 3) % 8];
+      out << "\"}\n";
+    }
+  }
+  const Result train = shell(data_bin() + " spm-train --jsonl " + corpus + " " + prefix + " --vocab-size 300");
+  ASSERT_EQ(train.code, 0) << train.output;
+  EXPECT_NE(train.output.find("trained on 20 documents"), std::string::npos) << train.output;
+  const Result conv = shell(data_bin() + " text --jsonl " + corpus + " " + h5 + " --spm " + prefix + ".model");
+  ASSERT_EQ(conv.code, 0) << conv.output;
+  EXPECT_NE(conv.output.find("in 20 documents (sentencepiece, vocab_size 300)"), std::string::npos) << conv.output;
+  for (const auto& f : {corpus, prefix + ".model", prefix + ".vocab", h5}) std::filesystem::remove(f);
+}
+
 // Bad document starts stop every rank with exit code 2 naming the file and dataset; a batch
 // of one-token documents only is a reported step that changes nothing.
 TEST(IhaTrain, DocStartsBadInputAndStepsWithoutTargets) {
