@@ -6,30 +6,13 @@
 #include <optional>
 #include <set>
 
-#include "checkpoint/hdf5_dataset.h"
+#include "checkpoint/hdf5.h"
 #include "core/error.h"
 #include "core/files.h"
 
 namespace iha::layer_file {
 
 namespace {
-
-// An HDF5 handle closed by its own close function.
-class Hid {
- public:
-  Hid(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~Hid() {
-    if (id_ >= 0) close_(id_);
-  }
-  Hid(const Hid&) = delete;
-  Hid& operator=(const Hid&) = delete;
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
 
 [[noreturn]] void fail(const std::string& file, const std::string& msg) {
   throw ConfigError(file + ": " + msg);
@@ -88,9 +71,9 @@ const std::map<std::string, AttrSpec>& known_attributes() {
 class Attr {
  public:
   Attr(const H5File& f, const std::string& name)
-      : f_(f), name_(name), a_(H5Aopen(f.id(), name.c_str(), H5P_DEFAULT), H5Aclose),
-        type_(a_.ok() ? H5Aget_type(a_.get()) : -1, H5Tclose),
-        space_(a_.ok() ? H5Aget_space(a_.get()) : -1, H5Sclose) {
+      : f_(f), name_(name), a_(H5Aopen(f.id(), name.c_str(), H5P_DEFAULT)),
+        type_(a_.ok() ? H5Aget_type(a_.get()) : -1),
+        space_(a_.ok() ? H5Aget_space(a_.get()) : -1) {
     if (!a_.ok() || !type_.ok() || !space_.ok()) bad("cannot be read");
     if (H5Sget_simple_extent_npoints(space_.get()) != 1) bad("must be a single value (a scalar)");
   }
@@ -114,7 +97,7 @@ class Attr {
     if (H5Tget_class(type_.get()) != H5T_STRING) bad("must be a string, got " + type_name(type_.get()));
     std::string out;
     if (H5Tis_variable_str(type_.get()) > 0) {
-      Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
+      Hdf5Handle mem(H5Tcopy(H5T_C_S1));
       H5Tset_size(mem.get(), H5T_VARIABLE);
       H5Tset_cset(mem.get(), H5Tget_cset(type_.get()));
       char* s = nullptr;
@@ -123,7 +106,7 @@ class Attr {
       H5free_memory(s);
     } else {
       const size_t n = H5Tget_size(type_.get());
-      Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
+      Hdf5Handle mem(H5Tcopy(H5T_C_S1));
       H5Tset_size(mem.get(), n + 1);
       std::vector<char> buf(n + 1, '\0');
       if (H5Aread(a_.get(), mem.get(), buf.data()) < 0) bad("cannot be read as a string");
@@ -164,7 +147,7 @@ class Attr {
  private:
   const H5File& f_;
   std::string name_;
-  Hid a_, type_, space_;
+  Hdf5Handle a_, type_, space_;
 };
 
 herr_t collect_name(hid_t, const char* name, const H5A_info_t*, void* out) {
@@ -173,26 +156,26 @@ herr_t collect_name(hid_t, const char* name, const H5A_info_t*, void* out) {
 }
 
 void write_attr_int(H5File& f, const char* name, int64_t v) {
-  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
-  Hid a(H5Acreate2(f.id(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  Hdf5Handle space(H5Screate(H5S_SCALAR));
+  Hdf5Handle a(H5Acreate2(f.id(), name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
   if (!a.ok() || H5Awrite(a.get(), H5T_NATIVE_INT64, &v) < 0)
     fail(f.path(), std::string("cannot write attribute '") + name + "'");
 }
 
 void write_attr_double(H5File& f, const char* name, double v) {
-  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
-  Hid a(H5Acreate2(f.id(), name, H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  Hdf5Handle space(H5Screate(H5S_SCALAR));
+  Hdf5Handle a(H5Acreate2(f.id(), name, H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
   if (!a.ok() || H5Awrite(a.get(), H5T_NATIVE_DOUBLE, &v) < 0)
     fail(f.path(), std::string("cannot write attribute '") + name + "'");
 }
 
 // Variable-length UTF-8, as h5py writes Python strings.
 void write_attr_text(H5File& f, const char* name, const std::string& v) {
-  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
-  Hid type(H5Tcopy(H5T_C_S1), H5Tclose);
+  Hdf5Handle space(H5Screate(H5S_SCALAR));
+  Hdf5Handle type(H5Tcopy(H5T_C_S1));
   H5Tset_size(type.get(), H5T_VARIABLE);
   H5Tset_cset(type.get(), H5T_CSET_UTF8);
-  Hid a(H5Acreate2(f.id(), name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  Hdf5Handle a(H5Acreate2(f.id(), name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT));
   const char* p = v.c_str();
   if (!a.ok() || H5Awrite(a.get(), type.get(), &p) < 0)
     fail(f.path(), std::string("cannot write attribute '") + name + "'");
@@ -201,7 +184,7 @@ void write_attr_text(H5File& f, const char* name, const std::string& v) {
 }  // namespace
 
 H5File::H5File(const std::string& path, char mode) : path_(path) {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // our messages replace HDF5's error stack dumps
+  Hdf5Session session;  // our messages replace HDF5's error stack dumps
   if (mode == 'r') {
     // stat before any open: a FIFO would block, a directory reads as an unreadable file.
     require_regular_file(path, "layer file");
@@ -217,10 +200,12 @@ H5File::H5File(const std::string& path, char mode) : path_(path) {
 }
 
 H5File::~H5File() {
+  Hdf5Session session;
   if (id_ >= 0) H5Fclose(id_);
 }
 
 LayerConfig read_config(const H5File& f) {
+  Hdf5Session session;
   std::vector<std::string> names;
   hsize_t idx = 0;
   H5Aiterate2(f.id(), H5_INDEX_NAME, H5_ITER_INC, &idx, collect_name, &names);
@@ -277,6 +262,7 @@ LayerConfig read_config(const H5File& f) {
 }
 
 void write_config(H5File& f, const LayerConfig& c) {
+  Hdf5Session session;
   write_attr_int(f, "D", c.D);
   write_attr_int(f, "H", c.H);
   write_attr_int(f, "d", c.d);
@@ -291,6 +277,7 @@ void write_config(H5File& f, const LayerConfig& c) {
 }
 
 bool has_dataset(const H5File& f, const std::string& name) {
+  Hdf5Session session;
   if (H5Lexists(f.id(), name.c_str(), H5P_DEFAULT) <= 0) return false;
   H5O_info_t info;
   if (H5Oget_info_by_name(f.id(), name.c_str(), &info, H5P_DEFAULT) < 0) return false;
@@ -298,19 +285,21 @@ bool has_dataset(const H5File& f, const std::string& name) {
 }
 
 Shape dataset_shape(const H5File& f, const std::string& name) {
+  Hdf5Session session;
   if (!has_dataset(f, name)) fail(f.path(), "missing dataset '" + name + "'");
-  Hid ds(H5Dopen2(f.id(), name.c_str(), H5P_DEFAULT), H5Dclose);
-  Hid space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
+  Hdf5Handle ds(H5Dopen2(f.id(), name.c_str(), H5P_DEFAULT));
+  Hdf5Handle space(ds.ok() ? H5Dget_space(ds.get()) : -1);
   if (!space.ok()) fail(f.path(), "dataset '" + name + "' cannot be read");
   return space_shape(space.get());
 }
 
 Tensor read_tensor(const H5File& f, const std::string& name, const Shape& want,
                    const std::string& what, DType as) {
+  Hdf5Session session;
   if (!has_dataset(f, name)) fail(f.path(), "missing dataset '" + name + "' (" + what + ")");
-  Hid ds(H5Dopen2(f.id(), name.c_str(), H5P_DEFAULT), H5Dclose);
-  Hid type(ds.ok() ? H5Dget_type(ds.get()) : -1, H5Tclose);
-  Hid space(ds.ok() ? H5Dget_space(ds.get()) : -1, H5Sclose);
+  Hdf5Handle ds(H5Dopen2(f.id(), name.c_str(), H5P_DEFAULT));
+  Hdf5Handle type(ds.ok() ? H5Dget_type(ds.get()) : -1);
+  Hdf5Handle space(ds.ok() ? H5Dget_space(ds.get()) : -1);
   if (!type.ok() || !space.ok()) fail(f.path(), "dataset '" + name + "' cannot be read");
   const std::string storage = hdf5_storage_problem(f.id(), name, ds.get());
   if (!storage.empty()) fail(f.path(), "dataset '" + name + "' " + storage);
@@ -332,14 +321,14 @@ Tensor read_tensor(const H5File& f, const std::string& name, const Shape& want,
 }
 
 void write_tensor(H5File& f, const std::string& name, const Tensor& t) {
+  Hdf5Session session;
   IHA_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f64, "write_tensor: ", name,
             " must be f32 or f64");
   std::vector<hsize_t> dims(t.shape().begin(), t.shape().end());
-  Hid space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  Hdf5Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
   const bool f64 = t.dtype() == DType::f64;
-  Hid ds(H5Dcreate2(f.id(), name.c_str(), f64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE, space.get(),
-                    H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-         H5Dclose);
+  Hdf5Handle ds(H5Dcreate2(f.id(), name.c_str(), f64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE, space.get(),
+                           H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   if (!ds.ok() || (t.numel() > 0 && H5Dwrite(ds.get(), f64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT,
                                              H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) < 0))
     fail(f.path(), "cannot write dataset '" + name + "'");

@@ -20,7 +20,6 @@
 #include "checkpoint/checkpoint.h"
 
 #include <mpi.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +30,7 @@
 #include <thread>
 
 #include "checkpoint/blob.h"
+#include "checkpoint/fault_injection.h"
 #include "checkpoint/integrity.h"
 #include "checkpoint/posix_io.h"
 #include "checkpoint/root.h"
@@ -48,45 +48,6 @@ namespace {
 // Bytes moved per pwrite/pread: large enough for full disk bandwidth, small enough that the
 // next slice's read-ahead overlaps hashing the current one.
 constexpr uint64_t kSliceBytes = uint64_t(8) << 20;
-
-// ---- test hooks: IHA_CKPT_CRASH / IHA_CKPT_FAIL = "<phase>:<rank>" ----
-// Phases in order: begin, created, data_half, data_done, manifest, renamed, latest_renamed
-// (`latest` replaced, the root not yet fsynced), latest.
-struct Hooks {
-  // Captured from the environment by the calling thread; parsed inside the first agreement
-  // of a save, so a malformed value fails every rank instead of leaving some waiting.
-  std::string crash_env, fail_env;
-  std::string crash_phase, fail_phase;
-  int crash_rank = -1, fail_rank = -1;
-
-  static Hooks from_env() {
-    Hooks h;
-    if (const char* v = std::getenv("IHA_CKPT_CRASH")) h.crash_env = v;
-    if (const char* v = std::getenv("IHA_CKPT_FAIL")) h.fail_env = v;
-    return h;
-  }
-  static void parse_one(const char* var, const std::string& s, std::string& phase, int& rank) {
-    if (s.empty()) return;
-    const auto colon = s.find(':');
-    IHA_CONFIG_CHECK(colon != std::string::npos && colon + 1 < s.size(), var, "='", s,
-                     "': expected <phase>:<rank>");
-    phase = s.substr(0, colon);
-    rank = std::atoi(s.c_str() + colon + 1);
-  }
-  void parse() {
-    parse_one("IHA_CKPT_CRASH", crash_env, crash_phase, crash_rank);
-    parse_one("IHA_CKPT_FAIL", fail_env, fail_phase, fail_rank);
-  }
-  void at(const char* phase, int rank) const {
-    if (rank == crash_rank && crash_phase == phase) {
-      std::fflush(nullptr);
-      ::raise(SIGKILL);
-    }
-    if (rank == fail_rank && fail_phase == phase)
-      throw Error(std::string("injected failure (IHA_CKPT_FAIL) at phase '") + phase +
-                  "' on rank " + std::to_string(rank));
-  }
-};
 
 struct Piece {
   Tensor local;
@@ -545,7 +506,7 @@ struct SaveJob {
   MetaMap meta;
   std::string root;
   int64_t step = 0;
-  Hooks hooks;
+  FaultPlan faults;  // test-only (fault_injection.h)
   CheckpointOptions opt;
   int threads = 1;
 };
@@ -574,13 +535,13 @@ void prune_old(const std::string& root, int keep, int64_t newest_step, const std
 class SaveRun {
  public:
   SaveRun(Communicator& comm, const SaveJob& job)
-      : comm_(comm), job_(job), hooks_(job.hooks), me_(comm.rank()), C_(job.opt.hash_chunk_elems) {}
+      : comm_(comm), job_(job), faults_(job.faults), me_(comm.rank()), C_(job.opt.hash_chunk_elems) {}
 
   // 1, 2: the job's arguments, the registry agreed, every rank's duty, the coverage checked
   // before touching the disk; the directory names.
   void plan() {
     collective_check(comm_, [&] {
-      hooks_.parse();
+      faults_.parse();
       IHA_CONFIG_CHECK(job_.step >= 0, "checkpoint step must be >= 0, got ", job_.step);
       IHA_CONFIG_CHECK(C_ > 0, "hash_chunk_elems must be positive, got ", C_);
       IHA_CONFIG_CHECK(!job_.root.empty(), "checkpoint root directory is empty");
@@ -614,7 +575,7 @@ class SaveRun {
     const std::vector<TensorPlan>& plans = planned_.tensors;
     offsets_.assign(2 * plans.size() + 1, 0);  // data offsets, hash offsets, size
     collective_check(comm_, [&] {
-      hooks_.at("begin", me_);
+      faults_.at("begin", me_);
       if (me_ != 0) return;
       lock_ = std::make_unique<RootLock>(job_.root);
       for (const std::string& name : list_dir(job_.root))
@@ -636,7 +597,7 @@ class SaveRun {
   std::vector<uint64_t> write_duty(int64_t& bytes_written) {
     std::vector<uint64_t> hashes(planned_.chunks, 0);
     collective_check(comm_, [&] {
-      hooks_.at("created", me_);
+      faults_.at("created", me_);
       uint64_t total = 0, written = 0;
       for (const TensorPlan& p : planned_.tensors)
         total += static_cast<uint64_t>(runs_numel(p.duty)) * dtype_size(p.entry->dtype);
@@ -659,17 +620,17 @@ class SaveRun {
               written += n * es;
               if (!half && 2 * written >= total) {
                 half = true;
-                hooks_.at("data_half", me_);
+                faults_.at("data_half", me_);
               }
             }
           }
         }
-        if (!half) hooks_.at("data_half", me_);
+        if (!half) faults_.at("data_half", me_);
         bytes_written = static_cast<int64_t>(written);
         f.fsync();
         f.close();
       }
-      hooks_.at("data_done", me_);
+      faults_.at("data_done", me_);
     });
     return hashes;
   }
@@ -720,7 +681,7 @@ class SaveRun {
     cat.file_bytes = offsets_.back();
     write_text_file_synced(join_path(tmp_dir_, kManifestFile), manifest_json(cat));
     fsync_dir(tmp_dir_);
-    hooks_.at("manifest", me_);
+    faults_.at("manifest", me_);
   }
 
   // The directory renamed to its step, `latest` pointed at it, older steps pruned. Committed
@@ -730,12 +691,12 @@ class SaveRun {
     bool latest_replaced = false;
     try {
       fsync_dir(job_.root);
-      hooks_.at("renamed", me_);
+      faults_.at("renamed", me_);
       const std::string latest_tmp = join_path(job_.root, "latest.tmp-" + nonce_);
       write_text_file_synced(latest_tmp, step_name(job_.step) + "\n");
       rename_path(latest_tmp, join_path(job_.root, "latest"));
       latest_replaced = true;
-      hooks_.at("latest_renamed", me_);
+      faults_.at("latest_renamed", me_);
       fsync_dir(job_.root);
     } catch (const std::exception& e) {
       if (latest_replaced) {
@@ -753,7 +714,7 @@ class SaveRun {
       throw;
     }
     committed_ = true;
-    hooks_.at("latest", me_);
+    faults_.at("latest", me_);
     try {
       prune_old(job_.root, job_.opt.keep_last, job_.step, nonce_);
     } catch (const std::exception& e) {
@@ -764,7 +725,7 @@ class SaveRun {
 
   Communicator& comm_;
   const SaveJob& job_;
-  Hooks hooks_;
+  FaultPlan faults_;
   const int me_;
   const int64_t C_;
   Plans planned_;
@@ -1066,7 +1027,7 @@ std::string Checkpointer::save(const std::string& root, int64_t step) {
   SaveJob job;
   job.root = root;
   job.step = step;
-  job.hooks = Hooks::from_env();
+  job.faults = FaultPlan::from_env();
   job.opt = options_;
   job.meta = impl_->meta;
   job.threads = num_threads();

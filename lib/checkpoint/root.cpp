@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "checkpoint/checkpoint.h"
@@ -246,57 +247,172 @@ int64_t parse_step_name(const std::string& name) {
   return errno == ERANGE ? -1 : v;
 }
 
-std::string read_latest(const std::string& root) {
-  const std::string latest = join_path(root, "latest");
-  // lstat: a dangling symbolic link is not "no latest" (which would start recovery from
-  // whatever step directories are there); the protocol writes `latest` as a regular file.
+namespace {
+// The text of a small protocol file (`latest`, the run record), trailing whitespace removed;
+// nullopt if there is none. Refused before it is read: a symbolic link (the protocol writes a
+// regular file `holding` something), anything but a regular file, and more than max_bytes
+// (not_what: what such a file cannot be).
+std::optional<std::string> read_protocol_file(const std::string& file, off_t max_bytes,
+                                              const std::string& holding, const char* not_what) {
+  // lstat: a dangling symbolic link is not "no file" (for `latest`, that would start recovery
+  // from whatever step directories are there).
   struct stat st;
-  if (::lstat(latest.c_str(), &st) != 0) {
-    if (errno == ENOENT) return "";
-    throw ConfigError("cannot stat " + latest + ": " + std::strerror(errno));
+  if (::lstat(file.c_str(), &st) != 0) {
+    if (errno == ENOENT) return std::nullopt;
+    throw ConfigError("cannot stat " + file + ": " + std::strerror(errno));
   }
-  IHA_CONFIG_CHECK(!S_ISLNK(st.st_mode), latest, " is a symbolic link; the checkpoint protocol "
-                   "writes it as a regular file holding step_<N> (replace the link by such a file)");
-  IHA_CONFIG_CHECK(S_ISREG(st.st_mode), latest, " is ", file_kind_name(st.st_mode), ", not a regular file");
-  IHA_CONFIG_CHECK(st.st_size <= kLatestMaxBytes, latest, " is ", st.st_size,
-                   " bytes long: not a step directory name (step_<N>); the file is damaged");
-  std::string name;
+  IHA_CONFIG_CHECK(!S_ISLNK(st.st_mode), file, " is a symbolic link; the checkpoint protocol "
+                   "writes it as a regular file holding ", holding);
+  IHA_CONFIG_CHECK(S_ISREG(st.st_mode), file, " is ", file_kind_name(st.st_mode), ", not a regular file");
+  IHA_CONFIG_CHECK(st.st_size <= max_bytes, file, " is ", st.st_size, " bytes long: not ", not_what,
+                   "; the file is damaged");
+  std::string text;
   try {
-    name = read_text_file(latest);
+    text = read_text_file(file);
   } catch (const Error& e) {
     throw ConfigError(e.what());
   }
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ' || name.back() == '\r'))
-    name.pop_back();
-  IHA_CONFIG_CHECK(parse_step_name(name) >= 0, latest, " holds '", excerpt(name),
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r'))
+    text.pop_back();
+  return text;
+}
+}  // namespace
+
+std::string read_latest(const std::string& root) {
+  const std::string latest = join_path(root, "latest");
+  const std::optional<std::string> name =
+      read_protocol_file(latest, kLatestMaxBytes, "step_<N> (replace the link by such a file)",
+                         "a step directory name (step_<N>)");
+  if (!name) return "";
+  IHA_CONFIG_CHECK(parse_step_name(*name) >= 0, latest, " holds '", excerpt(*name),
                    "', not a step directory name (step_<N>)");
-  return name;
+  return *name;
 }
 
 std::string read_run_record(const std::string& root) {
   const std::string file = join_path(root, kRunRecord);
-  struct stat st;
-  if (::lstat(file.c_str(), &st) != 0) {
-    if (errno == ENOENT) return "";
-    throw ConfigError("cannot stat " + file + ": " + std::strerror(errno));
-  }
-  IHA_CONFIG_CHECK(!S_ISLNK(st.st_mode), file, " is a symbolic link; the checkpoint protocol "
-                   "writes it as a regular file holding the run id of the root's run (remove the link)");
-  IHA_CONFIG_CHECK(S_ISREG(st.st_mode), file, " is ", file_kind_name(st.st_mode), ", not a regular file");
-  IHA_CONFIG_CHECK(st.st_size <= kRecordMaxBytes, file, " is ", st.st_size,
-                   " bytes long: not a run id; the file is damaged");
-  std::string id;
-  try {
-    id = read_text_file(file);
-  } catch (const Error& e) {
-    throw ConfigError(e.what());
-  }
-  while (!id.empty() && (id.back() == '\n' || id.back() == ' ' || id.back() == '\r')) id.pop_back();
-  IHA_CONFIG_CHECK(valid_run_id(id), file, " holds '", excerpt(id), "', not a run id");
-  return id;
+  const std::optional<std::string> id =
+      read_protocol_file(file, kRecordMaxBytes, "the run id of the root's run (remove the link)",
+                         "a run id");
+  if (!id) return "";
+  IHA_CONFIG_CHECK(valid_run_id(*id), file, " holds '", excerpt(*id), "', not a run id");
+  return *id;
 }
 
 }  // namespace ckpt
+
+namespace {
+
+// What rank 0 finds in the root before recovery.
+struct RootScan {
+  std::string latest;  // the step directory `latest` names; "" if none
+  std::string record;  // the root's record of its run; "" if none
+  Owner owner;         // the run that owns the root (for recovery)
+  std::string latest_id;  // run_id of the checkpoint `latest` names, as recovery leaves it
+  std::vector<std::string> candidates;  // step directories newer than `latest`, newest first
+};
+
+// The run that owns the root: the run_id of the checkpoint `latest` names, else the record's.
+void find_owner(const std::string& root, RootScan& s) {
+  if (!s.latest.empty()) {
+    try {
+      const CheckpointInfo of_latest = inspect_checkpoint(join_path(root, s.latest));
+      if (of_latest.has_meta(kRunIdMeta)) s.latest_id = of_latest.get<std::string>(kRunIdMeta);
+    } catch (const Error&) {
+      // `latest`'s own checkpoint is judged when it is loaded
+    }
+  }
+  if (!s.latest_id.empty())
+    s.owner = {s.latest_id, "the run_id of " + s.latest + ", which 'latest' names"};
+  else if (!s.record.empty())
+    s.owner = {s.record, "recorded in " + join_path(root, kRunRecord)};
+}
+
+// Rank 0, holding the root's lock: `latest`, the record and the owner; removes the protocol's
+// own temporaries; the step directories newer than `latest` (none where the run starts fresh).
+void scan_root(const std::string& root, RootUse use, RootScan& s) {
+  probe_writable(root);
+  s.latest = read_latest(root);
+  IHA_CONFIG_CHECK(s.latest.empty() || is_dir(join_path(root, s.latest)), join_path(root, "latest"),
+                   " names ", s.latest, ", which does not exist (restore it, or point 'latest' "
+                   "at a step directory that does)");
+  s.record = read_run_record(root);
+  find_owner(root, s);
+  const int64_t latest_step = s.latest.empty() ? -1 : parse_step_name(s.latest);
+  std::vector<std::pair<int64_t, std::string>> newer;
+  for (const std::string& name : list_dir(root)) {
+    const int64_t step = parse_step_name(name);
+    if (step > latest_step && is_dir(join_path(root, name))) newer.push_back({step, name});
+    // Never committed (Checkpointer::save writes and removes these under the lock).
+    if (is_own_temporary(name)) remove_tree(join_path(root, name));
+  }
+  std::sort(newer.rbegin(), newer.rend());
+  if (use == RootUse::fresh) {
+    IHA_CONFIG_CHECK(s.latest.empty() && newer.empty(), "it already holds checkpoints (",
+                     s.latest.empty() ? newer.front().second + ", no 'latest'" : "latest: " + s.latest,
+                     "): continue them with --resume (or --resume auto), or choose another "
+                     "directory");
+  } else {
+    for (const auto& n : newer) s.candidates.push_back(n.second);
+  }
+}
+
+// Rank 0's candidates on every rank; whether rank 0 found a `latest`.
+bool share_scan(Communicator& comm, RootScan& s) {
+  std::string joined;
+  for (const std::string& c : s.candidates) joined += c + "\n";
+  joined = bcast_string(comm, joined, 0);
+  s.candidates.clear();
+  size_t b = 0;
+  for (size_t e; (e = joined.find('\n', b)) != std::string::npos; b = e + 1)
+    s.candidates.push_back(joined.substr(b, e - b));
+  int64_t has_latest = s.latest.empty() ? 0 : 1;
+  comm.broadcast(&has_latest, 1, DType::i64, 0, "ckpt.root");
+  return has_latest != 0;
+}
+
+// Candidate step directory `name`: adopted as latest if it verifies and is the owner's (true),
+// else set aside under a name no command reads. Either way a note for the run's log.
+bool adopt_or_set_aside(Communicator& comm, const std::string& root, const std::string& name,
+                        RootScan& s, std::vector<std::string>& notes) {
+  const std::string dir = join_path(root, name);
+  std::string why;
+  try {
+    verify_checkpoint(comm, dir);
+    collective_check(comm, [&] {
+      if (comm.rank() != 0) return;
+      const CheckpointInfo info = inspect_checkpoint(dir);
+      IHA_CONFIG_CHECK(info.step == parse_step_name(name), "its file holds step ", info.step);
+      check_owner(root, s.owner, info);
+      s.latest_id = info.has_meta(kRunIdMeta) ? info.get<std::string>(kRunIdMeta) : std::string();
+    });
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  // Where a rejected directory goes: a name no command reads, lists as a step, or removes.
+  std::string aside = name + ".rejected";
+  if (comm.rank() == 0)
+    for (int k = 1; path_exists(join_path(root, aside)); ++k) aside = name + ".rejected." + std::to_string(k);
+  aside = bcast_string(comm, aside, 0);
+  std::string note;
+  collective_check(comm, [&] {
+    if (why.empty()) {
+      note = "recovered " + dir + ": a complete checkpoint newer than 'latest' (left by an "
+             "interrupted save), verified and adopted as latest";
+      if (comm.rank() != 0) return;
+      replace_file_synced(root, "latest", name + "\n");
+    } else {
+      note = "set aside " + dir + " as " + aside + " (not adopted as latest: " + why + ")";
+      if (comm.rank() != 0) return;
+      rename_path(dir, join_path(root, aside));
+      fsync_dir(root);
+    }
+  });
+  notes.push_back(note);
+  return why.empty();
+}
+
+}  // namespace
 
 // ---- the protocol ----
 
@@ -304,107 +420,22 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
                                RootUse use)
     : root_(root) {
   const std::string where = "config key '" + key + "' = '" + root + "'";
-  // Step directories newer than what `latest` names, newest first (rank 0's view, shipped).
-  std::vector<std::string> candidates;
-  std::string latest;
-  // Rank 0's: the root's record, and the run that owns the root (for recovery).
-  std::string record;
-  Owner owner;
-  std::string latest_id;  // run_id of the checkpoint `latest` names, as recovery leaves it
+  RootScan scan;  // rank 0's, but for the candidates shipped to every rank
   collective_check(comm, [&] {
     IHA_CONFIG_CHECK(!root.empty(), "config key '", key, "' is empty: no checkpoint directory");
     if (comm.rank() != 0) return;
     try {
       lock_ = std::make_unique<RootLock>(root);
-      probe_writable(root);
-      latest = read_latest(root);
-      IHA_CONFIG_CHECK(latest.empty() || is_dir(join_path(root, latest)), join_path(root, "latest"),
-                       " names ", latest, ", which does not exist (restore it, or point 'latest' "
-                       "at a step directory that does)");
-      record = read_run_record(root);
-      if (!latest.empty()) {
-        try {
-          const CheckpointInfo of_latest = inspect_checkpoint(join_path(root, latest));
-          if (of_latest.has_meta(kRunIdMeta)) latest_id = of_latest.get<std::string>(kRunIdMeta);
-        } catch (const Error&) {
-          // `latest`'s own checkpoint is judged when it is loaded
-        }
-      }
-      if (!latest_id.empty())
-        owner = {latest_id, "the run_id of " + latest + ", which 'latest' names"};
-      else if (!record.empty())
-        owner = {record, "recorded in " + join_path(root, kRunRecord)};
-      const int64_t latest_step = latest.empty() ? -1 : parse_step_name(latest);
-      std::vector<std::pair<int64_t, std::string>> newer;
-      for (const std::string& name : list_dir(root)) {
-        const int64_t s = parse_step_name(name);
-        if (s > latest_step && is_dir(join_path(root, name))) newer.push_back({s, name});
-        // Never committed (Checkpointer::save writes and removes these under the lock).
-        if (is_own_temporary(name)) remove_tree(join_path(root, name));
-      }
-      std::sort(newer.rbegin(), newer.rend());
-      if (use == RootUse::fresh) {
-        IHA_CONFIG_CHECK(latest.empty() && newer.empty(), "it already holds checkpoints (",
-                         latest.empty() ? newer.front().second + ", no 'latest'" : "latest: " + latest,
-                         "): continue them with --resume (or --resume auto), or choose another "
-                         "directory");
-      } else {
-        for (const auto& s : newer) candidates.push_back(s.second);
-      }
+      scan_root(root, use, scan);
     } catch (const Error& e) {
       lock_.reset();
       throw ConfigError(where + ": " + e.what());
     }
   });
-  {
-    std::string joined;
-    for (const std::string& c : candidates) joined += c + "\n";
-    joined = bcast_string(comm, joined, 0);
-    candidates.clear();
-    size_t b = 0;
-    for (size_t e; (e = joined.find('\n', b)) != std::string::npos; b = e + 1)
-      candidates.push_back(joined.substr(b, e - b));
-    int64_t has_latest = latest.empty() ? 0 : 1;
-    comm.broadcast(&has_latest, 1, DType::i64, 0, "ckpt.root");
-    resume_ = has_latest != 0;
-  }
+  resume_ = share_scan(comm, scan);
   // Newest first: adopt the first that verifies; set aside those that do not.
-  for (const std::string& name : candidates) {
-    const std::string dir = join_path(root, name);
-    std::string why;
-    try {
-      verify_checkpoint(comm, dir);
-      collective_check(comm, [&] {
-        if (comm.rank() != 0) return;
-        const CheckpointInfo info = inspect_checkpoint(dir);
-        IHA_CONFIG_CHECK(info.step == parse_step_name(name), "its file holds step ", info.step);
-        check_owner(root, owner, info);
-        latest_id = info.has_meta(kRunIdMeta) ? info.get<std::string>(kRunIdMeta) : std::string();
-      });
-    } catch (const Error& e) {
-      why = e.what();
-    }
-    // Where a rejected directory goes: a name no command reads, lists as a step, or removes.
-    std::string aside = name + ".rejected";
-    if (comm.rank() == 0)
-      for (int k = 1; path_exists(join_path(root, aside)); ++k) aside = name + ".rejected." + std::to_string(k);
-    aside = bcast_string(comm, aside, 0);
-    std::string note;
-    collective_check(comm, [&] {
-      if (why.empty()) {
-        note = "recovered " + dir + ": a complete checkpoint newer than 'latest' (left by an "
-               "interrupted save), verified and adopted as latest";
-        if (comm.rank() != 0) return;
-        replace_file_synced(root, "latest", name + "\n");
-      } else {
-        note = "set aside " + dir + " as " + aside + " (not adopted as latest: " + why + ")";
-        if (comm.rank() != 0) return;
-        rename_path(dir, join_path(root, aside));
-        fsync_dir(root);
-      }
-    });
-    notes_.push_back(note);
-    if (why.empty()) {
+  for (const std::string& name : scan.candidates) {
+    if (adopt_or_set_aside(comm, root, name, scan, notes_)) {
       resume_ = true;
       break;
     }
@@ -422,8 +453,9 @@ CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, cons
       if (!resume_)
         run_id_ = random_nonce();
       else
-        run_id_ = !latest_id.empty() ? latest_id : record;
-      if (valid_run_id(run_id_) && run_id_ != record) replace_file_synced(root, kRunRecord, run_id_ + "\n");
+        run_id_ = !scan.latest_id.empty() ? scan.latest_id : scan.record;
+      if (valid_run_id(run_id_) && run_id_ != scan.record)
+        replace_file_synced(root, kRunRecord, run_id_ + "\n");
     } catch (const Error& e) {
       throw ConfigError(where + ": cannot record the run in " + join_path(root, kRunRecord) + ": " + e.what());
     }

@@ -9,7 +9,7 @@
 #include <functional>
 #include <sstream>
 
-#include "checkpoint/hdf5_lock.h"
+#include "checkpoint/hdf5.h"
 #include "checkpoint/posix_io.h"
 #include "core/bf16.h"
 #include "core/error.h"
@@ -23,89 +23,20 @@ namespace ckpt {
 
 namespace {
 
-// ---- HDF5 plumbing ----
+// ---- HDF5 plumbing (the handle, the session and the error text: hdf5.h) ----
 
-// Holds hdf5_mutex() and silences HDF5's automatic error printing (we put the error stack
-// into our exception instead); restores the previous printing on exit.
-class Hdf5Session {
- public:
-  Hdf5Session() : lock_(hdf5_mutex()) {
-    H5Eget_auto2(H5E_DEFAULT, &old_func_, &old_data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~Hdf5Session() { H5Eset_auto2(H5E_DEFAULT, old_func_, old_data_); }
-
- private:
-  std::lock_guard<std::mutex> lock_;
-  H5E_auto2_t old_func_ = nullptr;
-  void* old_data_ = nullptr;
-};
-
-herr_t collect_error(unsigned n, const H5E_error2_t* e, void* data) {
-  auto* out = static_cast<std::vector<std::string>*>(data);
-  if (e->desc && *e->desc) out->push_back(e->desc);
-  return 0;
-}
-
-// The HDF5 error stack, innermost cause last, as one line.
-std::string h5_error_text() {
-  std::vector<std::string> lines;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_error, &lines);
-  H5Eclear2(H5E_DEFAULT);
-  if (lines.empty()) return "HDF5 error";
-  // The innermost frames say what actually went wrong (e.g. "truncated file").
-  std::string s;
-  const size_t n = std::min<size_t>(lines.size(), 3);
-  for (size_t i = 0; i < n; ++i) s += (i ? "; " : "") + lines[i];
-  std::replace(s.begin(), s.end(), '\n', ' ');
-  return s;
-}
-
-class H5Handle {
- public:
-  using Closer = herr_t (*)(hid_t);
-  H5Handle() = default;
-  H5Handle(hid_t id, Closer c) : id_(id), close_(c) {}
-  ~H5Handle() { reset(); }
-  H5Handle(H5Handle&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  H5Handle& operator=(H5Handle&& o) noexcept {
-    reset();
-    id_ = o.id_;
-    close_ = o.close_;
-    o.id_ = -1;
-    return *this;
-  }
-  hid_t get() const { return id_; }
-  operator hid_t() const { return id_; }
-  // Closes now and reports failure (for the file, whose close flushes metadata).
-  herr_t close() {
-    herr_t rc = 0;
-    if (id_ >= 0 && close_) rc = close_(id_);
-    id_ = -1;
-    return rc;
-  }
-
- private:
-  void reset() {
-    if (id_ >= 0 && close_) close_(id_);
-    id_ = -1;
-  }
-  hid_t id_ = -1;
-  Closer close_ = nullptr;
-};
-
-H5Handle checked(hid_t id, H5Handle::Closer c, const std::string& what) {
-  if (id < 0) throw Error(what + ": " + h5_error_text());
-  return H5Handle(id, c);
+Hdf5Handle checked(hid_t id, const std::string& what) {
+  if (id < 0) throw Error(what + ": " + hdf5_error_text());
+  return Hdf5Handle(id);
 }
 void checked(herr_t rc, const std::string& what) {
-  if (rc < 0) throw Error(what + ": " + h5_error_text());
+  if (rc < 0) throw Error(what + ": " + hdf5_error_text());
 }
 
 // bfloat16 as an HDF5 float type: sign bit 15, 8 exponent bits at 7 (bias 127), 7 mantissa
 // bits at 0. HDF5 (h5dump) and h5py convert it to wider floats exactly.
-H5Handle bf16_type() {
-  H5Handle t = checked(H5Tcopy(H5T_IEEE_F32LE), H5Tclose, "creating the bf16 type");
+Hdf5Handle bf16_type() {
+  Hdf5Handle t = checked(H5Tcopy(H5T_IEEE_F32LE), "creating the bf16 type");
   checked(H5Tset_fields(t, 15, 7, 8, 0, 7), "bf16 type fields");
   checked(H5Tset_precision(t, 16), "bf16 type precision");
   checked(H5Tset_size(t, 2), "bf16 type size");
@@ -113,7 +44,7 @@ H5Handle bf16_type() {
   return t;
 }
 
-H5Handle file_type(DType dt) {
+Hdf5Handle file_type(DType dt) {
   hid_t base = -1;
   switch (dt) {
     case DType::f32: base = H5T_IEEE_F32LE; break;
@@ -123,15 +54,15 @@ H5Handle file_type(DType dt) {
     case DType::u8: base = H5T_STD_U8LE; break;
     case DType::bf16: return bf16_type();
   }
-  return checked(H5Tcopy(base), H5Tclose, "copying an HDF5 type");
+  return checked(H5Tcopy(base), "copying an HDF5 type");
 }
 
 // Strings are fixed-length (NUL-padded UTF-8), never variable-length: variable-length data
 // lives in HDF5's global heap, which has no checksum, and one flipped byte there can send
 // HDF5 1.10 into an endless loop. Fixed-length strings sit in checksummed object headers
 // (attributes) or in dataset storage covered by meta_hash (/meta).
-H5Handle string_type(size_t bytes) {
-  H5Handle t = checked(H5Tcopy(H5T_C_S1), H5Tclose, "creating a string type");
+Hdf5Handle string_type(size_t bytes) {
+  Hdf5Handle t = checked(H5Tcopy(H5T_C_S1), "creating a string type");
   checked(H5Tset_size(t, std::max<size_t>(bytes, 1)), "string type size");
   checked(H5Tset_strpad(t, H5T_STR_NULLPAD), "string type padding");
   checked(H5Tset_cset(t, H5T_CSET_UTF8), "string type charset");
@@ -146,34 +77,34 @@ std::string unpadded(std::string s) {
   return s;
 }
 
-H5Handle scalar_space() { return checked(H5Screate(H5S_SCALAR), H5Sclose, "dataspace"); }
+Hdf5Handle scalar_space() { return checked(H5Screate(H5S_SCALAR), "dataspace"); }
 
-H5Handle simple_space(const Shape& shape) {
+Hdf5Handle simple_space(const Shape& shape) {
   if (shape.empty()) return scalar_space();
   std::vector<hsize_t> dims(shape.begin(), shape.end());
-  return checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose,
+  return checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                  "dataspace " + shape_str(shape));
 }
 
 void write_attr_string(hid_t obj, const char* name, const std::string& value) {
-  H5Handle t = string_type(value.size());
-  H5Handle s = scalar_space();
-  H5Handle a = checked(H5Acreate2(obj, name, t, s, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+  Hdf5Handle t = string_type(value.size());
+  Hdf5Handle s = scalar_space();
+  Hdf5Handle a = checked(H5Acreate2(obj, name, t, s, H5P_DEFAULT, H5P_DEFAULT),
                        std::string("creating attribute ") + name);
   const std::string bytes = padded(value);
   checked(H5Awrite(a, t, bytes.data()), std::string("writing attribute ") + name);
 }
 
 void write_attr_i64(hid_t obj, const char* name, int64_t value) {
-  H5Handle s = scalar_space();
-  H5Handle a = checked(H5Acreate2(obj, name, H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+  Hdf5Handle s = scalar_space();
+  Hdf5Handle a = checked(H5Acreate2(obj, name, H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT),
                        std::string("creating attribute ") + name);
   checked(H5Awrite(a, H5T_NATIVE_INT64, &value), std::string("writing attribute ") + name);
 }
 
 void write_attr_u64(hid_t obj, const char* name, uint64_t value) {
-  H5Handle s = scalar_space();
-  H5Handle a = checked(H5Acreate2(obj, name, H5T_STD_U64LE, s, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+  Hdf5Handle s = scalar_space();
+  Hdf5Handle a = checked(H5Acreate2(obj, name, H5T_STD_U64LE, s, H5P_DEFAULT, H5P_DEFAULT),
                        std::string("creating attribute ") + name);
   checked(H5Awrite(a, H5T_NATIVE_UINT64, &value), std::string("writing attribute ") + name);
 }
@@ -181,9 +112,9 @@ void write_attr_u64(hid_t obj, const char* name, uint64_t value) {
 bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
 
 std::string read_attr_string(hid_t obj, const char* name, const std::string& where) {
-  H5Handle a = checked(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose,
+  Hdf5Handle a = checked(H5Aopen(obj, name, H5P_DEFAULT),
                        where + ": attribute '" + name + "' is missing");
-  H5Handle ft = checked(H5Aget_type(a), H5Tclose, where + ": attribute '" + name + "'");
+  Hdf5Handle ft = checked(H5Aget_type(a), where + ": attribute '" + name + "'");
   if (H5Tget_class(ft) != H5T_STRING || H5Tis_variable_str(ft) != 0)
     throw Error(where + ": attribute '" + name + "' is not a fixed-length string");
   std::string s(H5Tget_size(ft), '\0');
@@ -193,7 +124,7 @@ std::string read_attr_string(hid_t obj, const char* name, const std::string& whe
 
 template <class T>
 T read_attr_num(hid_t obj, const char* name, hid_t mem_type, const std::string& where) {
-  H5Handle a = checked(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose,
+  Hdf5Handle a = checked(H5Aopen(obj, name, H5P_DEFAULT),
                        where + ": attribute '" + name + "' is missing");
   T v{};
   checked(H5Aread(a, mem_type, &v), where + ": reading attribute '" + name + "'");
@@ -212,7 +143,7 @@ herr_t visit_link(hid_t group, const char* name, const H5L_info_t*, void* data) 
 std::vector<std::string> datasets_below(hid_t file, const char* group, const std::string& where) {
   std::vector<std::string> names;
   if (H5Lexists(file, group, H5P_DEFAULT) <= 0) return names;
-  H5Handle g = checked(H5Gopen2(file, group, H5P_DEFAULT), H5Gclose,
+  Hdf5Handle g = checked(H5Gopen2(file, group, H5P_DEFAULT),
                        where + ": opening group " + group);
   checked(H5Lvisit(g, H5_INDEX_NAME, H5_ITER_INC, visit_link, &names),
           where + ": listing group " + group);
@@ -226,25 +157,24 @@ void write_meta(hid_t file, hid_t lcpl, const std::string& key, const MetaValue&
   const std::string path = "/meta/" + key;
   const std::string what = "writing metadata '" + key + "'";
   auto dataset = [&](hid_t type, const Shape& shape) {
-    H5Handle s = simple_space(shape);
-    return checked(H5Dcreate2(file, path.c_str(), type, s, lcpl, H5P_DEFAULT, H5P_DEFAULT),
-                   H5Dclose, what);
+    Hdf5Handle s = simple_space(shape);
+    return checked(H5Dcreate2(file, path.c_str(), type, s, lcpl, H5P_DEFAULT, H5P_DEFAULT), what);
   };
   std::visit(
       [&](const auto& x) {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_same_v<T, int64_t>) {
-          H5Handle d = dataset(H5T_STD_I64LE, {});
+          Hdf5Handle d = dataset(H5T_STD_I64LE, {});
           checked(H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &x), what);
         } else if constexpr (std::is_same_v<T, uint64_t>) {
-          H5Handle d = dataset(H5T_STD_U64LE, {});
+          Hdf5Handle d = dataset(H5T_STD_U64LE, {});
           checked(H5Dwrite(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &x), what);
         } else if constexpr (std::is_same_v<T, double>) {
-          H5Handle d = dataset(H5T_IEEE_F64LE, {});
+          Hdf5Handle d = dataset(H5T_IEEE_F64LE, {});
           checked(H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, &x), what);
         } else if constexpr (std::is_same_v<T, std::string>) {
-          H5Handle t = string_type(x.size());
-          H5Handle d = dataset(t, {});
+          Hdf5Handle t = string_type(x.size());
+          Hdf5Handle d = dataset(t, {});
           const std::string bytes = padded(x);
           checked(H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()), what);
         } else {
@@ -255,7 +185,7 @@ void write_meta(hid_t file, hid_t lcpl, const std::string& key, const MetaValue&
           const hid_t mt = std::is_same_v<E, int64_t>    ? H5T_NATIVE_INT64
                            : std::is_same_v<E, uint64_t> ? H5T_NATIVE_UINT64
                                                          : H5T_NATIVE_DOUBLE;
-          H5Handle d = dataset(ft, {static_cast<int64_t>(x.size())});
+          Hdf5Handle d = dataset(ft, {static_cast<int64_t>(x.size())});
           if (!x.empty()) checked(H5Dwrite(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data()), what);
         }
       },
@@ -265,9 +195,9 @@ void write_meta(hid_t file, hid_t lcpl, const std::string& key, const MetaValue&
 MetaValue read_meta(hid_t file, const std::string& key, const std::string& where) {
   const std::string path = "/meta/" + key;
   const std::string what = where + ": metadata '" + key + "'";
-  H5Handle d = checked(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose, what);
-  H5Handle t = checked(H5Dget_type(d), H5Tclose, what);
-  H5Handle s = checked(H5Dget_space(d), H5Sclose, what);
+  Hdf5Handle d = checked(H5Dopen2(file, path.c_str(), H5P_DEFAULT), what);
+  Hdf5Handle t = checked(H5Dget_type(d), what);
+  Hdf5Handle s = checked(H5Dget_space(d), what);
   const int nd = H5Sget_simple_extent_ndims(s);
   if (nd < 0 || nd > 1) throw Error(what + " is not a scalar or a 1-D array");
   hsize_t n = 1;
@@ -306,7 +236,7 @@ MetaValue read_meta(hid_t file, const std::string& key, const std::string& where
 
 DType dtype_of_h5(hid_t t, const std::string& what) {
   for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::i32, DType::i64, DType::u8}) {
-    H5Handle ft = file_type(dt);
+    Hdf5Handle ft = file_type(dt);
     if (H5Tequal(t, ft) > 0) return dt;
   }
   throw Error(what + ": unsupported HDF5 datatype (expected little-endian f32, f64, bf16, i32, "
@@ -432,12 +362,12 @@ CreatedFile create_checkpoint_file(const std::string& path, int64_t step, int64_
   CreatedFile out;
   {
     Hdf5Session session;
-    H5Handle fapl = checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, where);
+    Hdf5Handle fapl = checked(H5Pcreate(H5P_FILE_ACCESS), where);
     // 1.8 object formats carry checksums on all file metadata, and every HDF5 >= 1.8 reads them.
     checked(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18), where);
     // Page-aligned tensor data: whole-page writes and reads.
     checked(H5Pset_alignment(fapl, 4096, 4096), where);
-    H5Handle file = checked(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), H5Fclose, where);
+    Hdf5Handle file = checked(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl), where);
 
     write_attr_string(file, "iha_format", kFormatName);
     write_attr_i64(file, "format_version", kFormatVersion);
@@ -447,31 +377,31 @@ CreatedFile create_checkpoint_file(const std::string& path, int64_t step, int64_
     write_attr_string(file, "hash_scheme", kHashScheme);
     write_attr_u64(file, "meta_hash", meta_digest(meta));
 
-    H5Handle lcpl = checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, where);
+    Hdf5Handle lcpl = checked(H5Pcreate(H5P_LINK_CREATE), where);
     checked(H5Pset_create_intermediate_group(lcpl, 1), where);
     // Space is reserved at creation and never pre-filled: the ranks write every byte.
-    H5Handle dcpl = checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, where);
+    Hdf5Handle dcpl = checked(H5Pcreate(H5P_DATASET_CREATE), where);
     checked(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY), where);
     checked(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), where);
     for (const char* g : {"/tensors", "/integrity", "/meta"})
-      H5Handle grp = checked(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
+      Hdf5Handle grp = checked(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                              where + ": group " + g);
 
     for (const TensorInfo& t : tensors) {
       const std::string tw = where + ": tensor '" + t.name + "'";
-      H5Handle type = file_type(t.dtype);
-      H5Handle space = simple_space(t.shape);
-      H5Handle d = checked(H5Dcreate2(file, ("/tensors/" + t.name).c_str(), type, space, lcpl, dcpl,
-                                      H5P_DEFAULT), H5Dclose, tw);
+      Hdf5Handle type = file_type(t.dtype);
+      Hdf5Handle space = simple_space(t.shape);
+      Hdf5Handle d = checked(H5Dcreate2(file, ("/tensors/" + t.name).c_str(), type, space, lcpl, dcpl,
+                                      H5P_DEFAULT), tw);
       write_attr_string(d, "dtype", dtype_name(t.dtype));
       const haddr_t off = H5Dget_offset(d);
       IHA_CHECK(t.numel() == 0 || off != HADDR_UNDEF, tw, ": no storage was allocated");
       out.data_offset.push_back(t.numel() == 0 ? 0 : static_cast<uint64_t>(off));
 
       const int64_t nc = num_chunks(t.numel(), hash_chunk_elems);
-      H5Handle hspace = simple_space({nc});
-      H5Handle h = checked(H5Dcreate2(file, ("/integrity/" + t.name).c_str(), H5T_STD_U64LE, hspace,
-                                      lcpl, dcpl, H5P_DEFAULT), H5Dclose, tw + " hashes");
+      Hdf5Handle hspace = simple_space({nc});
+      Hdf5Handle h = checked(H5Dcreate2(file, ("/integrity/" + t.name).c_str(), H5T_STD_U64LE, hspace,
+                                      lcpl, dcpl, H5P_DEFAULT), tw + " hashes");
       const haddr_t hoff = H5Dget_offset(h);
       IHA_CHECK(nc == 0 || hoff != HADDR_UNDEF, tw, ": no storage was allocated for hashes");
       out.hash_offset.push_back(nc == 0 ? 0 : static_cast<uint64_t>(hoff));
@@ -488,18 +418,119 @@ CreatedFile create_checkpoint_file(const std::string& path, int64_t step, int64_
   return out;
 }
 
-Catalog read_catalog(const std::string& dir) {
-  const std::string file = join_path(dir, kStateFile);
-  const std::string manifest_path = join_path(dir, kManifestFile);
+namespace {
+
+// The manifest of the committed checkpoint in `dir`, whose state file must have the size it
+// records (sets c.file_bytes).
+Manifest read_committed_manifest(const std::string& dir, const std::string& file,
+                                 const std::string& manifest_path, Catalog& c) {
   IHA_CONFIG_CHECK(path_exists(file), "checkpoint ", dir, ": ", kStateFile, " is missing");
   IHA_CONFIG_CHECK(path_exists(manifest_path), "checkpoint ", dir, ": ", kManifestFile,
                    " is missing (not a committed checkpoint)");
-  const Manifest manifest = parse_manifest(manifest_path);
-  Catalog c;
+  Manifest manifest = parse_manifest(manifest_path);
   c.file_bytes = file_size(file);
   if (c.file_bytes < manifest.file_bytes) report_truncation(file, c.file_bytes, manifest);
   IHA_CHECK(c.file_bytes == manifest.file_bytes, "checkpoint file ", file, " has ", c.file_bytes,
             " bytes but ", kManifestFile, " records ", manifest.file_bytes);
+  return manifest;
+}
+
+// The state file's root attributes into `info`; returns the stored meta_hash.
+uint64_t read_file_attributes(hid_t f, const std::string& where, CheckpointInfo& info) {
+  const std::string format = read_attr_string(f, "iha_format", where);
+  IHA_CHECK(format == kFormatName, where, " is not an IHA checkpoint (iha_format = '", format, "')");
+  info.format_version = read_attr_num<int64_t>(f, "format_version", H5T_NATIVE_INT64, where);
+  IHA_CHECK(info.format_version >= 1 && info.format_version <= kFormatVersion, where,
+            " has format version ", info.format_version, "; this build reads up to ",
+            kFormatVersion);
+  info.step = read_attr_num<int64_t>(f, "step", H5T_NATIVE_INT64, where);
+  info.writer_ranks = read_attr_num<int64_t>(f, "writer_ranks", H5T_NATIVE_INT64, where);
+  info.hash_chunk_elems = read_attr_num<int64_t>(f, "hash_chunk_elems", H5T_NATIVE_INT64, where);
+  IHA_CHECK(info.hash_chunk_elems > 0, where, ": hash_chunk_elems must be positive");
+  const std::string scheme = read_attr_string(f, "hash_scheme", where);
+  IHA_CHECK(scheme == kHashScheme, where, " uses hash scheme '", scheme, "'; this build knows '",
+            kHashScheme, "'");
+  return read_attr_num<uint64_t>(f, "meta_hash", H5T_NATIVE_UINT64, where);
+}
+
+// Tensor `name` of the open state file: its dataset's type, shape, storage and hashes, appended
+// to c.info.tensors and c.stored.
+void read_tensor_entry(hid_t f, const std::string& name, const std::string& where, Catalog& c) {
+  const std::string tw = where + ": tensor '" + name + "'";
+  Hdf5Handle d = checked(H5Dopen2(f, ("/tensors/" + name).c_str(), H5P_DEFAULT), tw);
+  Hdf5Handle t = checked(H5Dget_type(d), tw);
+  TensorInfo ti;
+  ti.name = name;
+  ti.dtype = dtype_of_h5(t, tw);
+  if (has_attr(d, "dtype")) {
+    const std::string attr = read_attr_string(d, "dtype", tw);
+    IHA_CHECK(attr == dtype_name(ti.dtype), tw, ": dtype attribute '", attr,
+              "' does not match the dataset's HDF5 type (", dtype_name(ti.dtype), ")");
+  }
+  Hdf5Handle s = checked(H5Dget_space(d), tw);
+  const int nd = H5Sget_simple_extent_ndims(s);
+  IHA_CHECK(nd >= 0, tw, ": unreadable dataspace");
+  std::vector<hsize_t> dims(nd);
+  if (nd) H5Sget_simple_extent_dims(s, dims.data(), nullptr);
+  ti.shape.assign(dims.begin(), dims.end());
+  Hdf5Handle dcpl = checked(H5Dget_create_plist(d), tw);
+  IHA_CHECK(H5Pget_layout(dcpl) == H5D_CONTIGUOUS, tw,
+            ": dataset is not stored contiguously (rewritten by another tool?); IHA "
+            "checkpoints store contiguous datasets");
+  StoredTensor st;
+  const uint64_t nbytes = ti.numel() * dtype_size(ti.dtype);
+  if (nbytes > 0) {
+    const haddr_t off = H5Dget_offset(d);
+    IHA_CHECK(off != HADDR_UNDEF, tw, ": the dataset has no storage (never written)");
+    st.data_offset = off;
+    IHA_CHECK(H5Dget_storage_size(d) == nbytes && st.data_offset + nbytes <= c.file_bytes, tw,
+              ": dataset storage does not fit the file");
+  }
+  const std::string hpath = "/integrity/" + name;
+  IHA_CHECK(H5Lexists(f, "/integrity", H5P_DEFAULT) > 0 &&
+                H5Lexists(f, hpath.c_str(), H5P_DEFAULT) > 0,
+            tw, ": its integrity hashes (dataset ", hpath, ") are missing");
+  Hdf5Handle h = checked(H5Dopen2(f, hpath.c_str(), H5P_DEFAULT), tw + " hashes");
+  Hdf5Handle hs = checked(H5Dget_space(h), tw + " hashes");
+  const int64_t nc = num_chunks(ti.numel(), c.info.hash_chunk_elems);
+  hsize_t hn = 0;
+  IHA_CHECK(H5Sget_simple_extent_ndims(hs) == 1, tw, ": hashes dataset is not 1-D");
+  H5Sget_simple_extent_dims(hs, &hn, nullptr);
+  IHA_CHECK(static_cast<int64_t>(hn) == nc, tw, ": ", hn, " chunk hashes stored, ", nc, " expected");
+  st.hashes.resize(nc);
+  if (nc) {
+    checked(H5Dread(h, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, st.hashes.data()),
+            tw + ": reading hashes");
+    st.hash_offset = H5Dget_offset(h);
+  }
+  c.info.tensors.push_back(std::move(ti));
+  c.stored.push_back(std::move(st));
+}
+
+// The manifest and the file must describe the same tensors at the same places.
+void check_against_manifest(const Manifest& manifest, const Catalog& c, const std::string& where) {
+  for (const ManifestTensor& m : manifest.tensors) {
+    const TensorInfo* t = c.info.find_tensor(m.name);
+    IHA_CHECK(t != nullptr, where, ": tensor '", m.name, "' is listed in ", kManifestFile,
+              " but its dataset /tensors/", m.name, " is missing (all its chunks are lost)");
+    const size_t i = static_cast<size_t>(t - c.info.tensors.data());
+    IHA_CHECK(m.dtype == dtype_name(t->dtype) && m.shape == t->shape &&
+                  (m.nbytes == 0 || m.offset == c.stored[i].data_offset),
+              where, ": tensor '", m.name, "' differs from its ", kManifestFile, " entry");
+  }
+  IHA_CHECK(manifest.tensors.size() == c.info.tensors.size(), where, " holds ",
+            c.info.tensors.size(), " tensors but ", kManifestFile, " lists ", manifest.tensors.size());
+  IHA_CHECK(manifest.step == c.info.step && manifest.hash_chunk_elems == c.info.hash_chunk_elems,
+            where, ": step or chunk size differ from ", kManifestFile);
+}
+
+}  // namespace
+
+Catalog read_catalog(const std::string& dir) {
+  const std::string file = join_path(dir, kStateFile);
+  const std::string manifest_path = join_path(dir, kManifestFile);
+  Catalog c;
+  const Manifest manifest = read_committed_manifest(dir, file, manifest_path, c);
 
   const std::string where = "checkpoint file " + file;
   CheckpointInfo& info = c.info;
@@ -507,94 +538,17 @@ Catalog read_catalog(const std::string& dir) {
   info.file = file;
   {
     Hdf5Session session;
-    H5Handle f = checked(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
-                         "cannot open " + where);
-    const std::string format = read_attr_string(f, "iha_format", where);
-    IHA_CHECK(format == kFormatName, where, " is not an IHA checkpoint (iha_format = '", format, "')");
-    info.format_version = read_attr_num<int64_t>(f, "format_version", H5T_NATIVE_INT64, where);
-    IHA_CHECK(info.format_version >= 1 && info.format_version <= kFormatVersion, where,
-              " has format version ", info.format_version, "; this build reads up to ",
-              kFormatVersion);
-    info.step = read_attr_num<int64_t>(f, "step", H5T_NATIVE_INT64, where);
-    info.writer_ranks = read_attr_num<int64_t>(f, "writer_ranks", H5T_NATIVE_INT64, where);
-    info.hash_chunk_elems = read_attr_num<int64_t>(f, "hash_chunk_elems", H5T_NATIVE_INT64, where);
-    IHA_CHECK(info.hash_chunk_elems > 0, where, ": hash_chunk_elems must be positive");
-    const std::string scheme = read_attr_string(f, "hash_scheme", where);
-    IHA_CHECK(scheme == kHashScheme, where, " uses hash scheme '", scheme, "'; this build knows '",
-              kHashScheme, "'");
-    const uint64_t stored_meta_hash = read_attr_num<uint64_t>(f, "meta_hash", H5T_NATIVE_UINT64, where);
-
-    for (const std::string& name : datasets_below(f, "/tensors", where)) {
-      const std::string tw = where + ": tensor '" + name + "'";
-      H5Handle d = checked(H5Dopen2(f, ("/tensors/" + name).c_str(), H5P_DEFAULT), H5Dclose, tw);
-      H5Handle t = checked(H5Dget_type(d), H5Tclose, tw);
-      TensorInfo ti;
-      ti.name = name;
-      ti.dtype = dtype_of_h5(t, tw);
-      if (has_attr(d, "dtype")) {
-        const std::string attr = read_attr_string(d, "dtype", tw);
-        IHA_CHECK(attr == dtype_name(ti.dtype), tw, ": dtype attribute '", attr,
-                  "' does not match the dataset's HDF5 type (", dtype_name(ti.dtype), ")");
-      }
-      H5Handle s = checked(H5Dget_space(d), H5Sclose, tw);
-      const int nd = H5Sget_simple_extent_ndims(s);
-      IHA_CHECK(nd >= 0, tw, ": unreadable dataspace");
-      std::vector<hsize_t> dims(nd);
-      if (nd) H5Sget_simple_extent_dims(s, dims.data(), nullptr);
-      ti.shape.assign(dims.begin(), dims.end());
-      H5Handle dcpl = checked(H5Dget_create_plist(d), H5Pclose, tw);
-      IHA_CHECK(H5Pget_layout(dcpl) == H5D_CONTIGUOUS, tw,
-                ": dataset is not stored contiguously (rewritten by another tool?); IHA "
-                "checkpoints store contiguous datasets");
-      StoredTensor st;
-      const uint64_t nbytes = ti.numel() * dtype_size(ti.dtype);
-      if (nbytes > 0) {
-        const haddr_t off = H5Dget_offset(d);
-        IHA_CHECK(off != HADDR_UNDEF, tw, ": the dataset has no storage (never written)");
-        st.data_offset = off;
-        IHA_CHECK(H5Dget_storage_size(d) == nbytes && st.data_offset + nbytes <= c.file_bytes, tw,
-                  ": dataset storage does not fit the file");
-      }
-      const std::string hpath = "/integrity/" + name;
-      IHA_CHECK(H5Lexists(f, "/integrity", H5P_DEFAULT) > 0 &&
-                    H5Lexists(f, hpath.c_str(), H5P_DEFAULT) > 0,
-                tw, ": its integrity hashes (dataset ", hpath, ") are missing");
-      H5Handle h = checked(H5Dopen2(f, hpath.c_str(), H5P_DEFAULT), H5Dclose, tw + " hashes");
-      H5Handle hs = checked(H5Dget_space(h), H5Sclose, tw + " hashes");
-      const int64_t nc = num_chunks(ti.numel(), info.hash_chunk_elems);
-      hsize_t hn = 0;
-      IHA_CHECK(H5Sget_simple_extent_ndims(hs) == 1, tw, ": hashes dataset is not 1-D");
-      H5Sget_simple_extent_dims(hs, &hn, nullptr);
-      IHA_CHECK(static_cast<int64_t>(hn) == nc, tw, ": ", hn, " chunk hashes stored, ", nc, " expected");
-      st.hashes.resize(nc);
-      if (nc) {
-        checked(H5Dread(h, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, st.hashes.data()),
-                tw + ": reading hashes");
-        st.hash_offset = H5Dget_offset(h);
-      }
-      info.tensors.push_back(std::move(ti));
-      c.stored.push_back(std::move(st));
-    }
+    Hdf5Handle f = checked(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT),
+                           "cannot open " + where);
+    const uint64_t stored_meta_hash = read_file_attributes(f, where, info);
+    for (const std::string& name : datasets_below(f, "/tensors", where))
+      read_tensor_entry(f, name, where, c);
     for (const std::string& key : datasets_below(f, "/meta", where))
       info.meta[key] = read_meta(f, key, where);
     IHA_CHECK(meta_digest(info.meta) == stored_meta_hash, where,
               ": the metadata fails its integrity hash (meta_hash attribute)");
   }
-
-  // The manifest and the file must describe the same tensors at the same places.
-  for (const ManifestTensor& m : manifest.tensors) {
-    const TensorInfo* t = info.find_tensor(m.name);
-    IHA_CHECK(t != nullptr, where, ": tensor '", m.name, "' is listed in ", kManifestFile,
-              " but its dataset /tensors/", m.name, " is missing (all its chunks are lost)");
-    const size_t i = static_cast<size_t>(t - info.tensors.data());
-    IHA_CHECK(m.dtype == dtype_name(t->dtype) && m.shape == t->shape &&
-                  (m.nbytes == 0 || m.offset == c.stored[i].data_offset),
-              where, ": tensor '", m.name, "' differs from its ", kManifestFile, " entry");
-  }
-  IHA_CHECK(manifest.tensors.size() == info.tensors.size(), where, " holds ", info.tensors.size(),
-            " tensors but ", kManifestFile, " lists ", manifest.tensors.size());
-  IHA_CHECK(manifest.step == info.step && manifest.hash_chunk_elems == info.hash_chunk_elems, where,
-            ": step or chunk size differ from ", kManifestFile);
+  check_against_manifest(manifest, c, where);
   return c;
 }
 

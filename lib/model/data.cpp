@@ -7,8 +7,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "checkpoint/hdf5_dataset.h"
-#include "checkpoint/hdf5_lock.h"
+#include "checkpoint/hdf5.h"
 #include "checkpoint/integrity.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -284,28 +283,10 @@ class NeedleDepthSource final : public SyntheticSource {
 
 // ---- HDF5 ----
 
-// Process-wide: the HDF5 library here is built without thread safety, and the checkpoint
-// writer's background thread makes HDF5 calls too.
-std::mutex& hdf5_lock() { return hdf5_mutex(); }
-
-void silence_hdf5_errors() {
-  // We report errors ourselves, naming the file and dataset; HDF5's own stack dump would
-  // only bury that message.
-  static std::once_flag once;
-  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
-}
-
-// Closes an HDF5 id on scope exit.
-struct H5Id {
-  hid_t id = -1;
-  herr_t (*close)(hid_t) = nullptr;
-  H5Id(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
-  ~H5Id() {
-    if (id >= 0 && close) close(id);
-  }
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-};
+// Every HDF5 call here runs inside an Hdf5Session (checkpoint/hdf5.h): the process-wide HDF5
+// lock (the library here is built without thread safety, and the checkpoint writer's
+// background thread makes HDF5 calls too) with HDF5's own error printing off, since we report
+// errors ourselves, naming the file and dataset.
 
 const char* type_class_name(H5T_class_t c) {
   switch (c) {
@@ -332,8 +313,7 @@ class Hdf5TokenSource final : public TokenSource {
  public:
   Hdf5TokenSource(const std::string& path, const std::string& dataset, int64_t N, int64_t model_vocab)
       : path_(path), dataset_(dataset), N_(N) {
-    std::lock_guard<std::mutex> lock(hdf5_lock());
-    silence_hdf5_errors();
+    Hdf5Session session;
     const std::string where = "token file '" + path + "'";
     IHA_CONFIG_CHECK(N >= 1, where, ": sequence length must be >= 1, got ", N);
     // Before HDF5 opens it: a FIFO would block the open, a directory gives HDF5's own words.
@@ -362,26 +342,26 @@ class Hdf5TokenSource final : public TokenSource {
       const std::string storage = hdf5_storage_problem(file_, dataset, dset_);
       IHA_CONFIG_CHECK(storage.empty(), ds, ": ", storage);
       {
-        H5Id type(H5Dget_type(dset_), H5Tclose);
-        const H5T_class_t cls = H5Tget_class(type.id);
+        Hdf5Handle type(H5Dget_type(dset_));
+        const H5T_class_t cls = H5Tget_class(type.get());
         IHA_CONFIG_CHECK(cls == H5T_INTEGER, ds, ": has ", type_class_name(cls),
                          " elements; token ids must be an integer type (e.g. uint8, uint16, int32)");
       }
-      H5Id space(H5Dget_space(dset_), H5Sclose);
-      const int rank = H5Sget_simple_extent_ndims(space.id);
+      Hdf5Handle space(H5Dget_space(dset_));
+      const int rank = H5Sget_simple_extent_ndims(space.get());
       IHA_CONFIG_CHECK(rank == 1, ds, ": must be 1-D, has ", rank, " dimensions");
       hsize_t dims[1] = {0};
-      H5Sget_simple_extent_dims(space.id, dims, nullptr);
+      H5Sget_simple_extent_dims(space.get(), dims, nullptr);
       total_ = static_cast<int64_t>(dims[0]);
       IHA_CONFIG_CHECK(total_ > 0, ds, ": is empty");
       IHA_CONFIG_CHECK(H5Aexists(dset_, "vocab_size") > 0, ds,
                        ": has no 'vocab_size' attribute (the number of token ids)");
-      H5Id attr(H5Aopen(dset_, "vocab_size", H5P_DEFAULT), H5Aclose);
-      H5Id atype(H5Aget_type(attr.id), H5Tclose);
-      IHA_CONFIG_CHECK(H5Tget_class(atype.id) == H5T_INTEGER, ds,
+      Hdf5Handle attr(H5Aopen(dset_, "vocab_size", H5P_DEFAULT));
+      Hdf5Handle atype(H5Aget_type(attr.get()));
+      IHA_CONFIG_CHECK(H5Tget_class(atype.get()) == H5T_INTEGER, ds,
                        ": attribute 'vocab_size' must be an integer");
       int64_t v = 0;
-      IHA_CONFIG_CHECK(H5Aread(attr.id, H5T_NATIVE_INT64, &v) >= 0, ds,
+      IHA_CONFIG_CHECK(H5Aread(attr.get(), H5T_NATIVE_INT64, &v) >= 0, ds,
                        ": cannot read attribute 'vocab_size'");
       vocab_ = v;
       IHA_CONFIG_CHECK(vocab_ >= 1, ds, ": vocab_size must be >= 1, got ", vocab_);
@@ -397,7 +377,7 @@ class Hdf5TokenSource final : public TokenSource {
     }
   }
   ~Hdf5TokenSource() override {
-    std::lock_guard<std::mutex> lock(hdf5_lock());
+    Hdf5Session session;
     close_all();
   }
 
@@ -449,13 +429,13 @@ class Hdf5TokenSource final : public TokenSource {
 
  private:
   void read(int64_t first, int64_t count, int64_t* out) const {
-    std::lock_guard<std::mutex> lock(hdf5_lock());
-    H5Id fspace(H5Dget_space(dset_), H5Sclose);
+    Hdf5Session session;
+    Hdf5Handle fspace(H5Dget_space(dset_));
     const hsize_t start[1] = {static_cast<hsize_t>(first)}, cnt[1] = {static_cast<hsize_t>(count)};
-    H5Sselect_hyperslab(fspace.id, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
-    H5Id mspace(H5Screate_simple(1, cnt, nullptr), H5Sclose);
+    H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, cnt, nullptr);
+    Hdf5Handle mspace(H5Screate_simple(1, cnt, nullptr));
     check_unchanged();
-    const herr_t rc = H5Dread(dset_, H5T_NATIVE_INT64, mspace.id, fspace.id, H5P_DEFAULT, out);
+    const herr_t rc = H5Dread(dset_, H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT, out);
     IHA_CONFIG_CHECK(rc >= 0, "token file '", path_, "', dataset '", dataset_,
                      "': reading tokens [", first, ", ", first + count,
                      ") failed (truncated or corrupted file?)");
@@ -500,21 +480,21 @@ class Hdf5TokenSource final : public TokenSource {
     const std::string name = doc_starts_dataset(dataset_);
     if (H5Lexists(file_, name.c_str(), H5P_DEFAULT) <= 0) return;
     const std::string ds = where + ", dataset '" + name + "'";
-    H5Id d(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
-    IHA_CONFIG_CHECK(d.id >= 0, ds, ": cannot open the dataset (not a dataset, or the file is damaged)");
-    const std::string storage = hdf5_storage_problem(file_, name, d.id);
+    Hdf5Handle d(H5Dopen2(file_, name.c_str(), H5P_DEFAULT));
+    IHA_CONFIG_CHECK(d.get() >= 0, ds, ": cannot open the dataset (not a dataset, or the file is damaged)");
+    const std::string storage = hdf5_storage_problem(file_, name, d.get());
     IHA_CONFIG_CHECK(storage.empty(), ds, ": ", storage);
     {
-      H5Id type(H5Dget_type(d.id), H5Tclose);
-      IHA_CONFIG_CHECK(H5Tget_class(type.id) == H5T_INTEGER && H5Tget_size(type.id) == 8 &&
-                           H5Tget_sign(type.id) != H5T_SGN_NONE,
-                       ds, ": has ", element_type_name(type.id), " elements; document starts must be int64");
+      Hdf5Handle type(H5Dget_type(d.get()));
+      IHA_CONFIG_CHECK(H5Tget_class(type.get()) == H5T_INTEGER && H5Tget_size(type.get()) == 8 &&
+                           H5Tget_sign(type.get()) != H5T_SGN_NONE,
+                       ds, ": has ", element_type_name(type.get()), " elements; document starts must be int64");
     }
-    H5Id space(H5Dget_space(d.id), H5Sclose);
-    const int rank = H5Sget_simple_extent_ndims(space.id);
+    Hdf5Handle space(H5Dget_space(d.get()));
+    const int rank = H5Sget_simple_extent_ndims(space.get());
     IHA_CONFIG_CHECK(rank == 1, ds, ": must be 1-D, has ", rank, " dimensions");
     hsize_t dims[1] = {0};
-    H5Sget_simple_extent_dims(space.id, dims, nullptr);
+    H5Sget_simple_extent_dims(space.get(), dims, nullptr);
     IHA_CONFIG_CHECK(dims[0] > 0, ds, ": is empty (a file of one document has doc_starts = [0])");
     // Strictly ascending starts below the token count: more of them than tokens is damage,
     // refused before a declared size is allocated.
@@ -526,7 +506,7 @@ class Hdf5TokenSource final : public TokenSource {
     } catch (const std::bad_alloc&) {
       throw ConfigError(ds + ": " + std::to_string(dims[0]) + " document starts do not fit in memory");
     }
-    IHA_CONFIG_CHECK(H5Dread(d.id, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, doc_starts_.data()) >= 0,
+    IHA_CONFIG_CHECK(H5Dread(d.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, doc_starts_.data()) >= 0,
                      ds, ": reading it failed (truncated or corrupted file?)");
     IHA_CONFIG_CHECK(doc_starts_[0] == 0, ds, ": the first document starts at ", doc_starts_[0],
                      "; it must start at 0");
@@ -542,13 +522,13 @@ class Hdf5TokenSource final : public TokenSource {
     constexpr int64_t kBlock = int64_t(1) << 20;
     uint64_t sum = 0;
     std::vector<int64_t> buf(static_cast<size_t>(std::min(total_, kBlock)));
-    H5Id fspace(H5Dget_space(dset_), H5Sclose);
+    Hdf5Handle fspace(H5Dget_space(dset_));
     for (int64_t first = 0; first < total_; first += kBlock) {
       const int64_t count = std::min(kBlock, total_ - first);
       const hsize_t start[1] = {static_cast<hsize_t>(first)}, cnt[1] = {static_cast<hsize_t>(count)};
-      H5Sselect_hyperslab(fspace.id, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
-      H5Id mspace(H5Screate_simple(1, cnt, nullptr), H5Sclose);
-      IHA_CONFIG_CHECK(H5Dread(dset_, H5T_NATIVE_INT64, mspace.id, fspace.id, H5P_DEFAULT, buf.data()) >= 0,
+      H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, cnt, nullptr);
+      Hdf5Handle mspace(H5Screate_simple(1, cnt, nullptr));
+      IHA_CONFIG_CHECK(H5Dread(dset_, H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT, buf.data()) >= 0,
                        "token file '", path_, "', dataset '", dataset_, "': reading tokens [", first, ", ",
                        first + count, ") failed (truncated or corrupted file?)");
       for (int64_t i = 0; i < count; ++i) {
@@ -565,14 +545,14 @@ class Hdf5TokenSource final : public TokenSource {
     const std::string ds = "token file '" + path_ + "', dataset '" + dataset_ + "'";
     const char* name = kTokenChecksumAttribute;
     if (H5Aexists(dset_, name) <= 0) return;
-    H5Id attr(H5Aopen(dset_, name, H5P_DEFAULT), H5Aclose);
-    H5Id atype(H5Aget_type(attr.id), H5Tclose);
-    H5Id aspace(H5Aget_space(attr.id), H5Sclose);
-    IHA_CONFIG_CHECK(attr.id >= 0 && H5Tget_class(atype.id) == H5T_INTEGER && H5Tget_size(atype.id) == 8 &&
-                         H5Sget_simple_extent_npoints(aspace.id) == 1,
+    Hdf5Handle attr(H5Aopen(dset_, name, H5P_DEFAULT));
+    Hdf5Handle atype(H5Aget_type(attr.get()));
+    Hdf5Handle aspace(H5Aget_space(attr.get()));
+    IHA_CONFIG_CHECK(attr.ok() && H5Tget_class(atype.get()) == H5T_INTEGER && H5Tget_size(atype.get()) == 8 &&
+                         H5Sget_simple_extent_npoints(aspace.get()) == 1,
                      ds, ": attribute '", name, "' (the ids' checksum) must be one 64-bit integer");
     uint64_t stored = 0;
-    IHA_CONFIG_CHECK(H5Aread(attr.id, H5T_NATIVE_UINT64, &stored) >= 0, ds, ": cannot read attribute '", name, "'");
+    IHA_CONFIG_CHECK(H5Aread(attr.get(), H5T_NATIVE_UINT64, &stored) >= 0, ds, ": cannot read attribute '", name, "'");
     IHA_CONFIG_CHECK(stored == sum, ds, ": its ids do not match the checksum its writer stored (attribute '", name,
                      "'): part of the dataset was never written (e.g. a chunk written in part, which HDF5 reads "
                      "as fill values) or it changed after writing");
@@ -671,11 +651,11 @@ std::shared_ptr<TokenSource> open_token_file(const std::string& path, const std:
 
 namespace {
 void write_string_attribute(hid_t obj, const char* name, const std::string& value) {
-  H5Id aspace(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id stype(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(stype.id, std::max<size_t>(1, value.size()));
-  H5Id attr(H5Acreate2(obj, name, stype.id, aspace.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  H5Awrite(attr.id, stype.id, value.data());
+  Hdf5Handle aspace(H5Screate(H5S_SCALAR));
+  Hdf5Handle stype(H5Tcopy(H5T_C_S1));
+  H5Tset_size(stype.get(), std::max<size_t>(1, value.size()));
+  Hdf5Handle attr(H5Acreate2(obj, name, stype.get(), aspace.get(), H5P_DEFAULT, H5P_DEFAULT));
+  H5Awrite(attr.get(), stype.get(), value.data());
 }
 }  // namespace
 
@@ -685,21 +665,20 @@ TokenFileWriter::TokenFileWriter(const std::string& path, const std::string& dat
     : path_(path), dataset_(dataset), vocab_(vocab) {
   IHA_CONFIG_CHECK(vocab >= 1 && vocab <= (int64_t(1) << 32), "token file '", path,
                    "': vocab_size must be in [1, 2^32], got ", vocab);
-  std::lock_guard<std::mutex> lock(hdf5_lock());
-  silence_hdf5_errors();
+  Hdf5Session session;
   file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   IHA_CONFIG_CHECK(file_ >= 0, "token file '", path, "': cannot create it");
   const hid_t ftype = vocab <= 256 ? H5T_STD_U8LE : vocab <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
   const hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk[1] = {1 << 20};
-  H5Id space(H5Screate_simple(1, dims, maxdims), H5Sclose);
-  H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  H5Pset_chunk(dcpl.id, 1, chunk);
-  dset_ = H5Dcreate2(file_, dataset.c_str(), ftype, space.id, H5P_DEFAULT, dcpl.id, H5P_DEFAULT);
+  Hdf5Handle space(H5Screate_simple(1, dims, maxdims));
+  Hdf5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_chunk(dcpl.get(), 1, chunk);
+  dset_ = H5Dcreate2(file_, dataset.c_str(), ftype, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT);
   IHA_CONFIG_CHECK(dset_ >= 0, "token file '", path, "': cannot create dataset '", dataset, "'");
-  H5Id aspace(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id attr(H5Acreate2(dset_, "vocab_size", H5T_STD_I64LE, aspace.id, H5P_DEFAULT, H5P_DEFAULT),
-            H5Aclose);
-  H5Awrite(attr.id, H5T_NATIVE_INT64, &vocab_);
+  Hdf5Handle aspace(H5Screate(H5S_SCALAR));
+  Hdf5Handle attr(H5Acreate2(dset_, "vocab_size", H5T_STD_I64LE, aspace.get(), H5P_DEFAULT,
+                             H5P_DEFAULT));
+  H5Awrite(attr.get(), H5T_NATIVE_INT64, &vocab_);
   if (!tokenizer.empty()) write_string_attribute(dset_, "tokenizer", tokenizer);
   if (!tokenizer_model.empty()) write_string_attribute(dset_, "tokenizer_model", tokenizer_model);
 }
@@ -724,35 +703,34 @@ void TokenFileWriter::append(const int64_t* tokens, int64_t count) {
     doc_starts_.push_back(written_);
     document_pending_ = false;
   }
-  std::lock_guard<std::mutex> lock(hdf5_lock());
+  Hdf5Session session;
   const hsize_t new_size[1] = {static_cast<hsize_t>(written_ + count)};
   IHA_CHECK(H5Dset_extent(dset_, new_size) >= 0, "token file '", path_, "': cannot extend");
-  H5Id fspace(H5Dget_space(dset_), H5Sclose);
+  Hdf5Handle fspace(H5Dget_space(dset_));
   const hsize_t start[1] = {static_cast<hsize_t>(written_)}, cnt[1] = {static_cast<hsize_t>(count)};
-  H5Sselect_hyperslab(fspace.id, H5S_SELECT_SET, start, nullptr, cnt, nullptr);
-  H5Id mspace(H5Screate_simple(1, cnt, nullptr), H5Sclose);
-  IHA_CHECK(H5Dwrite(dset_, H5T_NATIVE_INT64, mspace.id, fspace.id, H5P_DEFAULT, tokens) >= 0,
+  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, cnt, nullptr);
+  Hdf5Handle mspace(H5Screate_simple(1, cnt, nullptr));
+  IHA_CHECK(H5Dwrite(dset_, H5T_NATIVE_INT64, mspace.get(), fspace.get(), H5P_DEFAULT, tokens) >= 0,
             "token file '", path_, "': write failed");
   written_ += count;
 }
 
 void TokenFileWriter::close() {
-  std::lock_guard<std::mutex> lock(hdf5_lock());
+  Hdf5Session session;
   if (dset_ >= 0 && documented_ && !doc_starts_.empty()) {
     const std::string name = doc_starts_dataset(dataset_);
     const hsize_t dims[1] = {static_cast<hsize_t>(doc_starts_.size())};
-    H5Id space(H5Screate_simple(1, dims, nullptr), H5Sclose);
-    H5Id d(H5Dcreate2(file_, name.c_str(), H5T_STD_I64LE, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-           H5Dclose);
-    IHA_CHECK(d.id >= 0 && H5Dwrite(d.id, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, doc_starts_.data()) >= 0,
+    Hdf5Handle space(H5Screate_simple(1, dims, nullptr));
+    Hdf5Handle d(H5Dcreate2(file_, name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                            H5P_DEFAULT));
+    IHA_CHECK(d.get() >= 0 && H5Dwrite(d.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, doc_starts_.data()) >= 0,
               "token file '", path_, "': writing dataset '", name, "' failed");
     documented_ = false;
   }
   if (dset_ >= 0) {
-    H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-    H5Id attr(H5Acreate2(dset_, kTokenChecksumAttribute, H5T_STD_U64LE, space.id, H5P_DEFAULT, H5P_DEFAULT),
-              H5Aclose);
-    IHA_CHECK(attr.id >= 0 && H5Awrite(attr.id, H5T_NATIVE_UINT64, &checksum_) >= 0, "token file '", path_,
+    Hdf5Handle space(H5Screate(H5S_SCALAR));
+    Hdf5Handle attr(H5Acreate2(dset_, kTokenChecksumAttribute, H5T_STD_U64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+    IHA_CHECK(attr.ok() && H5Awrite(attr.get(), H5T_NATIVE_UINT64, &checksum_) >= 0, "token file '", path_,
               "': writing attribute '", kTokenChecksumAttribute, "' failed");
     H5Dclose(dset_);
   }

@@ -1,23 +1,91 @@
-// Whether an HDF5 dataset's elements are ones a writer stored in this file. HDF5 answers a read
-// of storage that was never written with the fill value (zeros) and no error, and it follows
-// external links, external raw storage and virtual datasets into other files (or none), so a
-// token or layer file could be "read" whole without one element in it. Input datasets are read
-// only from plain storage in the file itself, every chunk of it written.
-// Call with the HDF5 lock held (checkpoint/hdf5_lock.h). Header-only: the readers of token and
-// layer files live in different libraries.
-// defines: iha::hdf5_storage_problem
-#pragma once
+#include "checkpoint/hdf5.h"
 
-#include <hdf5.h>
-
-#include <string>
+#include <algorithm>
+#include <vector>
 
 namespace iha {
 
-// "" when dataset `name` of `file` (opened as `dset`) is stored plainly in the file with every
-// element written; otherwise why not, in words for a message that already names the file and
-// dataset.
-inline std::string hdf5_storage_problem(hid_t file, const std::string& name, hid_t dset) {
+namespace {
+// HDF5 1.10 cannot recover from a failed H5Fclose (disk full while it writes a file's
+// metadata): the file ID stays registered after its state is freed, and closing the library
+// then crashes (SIGSEGV after a clean error message). The library closes itself from two
+// hooks: an atexit handler, and, when it initialises after MPI_Init, an attribute on
+// MPI_COMM_SELF that MPI_Finalize deletes. Every file this process opens is closed
+// explicitly, so neither has anything useful to do: the atexit handler is turned off and the
+// library initialised here, before main and so before MPI_Init, which leaves no MPI hook.
+const bool hdf5_close_hooks_off = [] {
+  H5dont_atexit();
+  H5open();
+  return true;
+}();
+}  // namespace
+
+std::mutex& hdf5_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// ---- the error policy ----
+
+namespace {
+// Per thread: the sessions open on it, and what the outermost one found set.
+thread_local int session_depth = 0;
+thread_local H5E_auto2_t saved_func = nullptr;
+thread_local void* saved_data = nullptr;
+}  // namespace
+
+Hdf5Session::Hdf5Session() {
+  if (session_depth++ > 0) return;
+  hdf5_mutex().lock();
+  H5Eget_auto2(H5E_DEFAULT, &saved_func, &saved_data);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+Hdf5Session::~Hdf5Session() {
+  if (--session_depth > 0) return;
+  H5Eset_auto2(H5E_DEFAULT, saved_func, saved_data);
+  hdf5_mutex().unlock();
+}
+
+namespace {
+herr_t collect_error(unsigned, const H5E_error2_t* e, void* data) {
+  auto* out = static_cast<std::vector<std::string>*>(data);
+  if (e->desc && *e->desc) out->push_back(e->desc);
+  return 0;
+}
+}  // namespace
+
+std::string hdf5_error_text() {
+  std::vector<std::string> lines;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_error, &lines);
+  H5Eclear2(H5E_DEFAULT);
+  if (lines.empty()) return "HDF5 error";
+  // The innermost frames say what actually went wrong (e.g. "truncated file").
+  std::string s;
+  const size_t n = std::min<size_t>(lines.size(), 3);
+  for (size_t i = 0; i < n; ++i) s += (i ? "; " : "") + lines[i];
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+// ---- handles ----
+
+herr_t hdf5_close(hid_t id) {
+  switch (H5Iget_type(id)) {
+    case H5I_FILE: return H5Fclose(id);
+    case H5I_GROUP: return H5Gclose(id);
+    case H5I_DATASET: return H5Dclose(id);
+    case H5I_DATATYPE: return H5Tclose(id);
+    case H5I_DATASPACE: return H5Sclose(id);
+    case H5I_ATTR: return H5Aclose(id);
+    case H5I_GENPROP_LST: return H5Pclose(id);
+    default: return H5Idec_ref(id) < 0 ? -1 : 0;
+  }
+}
+
+// ---- the storage check ----
+
+std::string hdf5_storage_problem(hid_t file, const std::string& name, hid_t dset) {
   // Each link on the path: an external link reads another file, which can change under the run.
   for (size_t end = name.find('/', 1);; end = name.find('/', end + 1)) {
     const std::string prefix = name.substr(0, end);
