@@ -92,6 +92,31 @@ class SyntheticSource : public TokenSource {
     const int64_t seg = len / slots;
     return i * seg + static_cast<int64_t>(rng.next_below(static_cast<uint64_t>(seg - width + 1)));
   }
+  // The k = spec.pairs key-value pairs of the multikey family, placed in [0, haystack): k
+  // distinct keys, values drawn with replacement, pair i at its slot (key, then value). Keys
+  // are ids 1 + [0, key_tokens), values 1 + key_tokens + [0, value_tokens). Returns the
+  // drawn key and value indices; the draws from rng are the same for every task of the family.
+  static std::pair<std::vector<int64_t>, std::vector<int64_t>> place_pairs(Rng& rng, const MultiKeySpec& spec,
+                                                                           int64_t haystack, Placement& pl) {
+    const int64_t k = spec.pairs, key_base = 1, value_base = 1 + spec.key_tokens;
+    std::vector<int64_t> keys = distinct_draw(rng, spec.key_tokens, k);
+    std::vector<int64_t> values(static_cast<size_t>(k));
+    for (auto& v : values) v = static_cast<int64_t>(rng.next_below(spec.value_tokens));
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t p = slot_position(rng, haystack, k, i, 2);
+      pl.placed.emplace_back(p, static_cast<int32_t>(key_base + keys[i]));
+      pl.placed.emplace_back(p + 1, static_cast<int32_t>(value_base + values[i]));
+    }
+    return {std::move(keys), std::move(values)};
+  }
+  // "name(pairs=.., queries=.., key_tokens=.., value_tokens=.., N=.., seed=..)"
+  std::string describe_pairs(const char* name, const MultiKeySpec& spec) const {
+    std::ostringstream os;
+    os << name << "(pairs=" << spec.pairs << ", queries=" << spec.queries << ", key_tokens=" << spec.key_tokens
+       << ", value_tokens=" << spec.value_tokens << ", N=" << N_ << ", seed=" << seed_ << ")";
+    return os.str();
+  }
+
   static void finish(Placement& pl) {
     std::sort(pl.placed.begin(), pl.placed.end());
     std::sort(pl.answer_positions.begin(), pl.answer_positions.end());
@@ -108,29 +133,16 @@ class MultiKeySource final : public SyntheticSource {
   MultiKeySource(const MultiKeySpec& spec, int64_t vocab, int64_t N, uint64_t seed)
       : SyntheticSource(vocab, N, seed, 1 + spec.key_tokens + spec.value_tokens, spec.loss_on),
         spec_(spec) {}
-  std::string describe() const override {
-    std::ostringstream os;
-    os << "multikey(pairs=" << spec_.pairs << ", queries=" << spec_.queries
-       << ", key_tokens=" << spec_.key_tokens << ", value_tokens=" << spec_.value_tokens
-       << ", N=" << N_ << ", seed=" << seed_ << ")";
-    return os.str();
-  }
+  std::string describe() const override { return describe_pairs("multikey", spec_); }
 
  protected:
   Placement place(int64_t s) const override {
     Rng rng{hash3(seed_, 0x6d6b6579ull, static_cast<uint64_t>(s)), 0};
     const int64_t k = spec_.pairs, q = spec_.queries;
     const int64_t key_base = 1, value_base = 1 + spec_.key_tokens;
-    const std::vector<int64_t> keys = distinct_draw(rng, spec_.key_tokens, k);
-    std::vector<int64_t> values(static_cast<size_t>(k));
-    for (auto& v : values) v = static_cast<int64_t>(rng.next_below(spec_.value_tokens));
     const int64_t haystack = N_ + 1 - 3 * q;
     Placement pl;
-    for (int64_t i = 0; i < k; ++i) {
-      const int64_t p = slot_position(rng, haystack, k, i, 2);
-      pl.placed.emplace_back(p, static_cast<int32_t>(key_base + keys[i]));
-      pl.placed.emplace_back(p + 1, static_cast<int32_t>(value_base + values[i]));
-    }
+    const auto [keys, values] = place_pairs(rng, spec_, haystack, pl);
     // Each query asks a pair drawn independently (with replacement): with distinct draws the
     // last answers could be found by elimination instead of retrieval.
     for (int64_t j = 0; j < q; ++j) {
@@ -156,29 +168,16 @@ class OrderedPairSource final : public SyntheticSource {
                         1 + spec.key_tokens + spec.value_tokens + spec.value_tokens * spec.value_tokens,
                         spec.loss_on),
         spec_(spec) {}
-  std::string describe() const override {
-    std::ostringstream os;
-    os << "orderedpair(pairs=" << spec_.pairs << ", queries=" << spec_.queries
-       << ", key_tokens=" << spec_.key_tokens << ", value_tokens=" << spec_.value_tokens
-       << ", N=" << N_ << ", seed=" << seed_ << ")";
-    return os.str();
-  }
+  std::string describe() const override { return describe_pairs("orderedpair", spec_); }
 
  protected:
   Placement place(int64_t s) const override {
     Rng rng{hash3(seed_, 0x6f70616972ull, static_cast<uint64_t>(s)), 0};
     const int64_t k = spec_.pairs, q = spec_.queries, nv = spec_.value_tokens;
     const int64_t key_base = 1, value_base = 1 + spec_.key_tokens, answer_base = value_base + nv;
-    const std::vector<int64_t> keys = distinct_draw(rng, spec_.key_tokens, k);
-    std::vector<int64_t> values(static_cast<size_t>(k));
-    for (auto& v : values) v = static_cast<int64_t>(rng.next_below(nv));
     const int64_t haystack = N_ + 1 - 4 * q;
     Placement pl;
-    for (int64_t i = 0; i < k; ++i) {
-      const int64_t p = slot_position(rng, haystack, k, i, 2);
-      pl.placed.emplace_back(p, static_cast<int32_t>(key_base + keys[i]));
-      pl.placed.emplace_back(p + 1, static_cast<int32_t>(value_base + values[i]));
-    }
+    const auto [keys, values] = place_pairs(rng, spec_, haystack, pl);
     for (int64_t j = 0; j < q; ++j) {
       const int64_t p = haystack + 4 * j;
       const std::vector<int64_t> asked = distinct_draw(rng, k, 2);  // ordered: (first, second)
