@@ -5,15 +5,7 @@
 # Run as: cmake -DMPIEXEC=scripts/mpiexec.sh -DNP=2 -DHELPER=ckpt_helper -DROOT=dir -P crash_test.cmake
 cmake_minimum_required(VERSION 3.24)
 
-function(helper expect)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(expect STREQUAL "ok" AND NOT rc EQUAL 0)
-    message(FATAL_ERROR "expected success: ${ARGN}\nexit ${rc}\n${out}\n${err}")
-  endif()
-  if(expect STREQUAL "crash" AND rc EQUAL 0)
-    message(FATAL_ERROR "expected the crash hook to kill the run: ${ARGN}\n${out}")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/crash_helper.cmake)
 
 set(mpi ${MPIEXEC} -n ${NP})
 file(REMOVE_RECURSE ${ROOT})
