@@ -66,6 +66,18 @@ void parse_device(const ConfigNode& n, RunConfig& c) {
   c.compute_dtype = t;
 }
 
+// A value that a library function parses, wording its error about the value alone: the error
+// as the user sees it names the key it came from.
+template <class F>
+auto named_by_key(const ConfigNode& n, const std::string& key, const std::string& fallback, F parse) {
+  const std::string s = n.get<std::string>(key, fallback);
+  try {
+    return parse(s);
+  } catch (const ConfigError& e) {
+    throw ConfigError("config key '" + n.key_path(key) + "': " + e.what());
+  }
+}
+
 int64_t positive(const ConfigNode& n, const std::string& key, int64_t fallback) {
   const int64_t v = n.get<int64_t>(key, fallback);
   IHA_CONFIG_CHECK(v >= 1, "config key '", n.key_path(key), "': must be >= 1, got ", v);
@@ -90,16 +102,15 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
   c.mesh.sp = positive(mesh, "sp", 1);
   c.mesh.tp = positive(mesh, "tp", 1);
   const ConfigNode schemes = mesh.child("schemes");
-  c.schemes.global = parse_scheme(schemes.get<std::string>("global", c.mesh.head_group() > 1 ? "head" : "sequence"),
-                                  schemes.key_path("global"));
-  c.schemes.window = parse_scheme(schemes.get<std::string>("window", "sequence"), schemes.key_path("window"));
+  c.schemes.global = named_by_key(schemes, "global", c.mesh.head_group() > 1 ? "head" : "sequence", parse_scheme);
+  c.schemes.window = named_by_key(schemes, "window", "sequence", parse_scheme);
   c.grad_bucket_kib = positive(mesh, "grad_bucket_kib", c.grad_bucket_kib);
   c.progress_thread = mesh.get<bool>("progress_thread", c.progress_thread);
 
   const ConfigNode seq = root.child("sequence");
   c.seq_len = seq.require<int64_t>("length");
   IHA_CONFIG_CHECK(c.seq_len >= 2, "config key 'sequence.length': must be >= 2, got ", c.seq_len);
-  c.layout = parse_layout(seq.get<std::string>("layout", "zigzag"), seq.key_path("layout"));
+  c.layout = named_by_key(seq, "layout", "zigzag", parse_layout);
   c.tiles.q = positive(seq, "tile_q", c.tiles.q);
   c.tiles.k = positive(seq, "tile_k", c.tiles.k);
 
