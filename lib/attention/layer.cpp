@@ -74,7 +74,7 @@ void IhaWeights<T>::zero() {
 
 template <class T>
 void AttentionCore<T>::set_token_map(const std::vector<std::vector<int64_t>>&) {
-  throw ConfigError("config key 'sequence.layout': the one-device attention core keeps its token map; a "
+  throw ConfigError("AttentionCore::set_token_map: the one-device attention core keeps its token map; a "
                     "per-micro-batch layout (balanced) needs a core over several ranks");
 }
 
@@ -86,8 +86,9 @@ AttentionCore<T>::AttentionCore(LayerConfig cfg, std::shared_ptr<const Backend> 
   IHA_CHECK(be_->acc_dtype() == dtype_of<T>(), "attention core of ", dtype_name(dtype_of<T>()),
             " on backend ", be_->name(), " whose accumulation dtype is ", dtype_name(be_->acc_dtype()));
   // The CUDA kernels and exchanges pair query head h with key/value head h (MHA).
-  IHA_CONFIG_CHECK(cfg_.kv_heads() == cfg_.H || be_->device() == Device::cpu, "config key 'kv_heads': grouped-query "
-                   "attention (kv_heads = ", cfg_.kv_heads(), " < H = ", cfg_.H, ") runs on the CPU only (train.device: cpu)");
+  IHA_CONFIG_CHECK(cfg_.kv_heads() == cfg_.H || be_->device() == Device::cpu, "attention core: grouped-query "
+                   "attention (kv_heads = ", cfg_.kv_heads(), " < H = ", cfg_.H, ") runs on a CPU backend only, "
+                   "not on backend ", be_->name());
   if (!cfg_.mixing) {
     const DType dt = dtype_of<T>();
     const int64_t Hkv = cfg_.kv_heads();

@@ -1,11 +1,10 @@
 // One attention layer's configuration, its validation and the window rules of DESIGN.md
-// section 1; and the readers of the layer keys from a config (core/config.h's ConfigNode). No
-// YAML here: kernels and the CUDA code include this header through mask.h.
+// section 1. No YAML here: kernels and the CUDA code include this header through mask.h; the
+// readers of the layer keys from a config are the configuration module's (model/model_config.h).
 // defines: iha::Collapse, iha::MaskKind, iha::collapse_name, iha::mask_name, iha::parse_collapse,
 //          iha::parse_mask, iha::RopeScalingType, iha::YarnRamp, iha::RopeScaling,
-//          iha::rope_scaling_type_name, iha::yarn_ramp_name, iha::parse_rope_scaling,
-//          iha::LayerConfig, iha::WindowSpec, iha::resolve_window_virtual,
-//          iha::parse_layer_config, iha::parse_window_spec
+//          iha::rope_scaling_type_name, iha::yarn_ramp_name,
+//          iha::LayerConfig, iha::WindowSpec, iha::resolve_window_virtual
 #pragma once
 
 #include <cstdint>
@@ -15,8 +14,6 @@
 #include "core/error.h"
 
 namespace iha {
-
-class ConfigNode;
 
 enum class Collapse : uint8_t { global, per_head };
 enum class MaskKind : uint8_t { flat_causal, token_causal };
@@ -97,15 +94,5 @@ struct WindowSpec {
 // checkpoint's is an error naming both unless allow_window_change. `key` prefixes messages.
 int64_t resolve_window_virtual(const WindowSpec& spec, int64_t P, int64_t n_train,
                                std::optional<int64_t> checkpoint_wv, const std::string& key = "");
-
-// Reads `key` (e.g. rope_scaling) of `parent`: a mapping {type, factor, original_length,
-// beta_fast, beta_slow, ramp, low_freq_factor, high_freq_factor}; absent: none. A parent that also
-// gives rope_scale (the legacy position scale) is an error naming both. Validated.
-RopeScaling parse_rope_scaling(const ConfigNode& parent, const std::string& key = "rope_scaling");
-
-// Reads the layer-level keys (D, H, d, P, mixing kind, collapse, mask, rope*) from a node.
-LayerConfig parse_layer_config(const ConfigNode& node);
-// Reads window, window_virtual and allow_window_change.
-WindowSpec parse_window_spec(const ConfigNode& node);
 
 }  // namespace iha

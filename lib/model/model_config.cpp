@@ -93,6 +93,59 @@ std::string ModelConfig::describe() const {
   return os.str();
 }
 
+RopeScaling parse_rope_scaling(const ConfigNode& parent, const std::string& key) {
+  RopeScaling r;
+  if (!parent.has(key)) {
+    parent.child(key);  // marks an explicit null as read
+    return r;
+  }
+  IHA_CONFIG_CHECK(!parent.has("rope_scale"), "config keys '", parent.key_path("rope_scale"), "' and '",
+                   parent.key_path(key), "': give at most one of them (rope_scale is linear scaling with "
+                   "factor 1/rope_scale)");
+  const ConfigNode n = parent.child(key);
+  r.type = parse_rope_scaling_type(n.require<std::string>("type"), n.key_path("type"));
+  if (r.type == RopeScalingType::none) return r;
+  r.factor = n.require<double>("factor");
+  if (r.type == RopeScalingType::yarn || r.type == RopeScalingType::llama3)
+    r.original_length = n.require<int64_t>("original_length");
+  if (r.type == RopeScalingType::yarn) {
+    r.beta_fast = n.get<double>("beta_fast", r.beta_fast);
+    r.beta_slow = n.get<double>("beta_slow", r.beta_slow);
+    r.ramp = parse_yarn_ramp(n.get<std::string>("ramp", "index"), n.key_path("ramp"));
+  }
+  if (r.type == RopeScalingType::llama3) {
+    r.low_freq_factor = n.get<double>("low_freq_factor", r.low_freq_factor);
+    r.high_freq_factor = n.get<double>("high_freq_factor", r.high_freq_factor);
+  }
+  r.validate(n.path());
+  return r;
+}
+
+LayerConfig parse_layer_config(const ConfigNode& n) {
+  LayerConfig c;
+  c.D = n.require<int64_t>("D");
+  c.H = n.require<int64_t>("H");
+  c.Hkv = n.get<int64_t>("kv_heads", c.H);
+  c.d = n.get<int64_t>("d", c.H > 0 && c.D % c.H == 0 ? c.D / c.H : 0);
+  c.P = n.get<int64_t>("P", 2);
+  c.collapse = parse_collapse(n.get<std::string>("collapse", "global"), n.key_path("collapse"));
+  c.mask = parse_mask(n.get<std::string>("mask", "flat_causal"), n.key_path("mask"));
+  c.rope = n.get<bool>("rope", true);
+  c.rope_base = n.get<double>("rope_base", 500000.0);
+  c.rope_scale = n.get<double>("rope_scale", 1.0);
+  c.rope_scaling = parse_rope_scaling(n);
+  c.validate(n.path().empty() ? "" : n.path() + ".");
+  return c;
+}
+
+WindowSpec parse_window_spec(const ConfigNode& n) {
+  WindowSpec w;
+  w.window = n.optional<int64_t>("window");
+  w.window_virtual = n.optional<int64_t>("window_virtual");
+  w.allow_window_change = n.get<bool>("allow_window_change", false);
+  return w;
+}
+
 ModelConfig parse_model_config(const ConfigNode& n) {
   ModelConfig m;
   m.vocab = n.require<int64_t>("vocab_size");

@@ -2,7 +2,8 @@
 // sizes, the layer pattern, the attention settings shared by all layers, and how each block's
 // LayerConfig follows from them (window resolution of DESIGN.md section 1 included).
 // Invariant: layer_config() needs the window resolved first (resolve_window). Threads: plain data.
-// defines: iha::GlobalKind, iha::global_kind_name, iha::ModelConfig, iha::parse_model_config
+// defines: iha::GlobalKind, iha::global_kind_name, iha::ModelConfig, iha::parse_model_config,
+//          iha::parse_rope_scaling, iha::parse_layer_config, iha::parse_window_spec
 #pragma once
 
 #include <cstdint>
@@ -69,5 +70,16 @@ struct ModelConfig {
 // window_kind, collapse, mask, rope, rope_base, rope_scale | rope_scaling, window | window_virtual, allow_window_change,
 // norm_eps, init_std. The window is not resolved here.
 ModelConfig parse_model_config(const ConfigNode& node);
+
+// The readers of the layer keys (attention/layer_config.h's structs) from a config node.
+// Reads `key` (e.g. rope_scaling) of `parent`: a mapping {type, factor, original_length,
+// beta_fast, beta_slow, ramp, low_freq_factor, high_freq_factor}; absent: none. A parent that also
+// gives rope_scale (the legacy position scale) is an error naming both. Validated.
+RopeScaling parse_rope_scaling(const ConfigNode& parent, const std::string& key = "rope_scaling");
+
+// Reads the layer-level keys (D, H, d, P, mixing kind, collapse, mask, rope*) from a node.
+LayerConfig parse_layer_config(const ConfigNode& node);
+// Reads window, window_virtual and allow_window_change.
+WindowSpec parse_window_spec(const ConfigNode& node);
 
 }  // namespace iha

@@ -38,6 +38,7 @@ struct OptimConfig {
   bool prefetch = true;
   void validate() const;      // ConfigError naming optim.<key>
 };
+// Reads the `optim` section (optim_config.cpp, with validate: the configuration module's).
 OptimConfig parse_optim_config(const ConfigNode& node);
 
 // Learning rate of optimizer step `step` (0-based) of `total`: (step + 1) / warmup * lr during

@@ -66,6 +66,18 @@ void parse_device(const ConfigNode& n, RunConfig& c) {
   c.compute_dtype = t;
 }
 
+// A value that a library function parses, wording its error about the value alone: the error
+// as the user sees it names the key it came from.
+template <class F>
+auto named_by_key(const ConfigNode& n, const std::string& key, const std::string& fallback, F parse) {
+  const std::string s = n.get<std::string>(key, fallback);
+  try {
+    return parse(s);
+  } catch (const ConfigError& e) {
+    throw ConfigError("config key '" + n.key_path(key) + "': " + e.what());
+  }
+}
+
 int64_t positive(const ConfigNode& n, const std::string& key, int64_t fallback) {
   const int64_t v = n.get<int64_t>(key, fallback);
   IHA_CONFIG_CHECK(v >= 1, "config key '", n.key_path(key), "': must be >= 1, got ", v);
@@ -78,34 +90,30 @@ int64_t non_negative(const ConfigNode& n, const std::string& key, int64_t fallba
   return v;
 }
 
-}  // namespace
+// The steps of parse_run_config, one section of the file each, in the order they are read
+// (a later section may use an earlier one's values: defaults that follow the mesh, the device).
 
-RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
-  RunConfig c;
-  c.text = text;
-
-  const ConfigNode mesh = root.child("mesh");
+void parse_mesh_section(const ConfigNode& mesh, RunConfig& c) {
   c.mesh.dp = positive(mesh, "dp", 1);
   c.mesh.hp = positive(mesh, "hp", 1);
   c.mesh.sp = positive(mesh, "sp", 1);
   c.mesh.tp = positive(mesh, "tp", 1);
   const ConfigNode schemes = mesh.child("schemes");
-  c.schemes.global = parse_scheme(schemes.get<std::string>("global", c.mesh.head_group() > 1 ? "head" : "sequence"),
-                                  schemes.key_path("global"));
-  c.schemes.window = parse_scheme(schemes.get<std::string>("window", "sequence"), schemes.key_path("window"));
+  c.schemes.global = named_by_key(schemes, "global", c.mesh.head_group() > 1 ? "head" : "sequence", parse_scheme);
+  c.schemes.window = named_by_key(schemes, "window", "sequence", parse_scheme);
   c.grad_bucket_kib = positive(mesh, "grad_bucket_kib", c.grad_bucket_kib);
   c.progress_thread = mesh.get<bool>("progress_thread", c.progress_thread);
+}
 
-  const ConfigNode seq = root.child("sequence");
+void parse_sequence_section(const ConfigNode& seq, RunConfig& c) {
   c.seq_len = seq.require<int64_t>("length");
   IHA_CONFIG_CHECK(c.seq_len >= 2, "config key 'sequence.length': must be >= 2, got ", c.seq_len);
-  c.layout = parse_layout(seq.get<std::string>("layout", "zigzag"), seq.key_path("layout"));
+  c.layout = named_by_key(seq, "layout", "zigzag", parse_layout);
   c.tiles.q = positive(seq, "tile_q", c.tiles.q);
   c.tiles.k = positive(seq, "tile_k", c.tiles.k);
+}
 
-  c.model = parse_model_config(root.child("model"));
-
-  const ConfigNode tr = root.child("train");
+void parse_train_section(const ConfigNode& tr, RunConfig& c) {
   c.dtype = parse_compute_dtype(tr);
   parse_device(tr, c);
   c.steps = non_negative(tr, "steps", 0);
@@ -122,15 +130,17 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
   IHA_CONFIG_CHECK(threads <= INT32_MAX, "config key 'train.threads': must fit in 32 bits, got ", threads);
   c.threads = static_cast<int>(threads);
   c.seed = static_cast<uint64_t>(non_negative(tr, "seed", 1));
+}
 
-  const ConfigNode optim = root.child("optim");
+void parse_optim_section(const ConfigNode& optim, RunConfig& c) {
   c.optim = parse_optim_config(optim);
   // Level 3's prefetch by default only on the GPU, where NCCL moves the next group while the
   // kernels run; on the CPU the early gather's copies compete with the compute for the same
   // cores and waiting for each gather measured faster (docs/training.md, "Sharded state measured").
   if (!optim.has("prefetch")) c.optim.prefetch = c.device == Device::cuda;
+}
 
-  const ConfigNode data = root.child("data");
+void parse_data_section(const ConfigNode& data, RunConfig& c) {
   c.data.kind = data.get<std::string>("kind", "multikey");
   if (c.data.kind == "multikey" || c.data.kind == "orderedpair") {
     c.data.seed = static_cast<uint64_t>(non_negative(data, "seed", 1));
@@ -154,8 +164,9 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
     throw ConfigError("config key 'data.kind': unknown kind '" + c.data.kind +
                       "' (expected multikey, orderedpair, twohop or hdf5)");
   }
+}
 
-  const ConfigNode ev = root.child("eval");
+void parse_eval_section(const ConfigNode& ev, RunConfig& c) {
   c.eval.every = non_negative(ev, "every", 0);
   c.eval.sequences = non_negative(ev, "sequences", c.eval.sequences);
   c.eval.batch = positive(ev, "batch", c.eval.batch);
@@ -165,15 +176,19 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
     c.eval.queries = positive(ev, "queries", c.eval.queries);
   }
   c.eval.checkpoint = ev.get<std::string>("checkpoint", "");
+}
 
-  const ConfigNode sw = root.child("sweep");
+void parse_sweep_section(const ConfigNode& sw, RunConfig& c) {
   c.sweep.lengths = sw.get<std::vector<int64_t>>("lengths", {});
   for (int64_t L : c.sweep.lengths)
     IHA_CONFIG_CHECK(L >= 2, "config key '", sw.key_path("lengths"), "': every length must be >= 2 "
                      "tokens, got ", L);
   c.sweep.sequences = non_negative(sw, "sequences", 0);
   c.sweep.out = sw.get<std::string>("out", "");
+}
 
+// checkpoint, logging and finetune: where the run writes and what it starts from.
+void parse_output_sections(const ConfigNode& root, RunConfig& c) {
   const ConfigNode ck = root.child("checkpoint");
   c.checkpoint.dir = ck.get<std::string>("dir", "");
   c.checkpoint.every = non_negative(ck, "every", 0);
@@ -185,7 +200,22 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
 
   const ConfigNode ft = root.child("finetune");
   c.finetune_from = ft.get<std::string>("from", "");
+}
 
+}  // namespace
+
+RunConfig parse_run_config(const ConfigNode& root, const std::string& text) {
+  RunConfig c;
+  c.text = text;
+  parse_mesh_section(root.child("mesh"), c);
+  parse_sequence_section(root.child("sequence"), c);
+  c.model = parse_model_config(root.child("model"));
+  parse_train_section(root.child("train"), c);
+  parse_optim_section(root.child("optim"), c);
+  parse_data_section(root.child("data"), c);
+  parse_eval_section(root.child("eval"), c);
+  parse_sweep_section(root.child("sweep"), c);
+  parse_output_sections(root, c);
   root.finish();
   check_run_fits_machine(c, 0);
   return c;

@@ -41,31 +41,6 @@ double model_flops_per_step(const ModelConfig& m, int64_t N, int64_t sequences) 
   return static_cast<double>(sequences) * (6.0 * dense * static_cast<double>(N) + attn);
 }
 
-void check_mesh_fits_model(const RunConfig& cfg) {
-  const int64_t tp = cfg.mesh.tp, hp = cfg.mesh.hp, H = cfg.model.H, Hkv = cfg.model.kv_heads_or_H();
-  if (tp > 1) {
-    IHA_CONFIG_CHECK(cfg.model.ffn % tp == 0, "config key 'mesh.tp': the tensor-parallel degree ", tp,
-                     " must divide model.ffn = ", cfg.model.ffn, " (the MLP's hidden units are split over tp)");
-    IHA_CONFIG_CHECK(cfg.model.vocab >= tp, "config key 'mesh.tp': the tensor-parallel degree ", tp,
-                     " exceeds model.vocab_size = ", cfg.model.vocab, " (the vocabulary is split over tp)");
-  }
-  const int64_t heads = tp * hp;  // attention splits heads over tp and hp together
-  if (heads == 1 || (H % heads == 0 && Hkv % heads == 0)) return;
-  for (int64_t i = 0; i < cfg.model.layers; ++i) {
-    const LayerConfig lc = cfg.model.layer_config(i);
-    if (cfg.schemes.for_layer(lc) != ParallelScheme::head) continue;
-    const char* kind = lc.windowed() ? "window" : "global";
-    const std::string degree = tp == 1 ? "the head-parallel degree " + std::to_string(hp)
-                                       : "mesh.tp * mesh.hp = " + std::to_string(heads);
-    throw ConfigError(std::string("config key '") + (tp == 1 ? "mesh.hp" : "mesh.tp") + "': " + degree +
-                      " must divide model.H = " + std::to_string(H) +
-                      (Hkv != H ? " and model.kv_heads = " + std::to_string(Hkv) : std::string()) + " because " + kind +
-                      " layers use the head scheme (mesh.schemes." + kind +
-                      ": head); choose degrees that divide H or set mesh.schemes." + kind +
-                      ": sequence");
-  }
-}
-
 template <class T>
 Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
                     std::optional<int64_t> checkpoint_wv)
@@ -73,7 +48,10 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
   IHA_CHECK(dtype_of<T>() == cfg_.dtype, "Trainer<", dtype_name(dtype_of<T>()),
             "> built for a run whose train.dtype is ", dtype_name(cfg_.dtype));
   // Before any allocation or thread start: sizes, threads and memory against the machine.
-  collective_check(*world_, [&] { check_run_fits_machine(cfg_, world_->size()); });
+  collective_check(*world_, [&] {
+    check_run_fits_machine(cfg_, world_->size());
+    check_mesh_fits_world(cfg_.mesh, world_->size());
+  });
   // Before the mesh splits its groups from the world: they inherit it.
   world_->set_background_progress(cfg_.progress_thread);
   auto mesh = std::make_shared<ProcessMesh>(world_, cfg_.mesh);
@@ -82,8 +60,7 @@ Trainer<T>::Trainer(const RunConfig& cfg, std::shared_ptr<Communicator> world,
   collective_check(*world_, [&] {
     cfg_.model.resolve_window(cfg_.seq_len, checkpoint_wv);
     check_mesh_fits_model(cfg_);
-    IHA_CONFIG_CHECK(cfg_.device == Device::cpu || (std::is_same<T, float>::value), "config key 'train.dtype': a "
-                     "train.device: cuda run keeps float32 master weights");
+    check_run_device(cfg_);
   });
   // The world and mesh whose communicators hold the backend's buffers: the host ones on the
   // CPU, the device world and a mesh over it on a GPU.

@@ -50,11 +50,11 @@
 //
 // Errors: a configuration or data problem on any rank becomes the same ConfigError on every
 // rank (collective_check): a mesh that does not multiply to the world size, or hp not dividing
-// H where a layer kind uses the head scheme. A non-finite loss or gradient norm throws
+// H where a layer kind uses the head scheme (the checks of model/config_checks.h, run in the
+// constructor). A non-finite loss or gradient norm throws
 // NonFiniteLoss on every rank before the parameters change.
 // defines: iha::NonFiniteLoss, iha::StepStats, iha::EvalStats, iha::TrainerScalars, iha::Trainer,
-//          iha::count_visible_pairs, iha::model_flops_per_step,
-//          iha::check_mesh_fits_model
+//          iha::count_visible_pairs, iha::model_flops_per_step
 #pragma once
 
 #include <memory>
@@ -65,6 +65,7 @@
 #include "core/rng.h"
 #include "model/grad_sync.h"
 #include "model/optim.h"
+#include "model/config_checks.h"
 #include "model/run_config.h"
 #include "model/sharded_params.h"
 #include "model/transformer.h"
@@ -106,13 +107,6 @@ struct TrainerScalars {
   int64_t data_cursor = 0;
   Rng rng;
 };
-
-// Throws ConfigError naming the config key at fault when the mesh does not fit the model: mesh.hp
-// (or mesh.tp), model.H and the mesh.schemes key when a layer kind uses the head scheme and the
-// head group does not divide H; mesh.tp when it does not divide model.ffn or exceeds
-// model.vocab_size.
-// Local; the Trainer runs it on every rank.
-void check_mesh_fits_model(const RunConfig& cfg);
 
 // Visible (query, key) pairs of one head of one layer over a whole sequence of N tokens.
 int64_t count_visible_pairs(const LayerConfig& layer, int64_t N);

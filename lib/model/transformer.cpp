@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/rng.h"
+#include "model/config_checks.h"
 #include "model/vocab_parallel.h"
 
 namespace iha {
@@ -31,10 +32,7 @@ Tensor host_tensor(const std::vector<uint8_t>& v) {
 }  // namespace
 
 std::shared_ptr<ParamLayout> make_param_layout(const ModelConfig& c, int64_t tp, int64_t tp_rank) {
-  IHA_CONFIG_CHECK(tp >= 1 && c.ffn % tp == 0, "config key 'mesh.tp': the tensor-parallel degree ", tp,
-                   " must divide model.ffn = ", c.ffn, " (the MLP's hidden units are split over tp)");
-  IHA_CONFIG_CHECK(c.vocab >= tp, "config key 'mesh.tp': the tensor-parallel degree ", tp,
-                   " exceeds model.vocab_size = ", c.vocab, " (the vocabulary is split over tp)");
+  check_tp_fits_model(c, tp);
   IHA_CHECK(tp_rank >= 0 && tp_rank < tp, "tensor-parallel rank ", tp_rank, " outside [0, ", tp, ")");
   auto L = std::make_shared<ParamLayout>();
   const int64_t Floc = c.ffn / tp, f0 = tp_rank * Floc;

@@ -10,11 +10,11 @@ const char* layout_name(LayoutKind k) {
   return k == LayoutKind::zigzag ? "zigzag" : k == LayoutKind::balanced ? "balanced" : "contiguous";
 }
 
-LayoutKind parse_layout(const std::string& s, const std::string& key) {
+LayoutKind parse_layout(const std::string& s) {
   if (s == "contiguous") return LayoutKind::contiguous;
   if (s == "zigzag") return LayoutKind::zigzag;
   if (s == "balanced") return LayoutKind::balanced;
-  throw ConfigError("config key '" + key + "': unknown layout '" + s +
+  throw ConfigError("unknown layout '" + s +
                     "' (expected contiguous, zigzag or balanced)");
 }
 

@@ -23,7 +23,8 @@ namespace iha {
 // contiguous map.
 enum class LayoutKind : uint8_t { contiguous, zigzag, balanced };
 const char* layout_name(LayoutKind k);
-LayoutKind parse_layout(const std::string& s, const std::string& key = "layout");
+// The layout named s (contiguous, zigzag or balanced); ConfigError naming s otherwise.
+LayoutKind parse_layout(const std::string& s);
 
 struct TokenRange {
   int64_t begin = 0, end = 0;  // [begin, end) original tokens

@@ -17,8 +17,7 @@ ProcessMesh::ProcessMesh(std::shared_ptr<Communicator> world, MeshShape shape)
   IHA_CONFIG_CHECK(shape_.size() == world_->size(), "mesh ", shape_.str(), " has ", shape_.size(),
                    " ranks but the job has ", world_->size(),
                    shape_.tp == 1 ? " (dp * hp * sp must equal the world size)"
-                                  : " (dp * tp * hp * sp, config keys mesh.dp, mesh.tp, mesh.hp, mesh.sp, "
-                                    "must equal the world size)");
+                                  : " (dp * tp * hp * sp must equal the world size)");
   const int64_t r = world_->rank(), tp = shape_.tp, sp = shape_.sp, hp = shape_.hp;
   tp_index_ = r % tp;
   sp_index_ = (r / tp) % sp;

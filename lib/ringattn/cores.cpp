@@ -11,10 +11,10 @@ namespace iha {
 
 const char* scheme_name(ParallelScheme s) { return s == ParallelScheme::head ? "head" : "sequence"; }
 
-ParallelScheme parse_scheme(const std::string& s, const std::string& key) {
+ParallelScheme parse_scheme(const std::string& s) {
   if (s == "sequence") return ParallelScheme::sequence;
   if (s == "head") return ParallelScheme::head;
-  throw ConfigError("config key '" + key + "': unknown parallel scheme '" + s +
+  throw ConfigError("unknown parallel scheme '" + s +
                     "' (expected sequence or head)");
 }
 

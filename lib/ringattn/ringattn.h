@@ -77,7 +77,8 @@ struct SeqParallelOptions {
 //             exchanging pseudo-head K/V.
 enum class ParallelScheme : uint8_t { sequence, head };
 const char* scheme_name(ParallelScheme s);
-ParallelScheme parse_scheme(const std::string& s, const std::string& key = "scheme");
+// The scheme named s (sequence or head); ConfigError naming s otherwise.
+ParallelScheme parse_scheme(const std::string& s);
 
 // The communicators and indices of a rank in a head x sequence replica (from a mesh: the head
 // group is its tp x hp ranks, hp_index its head_index).

@@ -172,7 +172,7 @@ class Core {
     dtype_ = iha::parse_dtype(dtype);
     if (dtype_ != iha::DType::f32 && dtype_ != iha::DType::f64)
       throw py::value_error("argument 'dtype': expected float32 or float64, got " + dtype);
-    kind_ = iha::parse_layout(layout, "layout");
+    kind_ = iha::parse_layout(layout);
     if (comm == nullptr) {
       tokens_.resize(N);
       for (int64_t n = 0; n < N; ++n) tokens_[n] = n;
@@ -191,7 +191,7 @@ class Core {
     shape.sp = R / head_ranks;
     mesh_ = std::make_unique<iha::ProcessMesh>(comm->c, shape);
     auto groups = iha::ReplicaGroups::from(*mesh_);
-    const auto sch = iha::parse_scheme(scheme, "scheme");
+    const auto sch = iha::parse_scheme(scheme);
     iha::SeqParallelOptions opt(kind_);
     opt.ring_pieces = ring_pieces;
     if (dtype_ == iha::DType::f64)
@@ -552,7 +552,7 @@ PYBIND11_MODULE(_iha, m) {
   m.def("layout_tokens", [](const std::string& kind, int64_t N, int64_t S, int64_t T, int64_t s, int64_t t) {
     if (N < 1 || S < 1 || T < 1) throw py::value_error("layout_tokens: N, S and T must be >= 1");
     if (s < 0 || s >= S || t < 0 || t >= T) throw py::value_error("layout_tokens: index out of range");
-    return iha::replica_token_map(iha::parse_layout(kind, "layout"), N, S, T)[s * T + t];
+    return iha::replica_token_map(iha::parse_layout(kind), N, S, T)[s * T + t];
   }, py::arg("kind"), py::arg("N"), py::arg("S"), py::arg("T") = 1, py::arg("s") = 0, py::arg("t") = 0);
   m.def("balanced_parts", [](int64_t N, int64_t R, int64_t P, int64_t window_virtual, bool token_causal,
                              const iha::SegmentStarts& starts) {

@@ -2,6 +2,7 @@
 
 #include "attention/layer_config.h"
 #include "core/config.h"
+#include "model/model_config.h"  // parse_layer_config: the configuration module
 
 namespace iha {
 namespace {
