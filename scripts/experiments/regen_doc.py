@@ -289,6 +289,61 @@ def long_docs_pairs(data):
 
 # ---- sections 4.3 and 4.4: the stages run so far ------------------------------------------
 
+# ---- section 4.1: context extension with controls ---------------------------------------
+
+def ctxc_accuracy(data):
+    """Answer accuracy per arm and seed after the 4x fine-tune, at the fine-tuned length and at
+    the E1 length (16x N0)."""
+    d = data("ctx_controls_results")
+    n0, acc = d["n0"], d["accuracy"]["4x"]
+    rows = []
+    for m in d["methods"]:
+        per = acc.get(m, {})
+        seeds = [str(s) for s in d["seeds"] if str(s) in per]
+        row = [m]
+        for L in (4 * n0, 16 * n0):
+            vals = [per[s][str(L)] for s in seeds]
+            row += [", ".join("%.3f" % v for v in vals), "%.3f" % statistics.mean(vals) if vals else "-"]
+        rows.append(row)
+    return table(["arm (4x fine-tune)", "at %d (4x, in distribution), seeds %s" % (4 * n0, ", ".join(map(str, d["seeds"]))),
+                  "mean", "at %d (16x N0, E1)" % (16 * n0), "mean"], rows)
+
+
+def ctxc_endpoints(data):
+    """Each method minus `none`, paired by seed, at E1 and at the fine-tuned length (4x)."""
+    d = data("ctx_controls_results")
+    rows = []
+    for label in ("E1: 16x N0 after the 4x fine-tune", "at the fine-tuned length, 4x (in distribution)"):
+        for m, p in d["endpoints"][label].items():
+            if not p["diffs"]:
+                continue
+            rows.append([label, m, ", ".join("%+.3f" % x for x in p["diffs"]), pm(p["mean"], p["se"]),
+                         "[%+.3f, %+.3f]" % tuple(p["interval"]), p["verdict"]])
+    return table(["endpoint", "method", "method - none per seed", "mean +- se", "95% interval", "verdict"], rows)
+
+
+def ctxc_pairs(data):
+    """Every two methods (not `none`) paired by seed, at E1 and at the fine-tuned length: the
+    pre-registered ranking rule (ranked only where the 95% interval excludes 0)."""
+    d = data("ctx_controls_results")
+    n0, acc, methods = d["n0"], d["accuracy"]["4x"], [m for m in d["methods"] if m != "none"]
+    rows = []
+    for label, L in (("E1 (%d)" % (16 * n0), 16 * n0), ("fine-tuned length (%d)" % (4 * n0), 4 * n0)):
+        for i, a in enumerate(methods):
+            for b in methods[i + 1:]:
+                seeds = [str(s) for s in d["seeds"] if str(s) in acc.get(a, {}) and str(s) in acc.get(b, {})]
+                if len(seeds) < 2:
+                    continue
+                diffs = [acc[a][s][str(L)] - acc[b][s][str(L)] for s in seeds]
+                mean, se = statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
+                k = expkit.t975(len(diffs) - 1)
+                lo, hi = mean - k * se, mean + k * se
+                ranked = ("%s above %s" % (a, b) if lo > 0 else "%s above %s" % (b, a) if hi < 0 else "not separated")
+                rows.append([label, "%s - %s" % (a, b), ", ".join("%+.3f" % x for x in diffs), pm(mean, se),
+                             "[%+.3f, %+.3f]" % (lo, hi), ranked])
+    return table(["endpoint", "pair", "per seed", "mean +- se", "95% interval", "rule"], rows)
+
+
 def tts_probe(data):
     d = data("time_to_solve_results")
     return table(["arm", "GFLOP a step", "steps within the cap", "cap (TFLOP)"],
@@ -315,6 +370,9 @@ TABLES = {
     "ctx-accuracy": ctx_accuracy,
     "ctx-vs-none": ctx_vs_none,
     "ctx-stage-times": ctx_stage_times,
+    "ctxc-accuracy": ctxc_accuracy,
+    "ctxc-endpoints": ctxc_endpoints,
+    "ctxc-pairs": ctxc_pairs,
     "ivm-5b-global-plateau": lambda d: plateau_table(d, "iha_vs_mha_5b_results"),
     "ivm-5b-sched-plateau": lambda d: plateau_table(d, "iha_vs_mha_5b_sched_results"),
     "ivm-5b-sched5-models": lambda d: models_table(d, "iha_vs_mha_5b_sched_results"),
