@@ -21,6 +21,7 @@
 #include "checkpoint/root.h"
 #include "core/cpu_level.h"
 #include "model/train_checkpoint.h"
+#include "model/config_checks.h"
 #include "model/trainer.h"
 #include "parallel/comm.h"
 #include "progress.h"
@@ -479,10 +480,7 @@ int main(int argc, char** argv) {
       cfg = load_run_config(args.config, args.overrides);
       est = check_run_fits_machine(cfg, world->size());
       if (args.mode == Mode::check) {
-        const int64_t ranks = cfg.mesh.size();  // checked above
-        IHA_CONFIG_CHECK(ranks == world->size(), "config key 'mesh': dp * tp * hp * sp = ", ranks,
-                         " ranks but the job has ", world->size(),
-                         " (mesh.dp * mesh.tp * mesh.hp * mesh.sp must equal the world size)");
+        check_mesh_fits_world(cfg.mesh, world->size());
         cfg.model.resolve_window(cfg.seq_len, std::nullopt);
         check_mesh_fits_model(cfg);
       }

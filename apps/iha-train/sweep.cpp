@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/files.h"
+#include "model/config_checks.h"
 #include "model/trainer.h"
 #include "parallel/layout.h"
 
@@ -32,10 +33,7 @@ void check_lengths(const RunConfig& cfg, const CheckpointModel& ck, int64_t worl
                    "depths of the multikey task, got '", cfg.data.kind, "'");
   IHA_CONFIG_CHECK(cfg.eval.sequences > 0 || cfg.sweep.sequences > 0, "config key "
                    "'sweep.sequences': the sweep needs >= 1 sequence per depth bin");
-  const int64_t ranks = cfg.mesh.size();
-  IHA_CONFIG_CHECK(ranks == world_size, "config key 'mesh': dp * tp * hp * sp = ", ranks,
-                   " ranks but the job has ", world_size,
-                   " (mesh.dp * mesh.tp * mesh.hp * mesh.sp must equal the world size)");
+  check_mesh_fits_world(cfg.mesh, world_size);
   // The ranks of one replica split its tokens: tp and hp ranks split heads (the head group),
   // sp ranks the sequence.
   const int64_t replica = cfg.mesh.head_group() * cfg.mesh.sp;

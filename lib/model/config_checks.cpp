@@ -16,11 +16,9 @@ void check_tp_fits_model(const ModelConfig& model, int64_t tp) {
 void check_mesh_fits_world(const MeshShape& mesh, int64_t world_size) {
   // A degree below 1 is the mesh's own argument error (ProcessMesh reports it).
   if (mesh.dp < 1 || mesh.hp < 1 || mesh.sp < 1 || mesh.tp < 1) return;
-  IHA_CONFIG_CHECK(mesh.size() == world_size, "mesh ", mesh.str(), " has ", mesh.size(),
-                   " ranks but the job has ", world_size,
-                   mesh.tp == 1 ? " (dp * hp * sp must equal the world size)"
-                                : " (dp * tp * hp * sp, config keys mesh.dp, mesh.tp, mesh.hp, mesh.sp, "
-                                  "must equal the world size)");
+  IHA_CONFIG_CHECK(mesh.size() == world_size, "config key 'mesh': dp * tp * hp * sp = ", mesh.size(),
+                   " ranks (", mesh.str(), ") but the job has ", world_size,
+                   " (mesh.dp * mesh.tp * mesh.hp * mesh.sp must equal the world size)");
 }
 
 void check_mesh_fits_model(const RunConfig& cfg) {
