@@ -62,7 +62,9 @@ class Documents {
 
   void for_each(const std::function<void(const std::string&)>& emit) const {
     for (const std::string& path : inputs_) {
-      std::ifstream in(path, std::ios::binary);
+      // The file checked is the file read (core/files.h), whatever the path names by now.
+      const iha::InputFile checked(path, "input file");
+      std::ifstream in(checked.reopen_path(), std::ios::binary);
       IHA_CONFIG_CHECK(in.good(), "cannot open input file '", path, "'");
       if (split_ == Split::jsonl) {
         jsonl(path, in, emit);
@@ -147,8 +149,8 @@ class ByteTokenizer final : public Tokenizer {
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& model) : model_(model) {
-    iha::require_regular_file(model, "SentencePiece model (option --spm)");
-    const auto status = sp_.Load(model);
+    const iha::InputFile checked(model, "SentencePiece model (option --spm)");
+    const auto status = sp_.Load(checked.reopen_path());
     IHA_CONFIG_CHECK(status.ok(), "SentencePiece model '", model, "' (option --spm): cannot load it (",
                      status.ToString(), ")");
   }
@@ -193,10 +195,7 @@ int text_to_tokens(const Options& o) {
   } else {
     tok = std::make_unique<SentencePieceTokenizer>(o.spm_model);
   }
-  for (const std::string& in : inputs) {  // before the output is created
-    std::ifstream probe(in, std::ios::binary);
-    IHA_CONFIG_CHECK(probe.good(), "cannot open input file '", in, "'");
-  }
+  for (const std::string& in : inputs) const iha::InputFile probe(in, "input file");  // before the output is created
   // Written beside the output and renamed over it when complete: bad input found half way
   // leaves no half-written file, and an existing output stays as it was.
   // The name is ours: whatever is there (a stale partial, or a symbolic link to any file) is

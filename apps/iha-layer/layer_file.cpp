@@ -186,11 +186,12 @@ void write_attr_text(H5File& f, const char* name, const std::string& v) {
 H5File::H5File(const std::string& path, char mode) : path_(path) {
   Hdf5Session session;  // our messages replace HDF5's error stack dumps
   if (mode == 'r') {
-    // stat before any open: a FIFO would block, a directory reads as an unreadable file.
-    require_regular_file(path, "layer file");
-    if (!std::ifstream(path).good()) fail(path, "cannot open file (does it exist and is it readable?)");
-    if (H5Fis_hdf5(path.c_str()) <= 0) fail(path, "is not an HDF5 file");
-    id_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    // Checked before any open by name: a FIFO would block, a directory reads as an unreadable
+    // file; HDF5 opens the file checked (core/files.h), not whatever the path names by then.
+    const InputFile checked(path, "layer file");
+    const std::string name = checked.reopen_path();
+    if (H5Fis_hdf5(name.c_str()) <= 0) fail(path, "is not an HDF5 file");
+    id_ = H5Fopen(name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     if (id_ < 0) fail(path, "cannot open HDF5 file for reading");
   } else {
     require_new_output(path, "output file");  // truncated below: never through a link

@@ -33,13 +33,10 @@ ConfigNode::ConfigNode(std::shared_ptr<const Document> node, std::string path)
     : node_(std::move(node)), path_(std::move(path)) {}
 
 ConfigNode ConfigNode::from_file(const std::string& file) {
-  // A directory would read as an empty config (every key missing), a FIFO would block.
-  require_regular_file(file, "config file");
-  std::ifstream in(file);
-  IHA_CONFIG_CHECK(in.good(), "cannot open config file '", file, "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_string(ss.str(), file);
+  // A directory would read as an empty config (every key missing), a FIFO would block: the
+  // file is checked and read through one descriptor (core/files.h).
+  const InputFile in(file, "config file");
+  return from_string(in.read_all(), file);
 }
 
 namespace {

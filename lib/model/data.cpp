@@ -316,15 +316,13 @@ class Hdf5TokenSource final : public TokenSource {
     const std::string where = "token file '" + path + "'";
     IHA_CONFIG_CHECK(N >= 1, where, ": sequence length must be >= 1, got ", N);
     // Before HDF5 opens it: a FIFO would block the open, a directory gives HDF5's own words.
-    require_regular_file(path, "token file");
-    if (H5Fis_hdf5(path.c_str()) <= 0) {
-      FILE* f = fopen(path.c_str(), "rb");
-      if (!f) throw ConfigError(where + ": cannot open the file (missing or unreadable)");
-      fclose(f);
+    // HDF5 opens the file checked (core/files.h), not whatever the path names by then.
+    const InputFile checked(path, "token file");
+    const std::string name = checked.reopen_path();
+    if (H5Fis_hdf5(name.c_str()) <= 0)
       throw ConfigError(where + ": not an HDF5 file (or a truncated or corrupted one)");
-    }
     opened_ = identity();
-    file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    file_ = H5Fopen(name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     IHA_CONFIG_CHECK(file_ >= 0, where, ": HDF5 cannot open it (truncated or corrupted?)");
     const std::string ds = where + ", dataset '" + dataset + "'";
     const htri_t exists = H5Lexists(file_, dataset.c_str(), H5P_DEFAULT);

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "run_command.h"
 
@@ -186,6 +188,44 @@ TEST(HostileCommands, WithoutLatestTheRootsRecordTellsOwnStepFromAnotherRuns) {
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::is_directory(dir + "/mine/step_2.rejected"));
   EXPECT_EQ(read_file(dir + "/mine/latest"), "step_2\n");  // its own step 2, saved by the resume
+  fs::remove_all(dir);
+}
+
+// A file replaced by a FIFO between a tool's check and its open (made deterministic by a
+// preloaded library that swaps the path at the first open by name, tests/faults/swap_to_fifo.c):
+// every input is opened once and its descriptor checked, so the tool refuses the FIFO (exit 2,
+// naming the file) instead of blocking on it (the timeout's 124).
+TEST(HostileCommands, AFileSwappedForAFifoAfterItsCheckIsRefusedNotHungOn) {
+  const std::string dir = tmp("swap");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir + "/notes.txt") << "some words to tokenize, more than one sequence of them. " << std::string(400, 'x');
+  ASSERT_EQ(run(std::string(IHA_DATA_BIN) + " text " + dir + "/notes.txt " + dir + "/tokens.h5").code, 0);
+  fs::copy_file(std::string(IHA_SOURCE_DIR) + "/configs/demo.yaml", dir + "/demo.yaml");
+  std::ofstream(dir + "/layer.h5") << "not read: refused before";
+  std::ofstream(dir + "/m.model") << "not read: refused before";
+  const std::string train = std::string(IHA_TRAIN_BIN) + " train --config " + dir + "/demo.yaml --set mesh.sp=1"
+                            " --set train.steps=1 --set logging.jsonl= --set checkpoint.dir= --set eval.sequences=0";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {dir + "/demo.yaml", train},
+      {dir + "/tokens.h5", train + " --set sequence.length=32 --set model.vocab_size=256 --set 'eval={sequences: 0}' --set 'data={kind: hdf5, path: " +
+                               dir + "/tokens.h5}'"},
+      {dir + "/layer.h5", std::string(IHA_LAYER_BIN) + " " + dir + "/layer.h5 " + dir + "/out.h5"},
+      {dir + "/notes.txt", std::string(IHA_DATA_BIN) + " text " + dir + "/notes.txt " + dir + "/t2.h5"},
+      {dir + "/m.model", std::string(IHA_DATA_BIN) + " text " + dir + "/notes.txt " + dir + "/t3.h5 --spm " + dir + "/m.model"},
+  };
+  for (const auto& [file, cmd] : cases) {
+    SCOPED_TRACE(file);
+    const std::string saved = file + ".saved";
+    fs::copy_file(file, saved, fs::copy_options::overwrite_existing);
+    const Result r = run("env LD_PRELOAD=" + std::string(IHA_SWAP_LIB) + " IHA_SWAP_TO_FIFO=" + file + " " + cmd);
+    EXPECT_EQ(r.code, 2) << r.output;  // 124: blocked on the FIFO until the timeout
+    EXPECT_NE(r.output.find("'" + file + "': is a FIFO (named pipe), not a regular file"), std::string::npos) << r.output;
+    EXPECT_TRUE(fs::is_fifo(file)) << "the swap did not happen: the case tests nothing";
+    fs::remove(file);
+    fs::remove(file + ".orig");
+    fs::rename(saved, file);
+  }
   fs::remove_all(dir);
 }
 
