@@ -152,7 +152,7 @@ std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator
 
 std::string export_hf_model(const std::string& checkpoint, const std::string& out_dir,
                             std::shared_ptr<Communicator> world) {
-  const CheckpointModel ck = inspect_train_checkpoint(*world, checkpoint, "CHECKPOINT");
+  const CheckpointModel ck = inspect_train_checkpoint(*world, checkpoint, "argument CHECKPOINT");
   IHA_CONFIG_CHECK(!fs::exists(out_dir), "output directory '", out_dir, "' already exists");
   const auto layout = make_param_layout(ck.model);
   Checkpointer reader(world);

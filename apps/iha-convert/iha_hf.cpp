@@ -158,21 +158,21 @@ IhaDirectory read_iha_directory(const std::string& dir) {
     m.pattern = get("iha_pattern").get<std::string>();
     m.global_kind = parse_global_kind(get("iha_global_kind").get<std::string>(), "iha_global_kind");
     m.window_kind = parse_global_kind(get("iha_window_kind").get<std::string>(), "iha_window_kind");
-    m.collapse = parse_collapse(get("collapse").get<std::string>(), "collapse");
-    m.mask = parse_mask(get("mask").get<std::string>(), "mask");
+    m.collapse = parse_collapse(get("collapse").get<std::string>(), "field 'collapse'");
+    m.mask = parse_mask(get("mask").get<std::string>(), "field 'mask'");
     m.rope = get("rope").get<bool>();
     m.rope_base = get("rope_theta").get<double>();
     m.rope_scale = get("rope_scale").get<double>();
     m.norm_eps = get("rms_norm_eps").get<double>();
     const json& r = get("iha_rope_scaling");
     RopeScaling& rs = m.rope_scaling;
-    rs.type = parse_rope_scaling_type(r.at("type").get<std::string>(), "iha_rope_scaling.type");
+    rs.type = parse_rope_scaling_type(r.at("type").get<std::string>(), "field 'iha_rope_scaling.type'");
     if (rs.on()) {
       rs.factor = r.at("factor").get<double>();
       rs.original_length = r.at("original_length").get<int64_t>();
       rs.beta_fast = r.at("beta_fast").get<double>();
       rs.beta_slow = r.at("beta_slow").get<double>();
-      rs.ramp = parse_yarn_ramp(r.at("ramp").get<std::string>(), "iha_rope_scaling.ramp");
+      rs.ramp = parse_yarn_ramp(r.at("ramp").get<std::string>(), "field 'iha_rope_scaling.ramp'");
       rs.low_freq_factor = r.at("low_freq_factor").get<double>();
       rs.high_freq_factor = r.at("high_freq_factor").get<double>();
     }

@@ -238,11 +238,13 @@ LayerConfig read_config(const H5File& f) {
     if (k != "iha" && k != "mha") get("kind").bad("must be iha or mha, got '" + k + "'");
     c.mixing = k == "iha";
   }
+  // The layer library's checks name these as the file's config attributes.
+  const FieldNames attributes{"config attribute", ""};
   try {
-    if (present.count("collapse")) c.collapse = parse_collapse(get("collapse").text(), "collapse");
-    if (present.count("mask")) c.mask = parse_mask(get("mask").text(), "mask");
+    if (present.count("collapse")) c.collapse = parse_collapse(get("collapse").text(), attributes("collapse"));
+    if (present.count("mask")) c.mask = parse_mask(get("mask").text(), attributes("mask"));
   } catch (const ConfigError& e) {
-    fail(f.path(), std::string("root attributes: ") + e.what());
+    fail(f.path(), e.what());
   }
   if (present.count("rope")) c.rope = get("rope").boolean();
   if (present.count("rope_base")) c.rope_base = get("rope_base").number();
@@ -254,10 +256,11 @@ LayerConfig read_config(const H5File& f) {
   try {
     // Neither attribute: a global layer (a single layer has no training context to take the
     // model's default window from).
-    c.window_virtual = (w.window || w.window_virtual) ? resolve_window_virtual(w, c.P, 1, std::nullopt) : 0;
-    c.validate();
+    c.window_virtual =
+        (w.window || w.window_virtual) ? resolve_window_virtual(w, c.P, 1, std::nullopt, attributes) : 0;
+    c.validate(attributes);
   } catch (const ConfigError& e) {
-    fail(f.path(), std::string("root attributes: ") + e.what());
+    fail(f.path(), e.what());
   }
   return c;
 }

@@ -138,12 +138,13 @@ Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
   if (args.mode == Mode::eval || args.mode == Mode::sweep) {
     o.kind = Origin::weights;
     o.path = cfg.eval.checkpoint.empty() ? root : cfg.eval.checkpoint;
-    o.ck = inspect_train_checkpoint(w, o.path, cfg.eval.checkpoint.empty() ? "checkpoint.dir" : "eval.checkpoint");
+    o.ck = inspect_train_checkpoint(
+        w, o.path, cfg.eval.checkpoint.empty() ? "config key 'checkpoint.dir'" : "config key 'eval.checkpoint'");
   } else {
     // The one protocol for a root that is written: lock, writability, crash recovery.
     if (!root.empty())
       o.root = std::make_unique<CheckpointRoot>(
-          w, root, "checkpoint.dir",
+          w, root, "config key 'checkpoint.dir'",
           args.resume_auto ? RootUse::resume_auto : args.resume ? RootUse::resume : RootUse::fresh);
     else
       collective_check(w, [&] {
@@ -157,7 +158,7 @@ Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
     if (o.root && o.root->resume()) {
       o.kind = Origin::resume;
       o.path = root;
-      o.ck = inspect_train_checkpoint(w, root, "checkpoint.dir");
+      o.ck = inspect_train_checkpoint(w, root, "config key 'checkpoint.dir'");
       collective_check(w, [&] {
         IHA_CONFIG_CHECK(cfg.steps >= o.ck->step, "config key 'train.steps' = ", cfg.steps,
                          " is below the step of the checkpoint to resume (", o.ck->dir, " is step ",
@@ -170,7 +171,7 @@ Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
       });
       o.kind = Origin::weights;
       o.path = cfg.finetune_from;
-      o.ck = inspect_train_checkpoint(w, o.path, "finetune.from");
+      o.ck = inspect_train_checkpoint(w, o.path, "config key 'finetune.from'");
     }
   }
   if (o.ck)

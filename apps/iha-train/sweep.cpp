@@ -50,8 +50,10 @@ void check_lengths(const RunConfig& cfg, const CheckpointModel& ck, int64_t worl
           IHA_CONFIG_CHECK(!chunk.empty(), "mesh.tp * mesh.hp * mesh.sp = ", replica, " ranks cannot split ",
                            L, " tokens into ", parts.num_chunks(), " non-empty ",
                            layout_name(c.layout), " chunks");
+      TaskNames names = task_config_names(true);
+      names.length = "the length";
       for (int64_t bin = 0; bin < c.data.multikey.pairs; ++bin)
-        make_needle_depth_source(c.data.multikey, c.model.vocab, L, held_out_seed(c), bin);
+        make_needle_depth_source(c.data.multikey, c.model.vocab, L, held_out_seed(c), bin, names);
     } catch (const ConfigError& e) {
       throw ConfigError("config key 'sweep.lengths': length " + std::to_string(L) + ": " + e.what());
     }

@@ -20,8 +20,10 @@ enum class MaskKind : uint8_t { flat_causal, token_causal };
 
 const char* collapse_name(Collapse c);
 const char* mask_name(MaskKind m);
-Collapse parse_collapse(const std::string& s, const std::string& key = "collapse");
-MaskKind parse_mask(const std::string& s, const std::string& key = "mask");
+// The parse_* functions read a name; `what` is how the caller names the value's source in the
+// message ("config key 'model.mask'", "field 'mask'").
+Collapse parse_collapse(const std::string& s, const std::string& what);
+MaskKind parse_mask(const std::string& s, const std::string& what);
 
 // RoPE scaling for context extension (DESIGN.md section 11). Plain data, so kernels take it by
 // value; the angle arithmetic is attention/rope.h. original_length is L in original tokens (the
@@ -40,16 +42,16 @@ struct RopeScaling {
   bool on() const { return type != RopeScalingType::none; }
   // The multiplier of the attention logits: YaRN's m^2 with m = 0.1 ln(s) + 1, else 1.
   double logit_multiplier() const;
-  // Throws ConfigError naming `key`.<field> (key is e.g. "model.rope_scaling").
-  void validate(const std::string& key) const;
+  // Throws ConfigError naming the first invalid field as `names` names it (core/error.h).
+  void validate(const FieldNames& names = {}) const;
   bool operator==(const RopeScaling& o) const;
   bool operator!=(const RopeScaling& o) const { return !(*this == o); }
 };
 
 const char* rope_scaling_type_name(RopeScalingType t);
 const char* yarn_ramp_name(YarnRamp r);
-RopeScalingType parse_rope_scaling_type(const std::string& s, const std::string& key);
-YarnRamp parse_yarn_ramp(const std::string& s, const std::string& key);
+RopeScalingType parse_rope_scaling_type(const std::string& s, const std::string& what);
+YarnRamp parse_yarn_ramp(const std::string& s, const std::string& what);
 
 // One attention layer. `mixing == false` is a plain MHA layer: P must be 1 and the layer has no
 // aQ/aK/aV/C parameters. window_virtual is Wv in virtual tokens; 0 means no window (global).
@@ -70,8 +72,9 @@ struct LayerConfig {
   double rope_scale = 1.0;  // legacy position scale (linear interpolation is 1/s); not with rope_scaling
   RopeScaling rope_scaling;
 
-  // Throws ConfigError naming the first invalid field (prefix is prepended to field names).
-  void validate(const std::string& prefix = "") const;
+  // Throws ConfigError naming the first invalid field as `names` names it (core/error.h): the
+  // configuration module passes config_keys("model."), other callers their own names.
+  void validate(const FieldNames& names = {}) const;
   bool windowed() const { return window_virtual > 0; }
   int64_t collapse_cols() const { return collapse == Collapse::global ? H * P : P; }
   int64_t kv_heads() const { return Hkv > 0 ? Hkv : H; }
@@ -91,8 +94,9 @@ struct WindowSpec {
 
 // DESIGN.md section 1: explicit value if given; else the checkpoint's Wv if loading; else
 // W = ceil(n_train / (2 P^2)), Wv = W * P. An explicit value that differs from the
-// checkpoint's is an error naming both unless allow_window_change. `key` prefixes messages.
+// checkpoint's is an error naming both unless allow_window_change. Messages name the fields
+// window, window_virtual and P as `names` names them.
 int64_t resolve_window_virtual(const WindowSpec& spec, int64_t P, int64_t n_train,
-                               std::optional<int64_t> checkpoint_wv, const std::string& key = "");
+                               std::optional<int64_t> checkpoint_wv, const FieldNames& names = {});
 
 }  // namespace iha

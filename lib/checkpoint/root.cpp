@@ -416,13 +416,13 @@ bool adopt_or_set_aside(Communicator& comm, const std::string& root, const std::
 
 // ---- the protocol ----
 
-CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, const std::string& key,
+CheckpointRoot::CheckpointRoot(Communicator& comm, const std::string& root, const std::string& what,
                                RootUse use)
     : root_(root) {
-  const std::string where = "config key '" + key + "' = '" + root + "'";
+  const std::string where = what + " = '" + root + "'";
   RootScan scan;  // rank 0's, but for the candidates shipped to every rank
   collective_check(comm, [&] {
-    IHA_CONFIG_CHECK(!root.empty(), "config key '", key, "' is empty: no checkpoint directory");
+    IHA_CONFIG_CHECK(!root.empty(), what, " is empty: no checkpoint directory");
     if (comm.rank() != 0) return;
     try {
       lock_ = std::make_unique<RootLock>(root);

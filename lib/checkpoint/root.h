@@ -84,8 +84,9 @@ class RootLock {
 class CheckpointRoot {
  public:
   // Collective over comm. Locks, probes, recovers and decides as the header comment says;
-  // `key` (e.g. "checkpoint.dir") names the root in messages.
-  CheckpointRoot(Communicator& comm, const std::string& root, const std::string& key, RootUse use);
+  // `what` is how the caller names the root in messages (iha-train: "config key
+  // 'checkpoint.dir'").
+  CheckpointRoot(Communicator& comm, const std::string& root, const std::string& what, RootUse use);
   ~CheckpointRoot();
   // Whether the run continues from root/latest.
   bool resume() const { return resume_; }

@@ -8,11 +8,16 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
 
 namespace iha {
+
+// The names of the configuration's keys under `prefix` (e.g. "model."), for the messages of a
+// library struct's validation: "config key 'model.H'".
+inline FieldNames config_keys(std::string prefix = "") { return {"config key", std::move(prefix)}; }
 
 // A YAML mapping read strictly: every key must be consumed; finish() reports the first key
 // nobody asked for. Type and value errors name the full dotted key. The YAML document lives
@@ -31,6 +36,8 @@ class ConfigNode {
   // A nested mapping (absent key gives an empty node whose reads return fallbacks).
   ConfigNode child(const std::string& key) const;
   std::string key_path(const std::string& key) const;
+  // How messages name `key` of this mapping: "config key 'a.b'".
+  std::string key_name(const std::string& key) const { return "config key '" + key_path(key) + "'"; }
   const std::string& path() const { return path_; }
   // Throws ConfigError "unknown config key 'a.b'" for any key never read, recursively.
   void finish() const;

@@ -1,5 +1,5 @@
 // Sizes computed from config values with every operation checked: an overflow is a
-// ConfigError naming the key whose value made it too large, never a wrapped size.
+// ConfigError naming the key (or field) whose value made it too large, never a wrapped size.
 //
 //   ConfigSize n(cfg.seq_len, "sequence.length"), D(cfg.model.D, "model.D");
 //   const int64_t elems = (n * D * ConfigSize(4)).value();   // throws on overflow
@@ -18,7 +18,10 @@ class ConfigSize {
   // A constant (no key).
   explicit ConfigSize(int64_t v) : v_(v) {}
   // The value of config key `key`; must be >= 0 (validated where it was read).
-  ConfigSize(int64_t v, const std::string& key) : v_(v), expr_(key), key_(key), key_value_(v) {}
+  ConfigSize(int64_t v, const std::string& key) : ConfigSize(v, FieldNames{"config key", ""}, key) {}
+  // The value of field `field` as its caller names it (core/error.h's FieldNames).
+  ConfigSize(int64_t v, const FieldNames& names, const std::string& field)
+      : v_(v), expr_(names.prefix + field), key_(names.prefix + field), name_(names(field)), key_value_(v) {}
 
   int64_t value() const { return v_; }
   // The product or sum spelled in keys, e.g. "model.D * model.ffn".
@@ -52,16 +55,18 @@ class ConfigSize {
     const bool take_a = !a.key_.empty() && (b.key_.empty() || a.key_value_ >= b.key_value_);
     r.key_ = take_a ? a.key_ : b.key_;
     r.key_value_ = take_a ? a.key_value_ : b.key_value_;
+    r.name_ = take_a ? a.name_ : b.name_;
     return r;
   }
   [[noreturn]] static void overflow(const ConfigSize& r) {
-    throw ConfigError("config key '" + r.key_ + "' = " + std::to_string(r.key_value_) +
+    throw ConfigError(r.name_ + " = " + std::to_string(r.key_value_) +
                       " is too large: the size " + r.expr_ + " does not fit in 64 bits");
   }
 
   int64_t v_ = 0;
   std::string expr_;
   std::string key_;
+  std::string name_;  // key_ as messages name it, e.g. "config key 'model.D'"
   int64_t key_value_ = 0;
 };
 

@@ -1,5 +1,6 @@
 // Errors: one exception type carrying where (file:line) and why.
-// defines: iha::Error, iha::ConfigError, iha::error_text, IHA_CHECK, IHA_FAIL, IHA_CONFIG_CHECK
+// defines: iha::Error, iha::ConfigError, iha::FieldNames, iha::error_text, IHA_CHECK, IHA_FAIL,
+//          IHA_CONFIG_CHECK
 #pragma once
 
 #include <sstream>
@@ -19,6 +20,24 @@ class Error : public std::runtime_error {
 class ConfigError : public Error {
  public:
   explicit ConfigError(const std::string& msg) : Error(msg) {}
+};
+
+// How the caller of a library names the fields of a value it hands over, for the library's
+// messages: the library says what is wrong with a field, the caller says where the field came
+// from. The configuration module names YAML keys (config_keys("model.") in core/config.h gives
+// "config key 'model.H'"), iha-layer the attributes of its file, Python the arguments of a call;
+// the default names the C++ struct's fields ("field 'H'").
+struct FieldNames {
+  std::string noun = "field";  // singular; the plural adds an s
+  std::string prefix;          // prepended to every field name
+
+  std::string operator()(const std::string& field) const { return noun + " '" + prefix + field + "'"; }
+  // Two fields named together: "fields 'window' and 'window_virtual'".
+  std::string both(const std::string& a, const std::string& b) const {
+    return noun + "s '" + prefix + a + "' and '" + prefix + b + "'";
+  }
+  // The fields of a nested value: the same noun, the prefix extended by `field.`.
+  FieldNames nested(const std::string& field) const { return {noun, prefix + field + "."}; }
 };
 
 // What an app prints for an exception: its what(), except where that names nothing (a

@@ -8,7 +8,7 @@
 // Threads: local, pure functions of their arguments; callers wrap them in collective_check
 // where every rank must agree (the Trainer does).
 // defines: iha::check_tp_fits_model, iha::check_mesh_fits_world, iha::check_mesh_fits_model,
-//          iha::check_run_device
+//          iha::check_run_device, iha::check_same_architecture, iha::check_same_positions
 #pragma once
 
 #include <cstdint>
@@ -39,5 +39,15 @@ void check_mesh_fits_model(const RunConfig& cfg);
 // (train.dtype) and its attention pairs each query head with its own key/value head
 // (model.kv_heads equal to model.H).
 void check_run_device(const RunConfig& cfg);
+
+struct CheckpointModel;  // model/train_checkpoint.h (which the Trainer's header includes)
+
+// The configuration against a checkpoint it starts from (inspect_train_checkpoint): throws
+// ConfigError naming the first model.<key> whose value differs (rope_base, rope_scale,
+// rope_scaling and norm_eps may differ; the window is checked by the window rule when the
+// trainer resolves it).
+void check_same_architecture(const ModelConfig& config, const CheckpointModel& ck);
+// For a resume (not a fine-tune, which may rescale): the RoPE settings match the checkpoint's.
+void check_same_positions(const ModelConfig& config, const CheckpointModel& ck);
 
 }  // namespace iha

@@ -567,75 +567,71 @@ class Hdf5TokenSource final : public TokenSource {
   std::vector<int64_t> doc_starts_;  // empty: the file is one document
 };
 
-void check_queries(int64_t queries) {
-  IHA_CONFIG_CHECK(queries >= 1, "config key 'data.queries': must be >= 1, got ", queries);
+void check_queries(int64_t queries, const TaskNames& n) {
+  IHA_CONFIG_CHECK(queries >= 1, n.queries.empty() ? n.spec("queries") : n.queries, ": must be >= 1, got ",
+                   queries);
 }
 
 }  // namespace
 
-std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int64_t vocab,
-                                                  int64_t N, uint64_t seed) {
-  IHA_CONFIG_CHECK(spec.pairs >= 1, "config key 'data.pairs': must be >= 1, got ", spec.pairs);
-  IHA_CONFIG_CHECK(spec.value_tokens >= 1, "config key 'data.value_tokens': must be >= 1, got ",
-                   spec.value_tokens);
-  IHA_CONFIG_CHECK(spec.key_tokens >= spec.pairs, "config key 'data.key_tokens': ", spec.pairs,
+std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int64_t vocab, int64_t N,
+                                                  uint64_t seed, const TaskNames& n) {
+  const std::string& p = n.spec.prefix;
+  IHA_CONFIG_CHECK(spec.pairs >= 1, n.spec("pairs"), ": must be >= 1, got ", spec.pairs);
+  IHA_CONFIG_CHECK(spec.value_tokens >= 1, n.spec("value_tokens"), ": must be >= 1, got ", spec.value_tokens);
+  IHA_CONFIG_CHECK(spec.key_tokens >= spec.pairs, n.spec("key_tokens"), ": ", spec.pairs,
                    " distinct keys need at least as many key tokens, got ", spec.key_tokens);
-  check_queries(spec.queries);
+  check_queries(spec.queries, n);
   const int64_t used = 1 + spec.key_tokens + spec.value_tokens;
-  IHA_CONFIG_CHECK(used < vocab, "config key 'model.vocab_size': the multikey task needs ", used,
-                   " ids (query marker, data.key_tokens, data.value_tokens) plus at least one "
-                   "filler id, got ", vocab);
+  IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the multikey task needs ", used, " ids (query marker, ", p,
+                   "key_tokens, ", p, "value_tokens) plus at least one filler id, got ", vocab);
   const int64_t haystack = N + 1 - 3 * spec.queries;
-  IHA_CONFIG_CHECK(haystack >= 2 * spec.pairs, "config key 'sequence.length': ", spec.pairs,
-                   " pairs and ", spec.queries, " queries need at least ",
-                   2 * spec.pairs + 3 * spec.queries - 1, " tokens, got ", N);
+  IHA_CONFIG_CHECK(haystack >= 2 * spec.pairs, n.length, ": ", spec.pairs, " pairs and ", spec.queries,
+                   " queries need at least ", 2 * spec.pairs + 3 * spec.queries - 1, " tokens, got ", N);
   return std::make_shared<MultiKeySource>(spec, vocab, N, seed);
 }
 
-std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, int64_t vocab,
-                                                     int64_t N, uint64_t seed) {
-  IHA_CONFIG_CHECK(spec.pairs >= 2, "config key 'data.pairs': the orderedpair task asks two distinct "
+std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, int64_t vocab, int64_t N,
+                                                     uint64_t seed, const TaskNames& n) {
+  const std::string& p = n.spec.prefix;
+  IHA_CONFIG_CHECK(spec.pairs >= 2, n.spec("pairs"), ": the orderedpair task asks two distinct "
                    "keys, so it needs >= 2 pairs, got ", spec.pairs);
-  IHA_CONFIG_CHECK(spec.value_tokens >= 1, "config key 'data.value_tokens': must be >= 1, got ",
-                   spec.value_tokens);
-  IHA_CONFIG_CHECK(spec.key_tokens >= spec.pairs, "config key 'data.key_tokens': ", spec.pairs,
+  IHA_CONFIG_CHECK(spec.value_tokens >= 1, n.spec("value_tokens"), ": must be >= 1, got ", spec.value_tokens);
+  IHA_CONFIG_CHECK(spec.key_tokens >= spec.pairs, n.spec("key_tokens"), ": ", spec.pairs,
                    " distinct keys need at least as many key tokens, got ", spec.key_tokens);
-  check_queries(spec.queries);
+  check_queries(spec.queries, n);
   const int64_t used = 1 + spec.key_tokens + spec.value_tokens + spec.value_tokens * spec.value_tokens;
-  IHA_CONFIG_CHECK(used < vocab, "config key 'model.vocab_size': the orderedpair task needs ", used,
-                   " ids (query marker, data.key_tokens, data.value_tokens and its square of answer "
-                   "ids) plus at least one filler id, got ", vocab);
+  IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the orderedpair task needs ", used, " ids (query marker, ", p,
+                   "key_tokens, ", p, "value_tokens and its square of answer ids) plus at least one filler id, got ",
+                   vocab);
   const int64_t haystack = N + 1 - 4 * spec.queries;
-  IHA_CONFIG_CHECK(haystack >= 2 * spec.pairs, "config key 'sequence.length': ", spec.pairs,
-                   " pairs and ", spec.queries, " queries need at least ",
-                   2 * spec.pairs + 4 * spec.queries - 1, " tokens, got ", N);
+  IHA_CONFIG_CHECK(haystack >= 2 * spec.pairs, n.length, ": ", spec.pairs, " pairs and ", spec.queries,
+                   " queries need at least ", 2 * spec.pairs + 4 * spec.queries - 1, " tokens, got ", N);
   return std::make_shared<OrderedPairSource>(spec, vocab, N, seed);
 }
 
-std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t vocab, int64_t N,
-                                                uint64_t seed) {
-  IHA_CONFIG_CHECK(spec.chains >= 1, "config key 'data.chains': must be >= 1, got ", spec.chains);
-  IHA_CONFIG_CHECK(spec.entity_tokens >= 3 * spec.chains, "config key 'data.entity_tokens': ",
-                   spec.chains, " chains need ", 3 * spec.chains, " distinct entities, got ",
-                   spec.entity_tokens);
-  check_queries(spec.queries);
+std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t vocab, int64_t N, uint64_t seed,
+                                                const TaskNames& n) {
+  IHA_CONFIG_CHECK(spec.chains >= 1, n.spec("chains"), ": must be >= 1, got ", spec.chains);
+  IHA_CONFIG_CHECK(spec.entity_tokens >= 3 * spec.chains, n.spec("entity_tokens"), ": ", spec.chains,
+                   " chains need ", 3 * spec.chains, " distinct entities, got ", spec.entity_tokens);
+  check_queries(spec.queries, n);
   const int64_t used = 1 + spec.entity_tokens;
-  IHA_CONFIG_CHECK(used < vocab, "config key 'model.vocab_size': the twohop task needs ", used,
-                   " ids (query marker, data.entity_tokens) plus at least one filler id, got ", vocab);
+  IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the twohop task needs ", used, " ids (query marker, ", n.spec.prefix,
+                   "entity_tokens) plus at least one filler id, got ", vocab);
   const int64_t haystack = N + 1 - 3 * spec.queries;
-  IHA_CONFIG_CHECK(haystack >= 4 * spec.chains, "config key 'sequence.length': ", spec.chains,
-                   " chains and ", spec.queries, " queries need at least ",
-                   4 * spec.chains + 3 * spec.queries - 1, " tokens, got ", N);
+  IHA_CONFIG_CHECK(haystack >= 4 * spec.chains, n.length, ": ", spec.chains, " chains and ", spec.queries,
+                   " queries need at least ", 4 * spec.chains + 3 * spec.queries - 1, " tokens, got ", N);
   return std::make_shared<TwoHopSource>(spec, vocab, N, seed);
 }
 
-std::shared_ptr<TokenSource> make_needle_depth_source(const MultiKeySpec& spec, int64_t vocab,
-                                                      int64_t N, uint64_t seed, int64_t depth_bin) {
+std::shared_ptr<TokenSource> make_needle_depth_source(const MultiKeySpec& spec, int64_t vocab, int64_t N,
+                                                      uint64_t seed, int64_t depth_bin, const TaskNames& n) {
   MultiKeySpec one = spec;
   one.queries = 1;
-  make_multikey_source(one, vocab, N, seed);  // the same checks, naming the same keys
+  make_multikey_source(one, vocab, N, seed, n);  // the same checks, naming the same inputs
   IHA_CONFIG_CHECK(depth_bin >= 0 && depth_bin < spec.pairs, "needle depth bin ", depth_bin,
-                   " outside [0, data.pairs = ", spec.pairs, ")");
+                   " outside [0, ", n.spec.prefix, "pairs = ", spec.pairs, ")");
   return std::make_shared<NeedleDepthSource>(one, vocab, N, seed, depth_bin);
 }
 

@@ -105,22 +105,35 @@ struct TwoHopSpec {
   LossOn loss_on = LossOn::answer;
 };
 
+// How the caller of a task source names its inputs in messages (core/error.h's FieldNames):
+// the spec's fields, its query count, the vocabulary and the sequence length. The
+// configuration module passes its keys (task_config_names, model/run_config.h); the default
+// names the arguments of the call.
+struct TaskNames {
+  FieldNames spec{"field", "spec."};
+  std::string queries;  // empty: spec("queries")
+  std::string vocab = "argument 'vocab'";
+  std::string length = "argument 'N'";
+};
+
 // The sources: synthetic ones are a pure function of (seed, s). Throw ConfigError naming the
-// data.* key when the task does not fit the vocabulary or the sequence length.
-std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int64_t vocab,
-                                                  int64_t N, uint64_t seed);
-std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t vocab, int64_t N,
-                                                uint64_t seed);
-std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, int64_t vocab,
-                                                     int64_t N, uint64_t seed);
+// input at fault as `names` names it when the task does not fit the vocabulary or the sequence
+// length.
+std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int64_t vocab, int64_t N,
+                                                  uint64_t seed, const TaskNames& names = {});
+std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t vocab, int64_t N, uint64_t seed,
+                                                const TaskNames& names = {});
+std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, int64_t vocab, int64_t N,
+                                                     uint64_t seed, const TaskNames& names = {});
 // Needle-depth probe of the multikey task (for length sweeps): sequences drawn as by
 // make_multikey_source with one query, except that the query always asks pair `depth_bin`.
 // The k = spec.pairs pairs sit in k equal segments of the haystack in order, so bin i holds
 // the answer at depth [i/k, (i+1)/k) of the context; the mean over the k bins is the multikey
 // accuracy with the asked pair drawn uniformly. ConfigError as make_multikey_source, and
 // naming `depth_bin` when it is outside [0, pairs).
-std::shared_ptr<TokenSource> make_needle_depth_source(const MultiKeySpec& spec, int64_t vocab,
-                                                      int64_t N, uint64_t seed, int64_t depth_bin);
+std::shared_ptr<TokenSource> make_needle_depth_source(const MultiKeySpec& spec, int64_t vocab, int64_t N,
+                                                      uint64_t seed, int64_t depth_bin,
+                                                      const TaskNames& names = {});
 // The attribute of a token dataset that holds the checksum of its ids: a uint64, the
 // checkpoint integrity sum (checkpoint/integrity.h, scheme iha-sum64-v1) of the ids as
 // 64-bit values, element i hashed with index i. HDF5 reads storage that was allocated but

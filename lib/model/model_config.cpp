@@ -46,11 +46,11 @@ void ModelConfig::validate() const {
                    "token, got ", window.window.value_or(0));
   IHA_CONFIG_CHECK(!window.window_virtual || *window.window_virtual >= 1, "config key "
                    "'model.window_virtual': must be >= 1 virtual token, got ", window.window_virtual.value_or(0));
-  shared_layer_settings(*this).validate("model.");
+  shared_layer_settings(*this).validate(config_keys("model."));
 }
 
 void ModelConfig::resolve_window(int64_t n_train, std::optional<int64_t> checkpoint_wv) {
-  window_virtual = resolve_window_virtual(window, P, n_train, checkpoint_wv, "model.");
+  window_virtual = resolve_window_virtual(window, P, n_train, checkpoint_wv, config_keys("model."));
 }
 
 LayerConfig ModelConfig::layer_config(int64_t i) const {
@@ -103,7 +103,7 @@ RopeScaling parse_rope_scaling(const ConfigNode& parent, const std::string& key)
                    parent.key_path(key), "': give at most one of them (rope_scale is linear scaling with "
                    "factor 1/rope_scale)");
   const ConfigNode n = parent.child(key);
-  r.type = parse_rope_scaling_type(n.require<std::string>("type"), n.key_path("type"));
+  r.type = parse_rope_scaling_type(n.require<std::string>("type"), n.key_name("type"));
   if (r.type == RopeScalingType::none) return r;
   r.factor = n.require<double>("factor");
   if (r.type == RopeScalingType::yarn || r.type == RopeScalingType::llama3)
@@ -111,30 +111,47 @@ RopeScaling parse_rope_scaling(const ConfigNode& parent, const std::string& key)
   if (r.type == RopeScalingType::yarn) {
     r.beta_fast = n.get<double>("beta_fast", r.beta_fast);
     r.beta_slow = n.get<double>("beta_slow", r.beta_slow);
-    r.ramp = parse_yarn_ramp(n.get<std::string>("ramp", "index"), n.key_path("ramp"));
+    r.ramp = parse_yarn_ramp(n.get<std::string>("ramp", "index"), n.key_name("ramp"));
   }
   if (r.type == RopeScalingType::llama3) {
     r.low_freq_factor = n.get<double>("low_freq_factor", r.low_freq_factor);
     r.high_freq_factor = n.get<double>("high_freq_factor", r.high_freq_factor);
   }
-  r.validate(n.path());
+  r.validate(config_keys(n.path() + "."));
   return r;
 }
+
+namespace {
+
+// The keys a layer and a model spell alike, read into either struct: the head dim (default D / H
+// where H divides D) and P, read after D, H and kv_heads; then the collapse form, the mask and
+// the RoPE keys.
+template <class C>
+void read_head_dim_and_P(const ConfigNode& n, C& c) {
+  c.d = n.get<int64_t>("d", c.H > 0 && c.D % c.H == 0 ? c.D / c.H : 0);
+  c.P = n.get<int64_t>("P", 2);
+}
+
+template <class C>
+void read_collapse_mask_rope(const ConfigNode& n, C& c) {
+  c.collapse = parse_collapse(n.get<std::string>("collapse", "global"), n.key_name("collapse"));
+  c.mask = parse_mask(n.get<std::string>("mask", "flat_causal"), n.key_name("mask"));
+  c.rope = n.get<bool>("rope", true);
+  c.rope_base = n.get<double>("rope_base", 500000.0);
+  c.rope_scale = n.get<double>("rope_scale", 1.0);
+  c.rope_scaling = parse_rope_scaling(n);
+}
+
+}  // namespace
 
 LayerConfig parse_layer_config(const ConfigNode& n) {
   LayerConfig c;
   c.D = n.require<int64_t>("D");
   c.H = n.require<int64_t>("H");
   c.Hkv = n.get<int64_t>("kv_heads", c.H);
-  c.d = n.get<int64_t>("d", c.H > 0 && c.D % c.H == 0 ? c.D / c.H : 0);
-  c.P = n.get<int64_t>("P", 2);
-  c.collapse = parse_collapse(n.get<std::string>("collapse", "global"), n.key_path("collapse"));
-  c.mask = parse_mask(n.get<std::string>("mask", "flat_causal"), n.key_path("mask"));
-  c.rope = n.get<bool>("rope", true);
-  c.rope_base = n.get<double>("rope_base", 500000.0);
-  c.rope_scale = n.get<double>("rope_scale", 1.0);
-  c.rope_scaling = parse_rope_scaling(n);
-  c.validate(n.path().empty() ? "" : n.path() + ".");
+  read_head_dim_and_P(n, c);
+  read_collapse_mask_rope(n, c);
+  c.validate(config_keys(n.path().empty() ? "" : n.path() + "."));
   return c;
 }
 
@@ -155,8 +172,7 @@ ModelConfig parse_model_config(const ConfigNode& n) {
   IHA_CONFIG_CHECK(m.H >= 1, "config key '", n.key_path("H"), "': must be >= 1, got ", m.H);
   m.kv_heads = n.get<int64_t>("kv_heads", m.H);
   IHA_CONFIG_CHECK(m.kv_heads >= 1, "config key '", n.key_path("kv_heads"), "': must be >= 1, got ", m.kv_heads);
-  m.d = n.get<int64_t>("d", m.H > 0 && m.D % m.H == 0 ? m.D / m.H : 0);
-  m.P = n.get<int64_t>("P", 2);
+  read_head_dim_and_P(n, m);
   m.layers = n.get<int64_t>("layers", 5);
   m.ffn = n.get<int64_t>("ffn", 0);
   if (m.ffn == 0 && !n.has("ffn")) {
@@ -173,12 +189,7 @@ ModelConfig parse_model_config(const ConfigNode& n) {
   };
   m.global_kind = kind("global_kind");
   m.window_kind = kind("window_kind");
-  m.collapse = parse_collapse(n.get<std::string>("collapse", "global"), n.key_path("collapse"));
-  m.mask = parse_mask(n.get<std::string>("mask", "flat_causal"), n.key_path("mask"));
-  m.rope = n.get<bool>("rope", true);
-  m.rope_base = n.get<double>("rope_base", 500000.0);
-  m.rope_scale = n.get<double>("rope_scale", 1.0);
-  m.rope_scaling = parse_rope_scaling(n);
+  read_collapse_mask_rope(n, m);
   m.norm_eps = n.get<double>("norm_eps", 1e-5);
   m.init_std = n.get<double>("init_std", 0.02);
   m.window = parse_window_spec(n);

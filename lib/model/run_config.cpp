@@ -320,6 +320,15 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
 
 uint64_t held_out_seed(const RunConfig& c) { return hash3(c.data.seed, 0x68656c64ull, 0); }
 
+TaskNames task_config_names(bool held_out) {
+  TaskNames n;
+  n.spec = config_keys("data.");
+  n.queries = held_out ? "config key 'eval.queries'" : "";
+  n.vocab = "config key 'model.vocab_size'";
+  n.length = "config key 'sequence.length'";
+  return n;
+}
+
 std::shared_ptr<TokenSource> make_data_source(const RunConfig& c, bool held_out) {
   const int64_t N = c.seq_len, V = c.model.vocab;
   if (c.data.kind == "hdf5") {
@@ -331,12 +340,12 @@ std::shared_ptr<TokenSource> make_data_source(const RunConfig& c, bool held_out)
   if (c.data.kind == "twohop") {
     TwoHopSpec spec = c.data.twohop;
     if (held_out) spec.queries = c.eval.queries;
-    return make_twohop_source(spec, V, N, seed);
+    return make_twohop_source(spec, V, N, seed, task_config_names(held_out));
   }
   MultiKeySpec spec = c.data.multikey;
   if (held_out) spec.queries = c.eval.queries;
-  if (c.data.kind == "orderedpair") return make_orderedpair_source(spec, V, N, seed);
-  return make_multikey_source(spec, V, N, seed);
+  if (c.data.kind == "orderedpair") return make_orderedpair_source(spec, V, N, seed, task_config_names(held_out));
+  return make_multikey_source(spec, V, N, seed, task_config_names(held_out));
 }
 
 }  // namespace iha

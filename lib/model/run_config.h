@@ -5,7 +5,7 @@
 // Threads: plain data; parsing is local (wrap it in collective_check to agree across ranks).
 // defines: iha::MeshSchemes, iha::DataConfig, iha::EvalConfig, iha::SweepConfig, iha::CheckpointConfig, iha::LogConfig,
 //          iha::RunConfig, iha::load_run_config, iha::parse_run_config, iha::make_data_source,
-//          iha::held_out_seed
+//          iha::held_out_seed, iha::task_config_names
 #pragma once
 
 #include <cstdint>
@@ -137,5 +137,8 @@ std::shared_ptr<TokenSource> make_data_source(const RunConfig& cfg, bool held_ou
 // The seed of the held-out stream of a synthetic task (derived from data.seed, so held-out
 // sequences are never among the training sequences).
 uint64_t held_out_seed(const RunConfig& cfg);
+// The config keys a synthetic task's source names in its messages: data.* for the spec,
+// eval.queries for a held-out set's query count, model.vocab_size and sequence.length.
+TaskNames task_config_names(bool held_out);
 
 }  // namespace iha

@@ -1,7 +1,6 @@
 #include "model/train_checkpoint.h"
 
 #include <filesystem>
-#include <sstream>
 
 #include "checkpoint/root.h"
 
@@ -26,15 +25,15 @@ GlobalKind parse_kind(const std::string& s, const std::string& what) {
 }  // namespace
 
 CheckpointModel inspect_train_checkpoint(Communicator& world, const std::string& path,
-                                         const std::string& key) {
+                                         const std::string& what) {
   CheckpointModel ck;
   collective_check(world, [&] {
-    IHA_CONFIG_CHECK(!path.empty(), "config key '", key, "': no checkpoint given");
+    IHA_CONFIG_CHECK(!path.empty(), what, ": no checkpoint given");
     std::string dir;
     try {
       dir = resolve_checkpoint(path);
     } catch (const ConfigError& e) {
-      throw ConfigError("config key '" + key + "': " + e.what());
+      throw ConfigError(what + ": " + e.what());
     }
     const CheckpointInfo info = inspect_checkpoint(dir);
     const std::string where = "checkpoint '" + dir + "'";
@@ -82,67 +81,6 @@ CheckpointModel inspect_train_checkpoint(Communicator& world, const std::string&
     ck.seq_len = info.get<int64_t>("seq_len");
   });
   return ck;
-}
-
-void check_same_architecture(const ModelConfig& c, const CheckpointModel& ck) {
-  const ModelConfig& m = ck.model;
-  auto differ = [&](const char* key, const std::string& mine, const std::string& theirs) {
-    throw ConfigError("config key 'model." + std::string(key) + "' is " + mine +
-                      " but checkpoint '" + ck.dir + "' holds a model with " + theirs +
-                      " (the architecture must match the checkpoint)");
-  };
-  auto same_int = [&](const char* key, int64_t mine, int64_t theirs) {
-    if (mine != theirs) differ(key, std::to_string(mine), std::to_string(theirs));
-  };
-  auto same_str = [&](const char* key, const std::string& mine, const std::string& theirs) {
-    if (mine != theirs) differ(key, "'" + mine + "'", "'" + theirs + "'");
-  };
-  same_int("vocab_size", c.vocab, m.vocab);
-  same_int("D", c.D, m.D);
-  same_int("H", c.H, m.H);
-  same_int("kv_heads", c.kv_heads_or_H(), m.kv_heads_or_H());
-  same_int("d", c.d, m.d);
-  same_int("P", c.P, m.P);
-  same_int("layers", c.layers, m.layers);
-  same_int("ffn", c.ffn, m.ffn);
-  same_str("pattern", c.pattern, m.pattern);
-  same_str("global_kind", global_kind_name(c.global_kind), global_kind_name(m.global_kind));
-  same_str("window_kind", global_kind_name(c.window_kind), global_kind_name(m.window_kind));
-  same_str("collapse", collapse_name(c.collapse), collapse_name(m.collapse));
-  same_str("mask", mask_name(c.mask), mask_name(m.mask));
-  same_str("rope", c.rope ? "true" : "false", m.rope ? "true" : "false");
-}
-
-namespace {
-std::string rope_scaling_text(const RopeScaling& r) {
-  std::ostringstream os;
-  os << rope_scaling_type_name(r.type);
-  if (r.on())
-    os << " (factor " << r.factor << ", original_length " << r.original_length << ", beta_fast "
-       << r.beta_fast << ", beta_slow " << r.beta_slow << ", ramp " << yarn_ramp_name(r.ramp)
-       << ", low_freq_factor " << r.low_freq_factor << ", high_freq_factor " << r.high_freq_factor << ")";
-  return os.str();
-}
-}  // namespace
-
-void check_same_positions(const ModelConfig& c, const CheckpointModel& ck) {
-  const ModelConfig& m = ck.model;
-  auto differ = [&](const char* key, const std::string& mine, const std::string& theirs) {
-    throw ConfigError("config key 'model." + std::string(key) + "' is " + mine + " but checkpoint '" +
-                      ck.dir + "' was trained with " + theirs + ": a resumed run continues the same "
-                      "positions (to change them, start from its weights with iha-train finetune)");
-  };
-  auto text = [](double v) {
-    std::ostringstream os;
-    os.precision(17);
-    os << v;
-    return os.str();
-  };
-  if (!c.rope) return;
-  if (c.rope_base != m.rope_base) differ("rope_base", text(c.rope_base), text(m.rope_base));
-  if (c.rope_scale != m.rope_scale) differ("rope_scale", text(c.rope_scale), text(m.rope_scale));
-  const std::string mine = rope_scaling_text(c.rope_scaling), theirs = rope_scaling_text(m.rope_scaling);
-  if (mine != theirs) differ("rope_scaling", mine, theirs);
 }
 
 bool has_checkpoint(const std::string& root) {

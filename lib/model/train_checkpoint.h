@@ -13,8 +13,7 @@
 //     norm_eps may differ, for context extension); the window follows DESIGN.md section 1.
 //
 // Threads: collective calls, one thread, like Trainer.
-// defines: iha::CheckpointModel, iha::inspect_train_checkpoint, iha::check_same_architecture,
-//          iha::check_same_positions,
+// defines: iha::CheckpointModel, iha::inspect_train_checkpoint,
 //          iha::has_checkpoint, iha::StateParts, iha::TrainCheckpoints
 #pragma once
 
@@ -37,15 +36,11 @@ struct CheckpointModel {
   int64_t seq_len = 0;
 };
 
-// Collective over world. `key` names the config key the path came from, for messages.
+// Collective over world. `what` is how the caller names the path in messages (iha-train:
+// "config key 'finetune.from'"). The checks of a configuration against the checkpoint found
+// are the configuration module's (model/config_checks.h).
 CheckpointModel inspect_train_checkpoint(Communicator& world, const std::string& path,
-                                         const std::string& key);
-// Throws ConfigError naming the first model.<key> whose value differs between the config and
-// the checkpoint (rope_base, rope_scale, rope_scaling and norm_eps may differ; the window is checked by the
-// window rule when the trainer resolves it).
-void check_same_architecture(const ModelConfig& config, const CheckpointModel& ck);
-// For a resume (not a fine-tune, which may rescale): the RoPE settings match the checkpoint's.
-void check_same_positions(const ModelConfig& config, const CheckpointModel& ck);
+                                         const std::string& what);
 // Whether `root` holds a committed checkpoint (`root/latest` exists). Local.
 bool has_checkpoint(const std::string& root);
 

@@ -420,17 +420,17 @@ iha::RopeScaling rope_scaling_from(const py::dict& d) {
   for (auto item : d) {
     const std::string k = py::str(item.first);
     py::handle v = item.second;
-    if (k == "type") r.type = iha::parse_rope_scaling_type(v.cast<std::string>(), "rope_scaling.type");
+    if (k == "type") r.type = iha::parse_rope_scaling_type(v.cast<std::string>(), "argument 'rope_scaling.type'");
     else if (k == "factor") r.factor = v.cast<double>();
     else if (k == "original_length") r.original_length = v.cast<int64_t>();
     else if (k == "beta_fast") r.beta_fast = v.cast<double>();
     else if (k == "beta_slow") r.beta_slow = v.cast<double>();
-    else if (k == "ramp") r.ramp = iha::parse_yarn_ramp(v.cast<std::string>(), "rope_scaling.ramp");
+    else if (k == "ramp") r.ramp = iha::parse_yarn_ramp(v.cast<std::string>(), "argument 'rope_scaling.ramp'");
     else if (k == "low_freq_factor") r.low_freq_factor = v.cast<double>();
     else if (k == "high_freq_factor") r.high_freq_factor = v.cast<double>();
     else throw py::value_error("argument 'rope_scaling': unknown key '" + k + "'");
   }
-  r.validate("rope_scaling");
+  r.validate(iha::FieldNames{"argument", "rope_scaling."});
   return r;
 }
 
@@ -453,12 +453,13 @@ PYBIND11_MODULE(_iha, m) {
              if (kind != "iha" && kind != "mha")
                throw py::value_error("argument 'kind': expected 'iha' or 'mha', got '" + kind + "'");
              c.mixing = kind == "iha";
-             c.collapse = iha::parse_collapse(collapse, "collapse");
-             c.mask = iha::parse_mask(mask, "mask");
+             const iha::FieldNames arguments{"argument", ""};
+             c.collapse = iha::parse_collapse(collapse, arguments("collapse"));
+             c.mask = iha::parse_mask(mask, arguments("mask"));
              c.window_virtual = window_virtual;
              c.rope = rope, c.rope_base = rope_base, c.rope_scale = rope_scale;
              if (!rope_scaling.is_none()) c.rope_scaling = rope_scaling_from(rope_scaling.cast<py::dict>());
-             c.validate();
+             c.validate(arguments);
              return c;
            }),
            py::arg("D"), py::arg("H"), py::arg("P") = 1, py::arg("d") = 0, py::arg("Hkv") = 0,

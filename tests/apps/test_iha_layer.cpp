@@ -369,6 +369,21 @@ TEST_F(IhaLayerBadFile, BadConfigAttributeIsNamed) {
     H5Sclose(space);
   });
   expect_rejected(args(in), "dataset 'aQ' is given but kind = mha");
+
+  // A value the layer library refuses is named as this file's attribute, not as a config key.
+  in = temp_file("mask_unknown");
+  write_problem(in, problem, "", [](H5File& f) {
+    H5Adelete(f.id(), "mask");
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, 6);
+    const hid_t a = H5Acreate2(f.id(), "mask", type, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, type, "causal");
+    H5Aclose(a);
+    H5Tclose(type);
+    H5Sclose(space);
+  });
+  expect_rejected(args(in), "config attribute 'mask': unknown mask 'causal'");
 }
 
 TEST_F(IhaLayerBadFile, MissingFileAndBadOptions) {

@@ -118,7 +118,7 @@ int run(int argc, char** argv, std::shared_ptr<Communicator> world) {
     save(c, world, path, step, {std::stoll(a[3]), std::stoll(a[4])});
     if (!option("--dump").empty() && c.rank() == 0) dump(option("--dump"), step);
   } else if (cmd == "save_run") {
-    CheckpointRoot opened(c, path, "ROOT", RootUse::resume_auto);
+    CheckpointRoot opened(c, path, "argument ROOT", RootUse::resume_auto);
     for (const std::string& note : opened.notes())
       if (c.rank() == 0) std::printf("ckpt_helper: %s\n", note.c_str());
     save(c, world, path, step, {std::stoll(a[3]), std::stoll(a[4])}, opened.run_id());
@@ -127,7 +127,7 @@ int run(int argc, char** argv, std::shared_ptr<Communicator> world) {
   } else if (cmd == "check_then_save") {
     IHA_CONFIG_CHECK(a.size() >= 6, "usage: ckpt_helper check_then_save ROOT STEP NEW_STEP HP SP");
     const test::Layout L{std::stoll(a[4]), std::stoll(a[5])};
-    CheckpointRoot opened(c, path, "ROOT", RootUse::resume);
+    CheckpointRoot opened(c, path, "argument ROOT", RootUse::resume);
     for (const std::string& note : opened.notes())
       if (c.rank() == 0) std::printf("ckpt_helper: %s\n", note.c_str());
     err = load(c, world, path, step, L);

@@ -21,6 +21,9 @@
 namespace iha {
 namespace {
 
+// How iha-train names a checkpoint root in messages (the CheckpointRoot takes the caller's name).
+const std::string kRootName = "config key 'checkpoint.dir'";
+
 namespace fs = std::filesystem;
 using test::Layout;
 using test::world;
@@ -747,7 +750,7 @@ TEST(CheckpointRoot, CompleteStepNewerThanLatestIsVerifiedAndAdopted) {
   save_state(root, 2, Layout{2, 1});
   set_latest(root, "step_1");  // crash between the rename of step_2 and the update of latest
   {
-    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume);
+    CheckpointRoot r(world(), root, kRootName, RootUse::resume);
     EXPECT_TRUE(r.resume());
     ASSERT_EQ(r.notes().size(), 1u);
     expect_contains(r.notes()[0], {"recovered " + root + "/step_2", "adopted"});
@@ -756,7 +759,7 @@ TEST(CheckpointRoot, CompleteStepNewerThanLatestIsVerifiedAndAdopted) {
   load_and_check(root, 2, Layout{1, 3});
   // Recovered once: the next open has nothing to do, and the next save proceeds.
   {
-    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume);
+    CheckpointRoot r(world(), root, kRootName, RootUse::resume);
     EXPECT_TRUE(r.notes().empty());
     save_state(root, 3, Layout{1, 2});
   }
@@ -781,7 +784,7 @@ TEST(CheckpointRoot, DamagedNewerStepIsSetAsideNotLoopedOn) {
   }
   world().barrier();
   {
-    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    CheckpointRoot r(world(), root, kRootName, RootUse::resume_auto);
     EXPECT_TRUE(r.resume());
     ASSERT_EQ(r.notes().size(), 2u);
     expect_contains(r.notes()[0], {"set aside " + root + "/step_3 as step_3.rejected",
@@ -791,7 +794,7 @@ TEST(CheckpointRoot, DamagedNewerStepIsSetAsideNotLoopedOn) {
   EXPECT_EQ(latest_of(root), "step_2");
   EXPECT_EQ(entries(root), (std::set<std::string>{"latest", "step_1", "step_2", "step_3.rejected"}));
   {
-    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    CheckpointRoot r(world(), root, kRootName, RootUse::resume_auto);
     EXPECT_TRUE(r.notes().empty());
   }
   // The set-aside directory is neither pruned nor in the way of a save of step 3.
@@ -807,12 +810,12 @@ TEST(CheckpointRoot, StepsWithoutLatestAreRefusedFreshAndAdoptedOnResume) {
   const std::set<std::string> before = entries(root);
   world().barrier();  // every rank has looked before rank 0 opens the root
   const std::string msg = expect_same_error(
-      [&] { CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::fresh); });
+      [&] { CheckpointRoot r(world(), root, kRootName, RootUse::fresh); });
   expect_contains(msg, {"config key 'checkpoint.dir' = '" + root + "'", "step_4, no 'latest'",
                         "--resume"});
   EXPECT_EQ(entries(root), before);  // a refused fresh run changes nothing
   {
-    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    CheckpointRoot r(world(), root, kRootName, RootUse::resume_auto);
     EXPECT_TRUE(r.resume());
   }
   EXPECT_EQ(latest_of(root), "step_4");
@@ -851,7 +854,7 @@ TEST(CheckpointRoot, AnotherRunsStepWithoutLatestIsSetAsideByTheRootsRecord) {
   const std::string theirs = make_root("foreign_theirs");
   std::string mine;
   {
-    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::fresh);
+    CheckpointRoot r(world(), root, kRootName, RootUse::fresh);
     mine = r.run_id();
   }
   EXPECT_EQ(mine.size(), 16u);
@@ -859,7 +862,7 @@ TEST(CheckpointRoot, AnotherRunsStepWithoutLatestIsSetAsideByTheRootsRecord) {
   save_of_run(theirs, 3, "0123456789abcdef");
   move_in(theirs, root, "step_3");
   {
-    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    CheckpointRoot r(world(), root, kRootName, RootUse::resume_auto);
     EXPECT_FALSE(r.resume());
     ASSERT_EQ(r.notes().size(), 1u);
     expect_contains(r.notes()[0], {"set aside " + root + "/step_3 as step_3.rejected", "another run",
@@ -875,7 +878,7 @@ TEST(CheckpointRoot, AnotherRunsStepWithoutLatestIsSetAsideByTheRootsRecord) {
   save_of_run(theirs, 4, "0123456789abcdef");
   move_in(theirs, bare, "step_4");
   {
-    CheckpointRoot r(world(), bare, "checkpoint.dir", RootUse::resume_auto);
+    CheckpointRoot r(world(), bare, kRootName, RootUse::resume_auto);
     EXPECT_FALSE(r.resume());
     ASSERT_EQ(r.notes().size(), 1u);
     expect_contains(r.notes()[0], {"set aside " + bare + "/step_4 as step_4.rejected",
@@ -893,14 +896,14 @@ TEST(CheckpointRoot, OwnInterruptedFirstSaveIsAdoptedByTheRootsRecord) {
   const std::string root = make_root("own_first");
   std::string mine;
   {
-    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    CheckpointRoot r(world(), root, kRootName, RootUse::resume_auto);
     EXPECT_FALSE(r.resume());
     mine = r.run_id();
     save_of_run(root, 5, mine);
   }
   set_latest(root, "");
   {
-    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume);
+    CheckpointRoot r(world(), root, kRootName, RootUse::resume);
     EXPECT_TRUE(r.resume());
     ASSERT_EQ(r.notes().size(), 1u);
     expect_contains(r.notes()[0], {"recovered " + root + "/step_5", "adopted"});
@@ -919,7 +922,7 @@ TEST(CheckpointRoot, StepWithoutRunIdNextToLatestWithOneIsSetAside) {
   save_state(theirs, 2, Layout{1, 2});  // a writer that sets no run_id
   move_in(theirs, root, "step_2");
   {
-    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume);
+    CheckpointRoot r(world(), root, kRootName, RootUse::resume);
     EXPECT_TRUE(r.resume());
     ASSERT_EQ(r.notes().size(), 1u);
     expect_contains(r.notes()[0], {"set aside " + root + "/step_2 as step_2.rejected",
@@ -942,7 +945,7 @@ TEST(CheckpointRoot, ALinkedOrDamagedRecordIsRefusedNamingTheFile) {
   }
   world().barrier();
   expect_contains(expect_same_error([&] {
-                    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+                    CheckpointRoot r(world(), root, kRootName, RootUse::resume_auto);
                   }),
                   {root + "/run is a symbolic link", "checkpoint.dir"});
   if (world().rank() == 0) {
@@ -952,7 +955,7 @@ TEST(CheckpointRoot, ALinkedOrDamagedRecordIsRefusedNamingTheFile) {
   }
   world().barrier();
   const std::string msg = expect_same_error(
-      [&] { CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto); });
+      [&] { CheckpointRoot r(world(), root, kRootName, RootUse::resume_auto); });
   expect_contains(msg, {root + "/run is 8000 bytes long"});
   EXPECT_LT(msg.size(), 400u);
   std::ifstream in(root + "/users.txt");
@@ -965,11 +968,11 @@ TEST(CheckpointRoot, ALinkedOrDamagedRecordIsRefusedNamingTheFile) {
 TEST(CheckpointRoot, EmptyRootResumeAutoStartsFreshResumeRefuses) {
   const std::string root = make_root("empty");
   {
-    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume_auto);
+    CheckpointRoot r(world(), root, kRootName, RootUse::resume_auto);
     EXPECT_FALSE(r.resume());
   }
   expect_contains(expect_same_error([&] {
-                    CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume);
+                    CheckpointRoot r(world(), root, kRootName, RootUse::resume);
                   }),
                   {"--resume", "holds no checkpoint"});
   remove_root(root);
@@ -983,19 +986,19 @@ TEST(CheckpointRoot, DamagedLatestAndBadRootsNameTheFileAndKey) {
     for (int i = 0; i < 100000; ++i) out << "garbage ";
   }
   world().barrier();
-  std::string msg = expect_same_error([&] { CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume); });
+  std::string msg = expect_same_error([&] { CheckpointRoot r(world(), root, kRootName, RootUse::resume); });
   expect_contains(msg, {root + "/latest is 800000 bytes long", "checkpoint.dir"});
   EXPECT_LT(msg.size(), 400u);
   msg = expect_same_error([&] { load_and_check(root, 1, Layout{1, 1}); });
   EXPECT_LT(msg.size(), 400u);
   set_latest(root, "step_9");
-  expect_contains(expect_same_error([&] { CheckpointRoot r(world(), root, "checkpoint.dir", RootUse::resume); }),
+  expect_contains(expect_same_error([&] { CheckpointRoot r(world(), root, kRootName, RootUse::resume); }),
                   {"names step_9, which does not exist"});
   // A root that is a file fails before anything else, naming the key.
   if (world().rank() == 0) std::ofstream(root + "/plain") << "x";
   world().barrier();
   expect_contains(expect_same_error([&] {
-                    CheckpointRoot r(world(), root + "/plain", "checkpoint.dir", RootUse::fresh);
+                    CheckpointRoot r(world(), root + "/plain", kRootName, RootUse::fresh);
                   }),
                   {"config key 'checkpoint.dir'", "a file of that name exists"});
   remove_root(root);

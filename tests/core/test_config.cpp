@@ -34,11 +34,40 @@ TEST(LayerConfig, BadValuesNameTheField) {
   c.rope = false;
   c.validate();  // odd d is fine without RoPE
   c = good(); c.H = 0;
-  expect_config_error([&] { c.validate("model."); }, "'model.H'");
+  expect_config_error([&] { c.validate(config_keys("model.")); }, "'model.H'");
   c = good(); c.mixing = false;
   expect_config_error([&] { c.validate(); }, "mha layer has P = 1");
   c = good(); c.rope_scale = 0;
   expect_config_error([&] { c.validate(); }, "rope_scale");
+}
+
+// The layer library says what is wrong; its caller says where the field came from: the
+// configuration module names config keys, other callers their own nouns, the default the C++
+// struct's fields. Nested values (rope_scaling) and size overflows keep the caller's names.
+TEST(LayerConfig, MessagesNameFieldsTheWayTheCallerNamesThem) {
+  LayerConfig c;
+  c.D = 8, c.H = 0, c.d = 4, c.P = 2;
+  expect_config_error([&] { c.validate(); }, "field 'H': head count must be >= 1");
+  expect_config_error([&] { c.validate(config_keys("model.")); }, "config key 'model.H': head count");
+  expect_config_error([&] { c.validate(FieldNames{"argument", ""}); }, "argument 'H': head count");
+  c.H = 2;
+  c.rope_scaling.type = RopeScalingType::yarn, c.rope_scaling.factor = 4;  // no original_length
+  expect_config_error([&] { c.validate(config_keys("model.")); }, "config key 'model.rope_scaling.original_length'");
+  expect_config_error([&] { c.validate(); }, "field 'rope_scaling.original_length'");
+  c.rope_scaling = {};
+  c.rope_scale = 0.5;
+  c.rope_scaling.type = RopeScalingType::linear, c.rope_scaling.factor = 2;
+  expect_config_error([&] { c.validate(FieldNames{"argument", ""}); },
+                      "arguments 'rope_scale' and 'rope_scaling': give at most one");
+  c.rope_scaling = {}, c.rope_scale = 1.0;
+  c.D = int64_t(1) << 40, c.d = int64_t(1) << 30;
+  expect_config_error([&] { c.validate(FieldNames{"config attribute", ""}); }, "config attribute 'D' = ");
+  expect_config_error([&] { c.validate(config_keys("model.")); }, "config key 'model.D' = ");
+  expect_config_error([&] { parse_mask("causal", "field 'mask'"); }, "field 'mask': unknown mask 'causal'");
+  WindowSpec s;
+  s.window = 2, s.window_virtual = 4;
+  expect_config_error([&] { resolve_window_virtual(s, 2, 100, std::nullopt, FieldNames{"argument", ""}); },
+                      "arguments 'window' and 'window_virtual': give at most one");
 }
 
 TEST(Window, RulesOfDesignSection1) {
@@ -53,7 +82,7 @@ TEST(Window, RulesOfDesignSection1) {
   s.window_virtual = 7;
   EXPECT_EQ(resolve_window_virtual(s, 3, 100, std::nullopt), 7);
   s.window = 2;
-  expect_config_error([&] { resolve_window_virtual(s, 3, 100, std::nullopt, "model."); },
+  expect_config_error([&] { resolve_window_virtual(s, 3, 100, std::nullopt, config_keys("model.")); },
                       "give at most one");
   s = {};
   s.window = 0;

@@ -15,6 +15,7 @@
 #include "attention/rope.h"
 #include "convert.h"
 #include "hf_model.h"
+#include "model/config_checks.h"
 #include "model/train_checkpoint.h"
 #include "model_fixtures.h"
 #include "reference/compare.h"

@@ -195,6 +195,8 @@ TEST(Synthetic, OrderedPairAnswerIsTheOrderedPair) {
 }
 
 TEST(Synthetic, TasksThatDoNotFitAreConfigErrors) {
+  // Named as the configuration module names them (the config keys); see below for the default.
+  const TaskNames cfg = task_config_names(false);
   auto expect_key = [](const std::function<void()>& f, const std::string& key) {
     try {
       f();
@@ -203,21 +205,45 @@ TEST(Synthetic, TasksThatDoNotFitAreConfigErrors) {
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
     }
   };
-  expect_key([] { make_multikey_source(mk(), 33, 60, 1); }, "model.vocab_size");  // no filler id
-  expect_key([] { make_multikey_source(mk(), 40, 9, 1); }, "sequence.length");
+  expect_key([&] { make_multikey_source(mk(), 33, 60, 1, cfg); }, "model.vocab_size");  // no filler id
+  expect_key([&] { make_multikey_source(mk(), 40, 9, 1, cfg); }, "sequence.length");
   MultiKeySpec many = mk();
   many.pairs = 17;
-  expect_key([&] { make_multikey_source(many, 60, 200, 1); }, "data.key_tokens");
+  expect_key([&] { make_multikey_source(many, 60, 200, 1, cfg); }, "data.key_tokens");
   TwoHopSpec th;
   th.chains = 11;
-  expect_key([&] { make_twohop_source(th, 60, 200, 1); }, "data.entity_tokens");
+  expect_key([&] { make_twohop_source(th, 60, 200, 1, cfg); }, "data.entity_tokens");
   MultiKeySpec op;
   op.value_tokens = 8;  // 1 + 16 + 8 + 64 = 89 ids before the filler
-  expect_key([&] { make_orderedpair_source(op, 89, 64, 1); }, "model.vocab_size");
-  expect_key([&] { make_orderedpair_source(op, 100, 10, 1); }, "sequence.length");
+  expect_key([&] { make_orderedpair_source(op, 89, 64, 1, cfg); }, "model.vocab_size");
+  expect_key([&] { make_orderedpair_source(op, 100, 10, 1, cfg); }, "sequence.length");
   MultiKeySpec one = op;
   one.pairs = 1;
-  expect_key([&] { make_orderedpair_source(one, 100, 64, 1); }, "data.pairs");
+  expect_key([&] { make_orderedpair_source(one, 100, 64, 1, cfg); }, "data.pairs");
+}
+
+// The sources word their errors about their own arguments unless the caller names them; a
+// held-out set's query count is eval.queries, not data.queries.
+TEST(Synthetic, TaskErrorsNameTheInputsTheWayTheCallerNamesThem) {
+  auto expect_text = [](const std::function<void()>& f, const std::string& text) {
+    try {
+      f();
+      ADD_FAILURE() << "no error, expected one saying " << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_text([] { make_multikey_source(mk(), 33, 60, 1); }, "argument 'vocab': the multikey task needs 33 ids");
+  expect_text([] { make_multikey_source(mk(), 40, 9, 1); }, "argument 'N': 4 pairs");
+  MultiKeySpec none = mk();
+  none.queries = 0;
+  expect_text([&] { make_multikey_source(none, 40, 60, 1); }, "field 'spec.queries': must be >= 1");
+  expect_text([&] { make_multikey_source(none, 40, 60, 1, task_config_names(false)); },
+              "config key 'data.queries': must be >= 1");
+  expect_text([&] { make_multikey_source(none, 40, 60, 1, task_config_names(true)); },
+              "config key 'eval.queries': must be >= 1");
+  expect_text([] { make_multikey_source(mk(), 33, 60, 1, task_config_names(false)); },
+              "(query marker, data.key_tokens, data.value_tokens)");
 }
 
 // ---- HDF5 token files ----

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "model/data.h"
+#include "model/config_checks.h"
 #include "model/train_checkpoint.h"
 #include "model_fixtures.h"
 #include "mpi_env.h"
