@@ -291,29 +291,39 @@ def long_docs_pairs(data):
 
 # ---- section 4.1: context extension with controls ---------------------------------------
 
-def ctxc_accuracy(data):
-    """Answer accuracy per arm and seed after the 4x fine-tune, at the fine-tuned length and at
-    the E1 length (16x N0)."""
+# The stage's fine-tuned length and its endpoint length, in multiples of N0 (the pre-registered
+# E1 and E2), and the labels of results.json's endpoints for that stage.
+CTXC_STAGES = {"4x": (4, 16, "E1"), "16x": (16, 32, "E2")}
+
+
+def ctxc_accuracy(data, stage="4x"):
+    """Answer accuracy per arm and seed after the stage's fine-tune, at the fine-tuned length and
+    at the stage's primary endpoint length (E1: 16x N0, E2: 32x N0)."""
     d = data("ctx_controls_results")
-    n0, acc = d["n0"], d["accuracy"]["4x"]
+    ft, end, name = CTXC_STAGES[stage]
+    n0, acc = d["n0"], d["accuracy"][stage]
     rows = []
     for m in d["methods"]:
         per = acc.get(m, {})
         seeds = [str(s) for s in d["seeds"] if str(s) in per]
         row = [m]
-        for L in (4 * n0, 16 * n0):
+        for L in (ft * n0, end * n0):
             vals = [per[s][str(L)] for s in seeds]
             row += [", ".join("%.3f" % v for v in vals), "%.3f" % statistics.mean(vals) if vals else "-"]
         rows.append(row)
-    return table(["arm (4x fine-tune)", "at %d (4x, in distribution), seeds %s" % (4 * n0, ", ".join(map(str, d["seeds"]))),
-                  "mean", "at %d (16x N0, E1)" % (16 * n0), "mean"], rows)
+    return table(["arm (%s fine-tune)" % stage,
+                  "at %d (%s, in distribution), seeds %s" % (ft * n0, stage, ", ".join(map(str, d["seeds"]))),
+                  "mean", "at %d (%dx N0, %s)" % (end * n0, end, name), "mean"], rows)
 
 
-def ctxc_endpoints(data):
-    """Each method minus `none`, paired by seed, at E1 and at the fine-tuned length (4x)."""
+def ctxc_endpoints(data, stage="4x"):
+    """Each method minus `none`, paired by seed, at the stage's primary endpoint and at its
+    fine-tuned length."""
     d = data("ctx_controls_results")
+    _, end, name = CTXC_STAGES[stage]
     rows = []
-    for label in ("E1: 16x N0 after the 4x fine-tune", "at the fine-tuned length, 4x (in distribution)"):
+    for label in ("%s: %dx N0 after the %s fine-tune" % (name, end, stage),
+                  "at the fine-tuned length, %s (in distribution)" % stage):
         for m, p in d["endpoints"][label].items():
             if not p["diffs"]:
                 continue
@@ -322,13 +332,15 @@ def ctxc_endpoints(data):
     return table(["endpoint", "method", "method - none per seed", "mean +- se", "95% interval", "verdict"], rows)
 
 
-def ctxc_pairs(data):
-    """Every two methods (not `none`) paired by seed, at E1 and at the fine-tuned length: the
-    pre-registered ranking rule (ranked only where the 95% interval excludes 0)."""
+def ctxc_pairs(data, stage="4x"):
+    """Every two methods (not `none`) paired by seed, at the stage's primary endpoint and at its
+    fine-tuned length: the pre-registered ranking rule (ranked only where the 95% interval
+    excludes 0)."""
     d = data("ctx_controls_results")
-    n0, acc, methods = d["n0"], d["accuracy"]["4x"], [m for m in d["methods"] if m != "none"]
+    ft, end, name = CTXC_STAGES[stage]
+    n0, acc, methods = d["n0"], d["accuracy"][stage], [m for m in d["methods"] if m != "none"]
     rows = []
-    for label, L in (("E1 (%d)" % (16 * n0), 16 * n0), ("fine-tuned length (%d)" % (4 * n0), 4 * n0)):
+    for label, L in (("%s (%d)" % (name, end * n0), end * n0), ("fine-tuned length (%d)" % (ft * n0), ft * n0)):
         for i, a in enumerate(methods):
             for b in methods[i + 1:]:
                 seeds = [str(s) for s in d["seeds"] if str(s) in acc.get(a, {}) and str(s) in acc.get(b, {})]
@@ -373,6 +385,9 @@ TABLES = {
     "ctxc-accuracy": ctxc_accuracy,
     "ctxc-endpoints": ctxc_endpoints,
     "ctxc-pairs": ctxc_pairs,
+    "ctxc16-accuracy": lambda d: ctxc_accuracy(d, "16x"),
+    "ctxc16-endpoints": lambda d: ctxc_endpoints(d, "16x"),
+    "ctxc16-pairs": lambda d: ctxc_pairs(d, "16x"),
     "ivm-5b-global-plateau": lambda d: plateau_table(d, "iha_vs_mha_5b_results"),
     "ivm-5b-sched-plateau": lambda d: plateau_table(d, "iha_vs_mha_5b_sched_results"),
     "ivm-5b-sched5-models": lambda d: models_table(d, "iha_vs_mha_5b_sched_results"),
