@@ -251,6 +251,18 @@ void write_int_attr(H5File& f, const char* name, int64_t v) {
   H5Sclose(space);
 }
 
+// A fixed-length string attribute (as h5py writes a numpy bytes value).
+void write_fixed_string_attr(H5File& f, const char* name, const std::string& text) {
+  const hid_t space = H5Screate(H5S_SCALAR);
+  const hid_t type = H5Tcopy(H5T_C_S1);
+  H5Tset_size(type, text.size());
+  const hid_t a = H5Acreate2(f.id(), name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, type, text.data());
+  H5Aclose(a);
+  H5Tclose(type);
+  H5Sclose(space);
+}
+
 class IhaLayerBadFile : public ::testing::Test {
  protected:
   void SetUp() override { problem = make_problem(base_config(), 1, 5, 13); }
@@ -359,14 +371,7 @@ TEST_F(IhaLayerBadFile, BadConfigAttributeIsNamed) {
     H5Adelete(f.id(), "kind");
     H5Adelete(f.id(), "P");
     write_int_attr(f, "P", 1);
-    const hid_t space = H5Screate(H5S_SCALAR);
-    const hid_t type = H5Tcopy(H5T_C_S1);
-    H5Tset_size(type, 3);
-    const hid_t a = H5Acreate2(f.id(), "kind", type, space, H5P_DEFAULT, H5P_DEFAULT);
-    H5Awrite(a, type, "mha");
-    H5Aclose(a);
-    H5Tclose(type);
-    H5Sclose(space);
+    write_fixed_string_attr(f, "kind", "mha");
   });
   expect_rejected(args(in), "dataset 'aQ' is given but kind = mha");
 
@@ -374,14 +379,7 @@ TEST_F(IhaLayerBadFile, BadConfigAttributeIsNamed) {
   in = temp_file("mask_unknown");
   write_problem(in, problem, "", [](H5File& f) {
     H5Adelete(f.id(), "mask");
-    const hid_t space = H5Screate(H5S_SCALAR);
-    const hid_t type = H5Tcopy(H5T_C_S1);
-    H5Tset_size(type, 6);
-    const hid_t a = H5Acreate2(f.id(), "mask", type, space, H5P_DEFAULT, H5P_DEFAULT);
-    H5Awrite(a, type, "causal");
-    H5Aclose(a);
-    H5Tclose(type);
-    H5Sclose(space);
+    write_fixed_string_attr(f, "mask", "causal");
   });
   expect_rejected(args(in), "config attribute 'mask': unknown mask 'causal'");
 }
