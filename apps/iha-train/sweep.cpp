@@ -51,7 +51,7 @@ void check_lengths(const RunConfig& cfg, const CheckpointModel& ck, int64_t worl
                            L, " tokens into ", parts.num_chunks(), " non-empty ",
                            layout_name(c.layout), " chunks");
       TaskNames names = task_config_names(true);
-      names.length = "the length";
+      names.length = "too short";  // reads "length L: too short: ..."
       for (int64_t bin = 0; bin < c.data.multikey.pairs; ++bin)
         make_needle_depth_source(c.data.multikey, c.model.vocab, L, held_out_seed(c), bin, names);
     } catch (const ConfigError& e) {

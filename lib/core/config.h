@@ -1,6 +1,6 @@
 // A strict YAML reader that names the key at fault (unknown keys, wrong types, invalid values).
 // (The layer configuration it reads is attention/layer_config.h.)
-// defines: iha::ConfigNode
+// defines: iha::ConfigNode, iha::config_keys
 #pragma once
 
 #include <cstdint>
