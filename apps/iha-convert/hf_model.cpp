@@ -113,7 +113,7 @@ void read_rope(const json& j, const Fields& top, ModelConfig& m, int64_t max_pos
     f.fail("rope_type", "'" + type + "' is not supported (default, linear, yarn and llama3 are)");
   }
   try {
-    r.validate(FieldNames{"field", key + "."});
+    r.validate(FieldNames{"field", key + ".", {}});
   } catch (const ConfigError& e) {
     throw ConfigError(top.where() + ": " + e.what());
   }

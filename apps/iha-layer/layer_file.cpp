@@ -239,7 +239,7 @@ LayerConfig read_config(const H5File& f) {
     c.mixing = k == "iha";
   }
   // The layer library's checks name these as the file's config attributes.
-  const FieldNames attributes{"config attribute", ""};
+  const FieldNames attributes{"config attribute", "", {}};
   try {
     if (present.count("collapse")) c.collapse = parse_collapse(get("collapse").text(), attributes("collapse"));
     if (present.count("mask")) c.mask = parse_mask(get("mask").text(), attributes("mask"));

@@ -17,7 +17,7 @@ namespace iha {
 
 // The names of the configuration's keys under `prefix` (e.g. "model."), for the messages of a
 // library struct's validation: "config key 'model.H'".
-inline FieldNames config_keys(std::string prefix = "") { return {"config key", std::move(prefix)}; }
+inline FieldNames config_keys(std::string prefix = "") { return {"config key", std::move(prefix), {}}; }
 
 // A YAML mapping read strictly: every key must be consumed; finish() reports the first key
 // nobody asked for. Type and value errors name the full dotted key. The YAML document lives

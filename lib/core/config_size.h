@@ -18,10 +18,10 @@ class ConfigSize {
   // A constant (no key).
   explicit ConfigSize(int64_t v) : v_(v) {}
   // The value of config key `key`; must be >= 0 (validated where it was read).
-  ConfigSize(int64_t v, const std::string& key) : ConfigSize(v, FieldNames{"config key", ""}, key) {}
+  ConfigSize(int64_t v, const std::string& key) : ConfigSize(v, FieldNames{"config key", "", {}}, key) {}
   // The value of field `field` as its caller names it (core/error.h's FieldNames).
   ConfigSize(int64_t v, const FieldNames& names, const std::string& field)
-      : v_(v), expr_(names.prefix + field), key_(names.prefix + field), name_(names(field)), key_value_(v) {}
+      : v_(v), expr_(names.spelled(field)), key_(names.spelled(field)), name_(names(field)), key_value_(v) {}
 
   int64_t value() const { return v_; }
   // The product or sum spelled in keys, e.g. "model.D * model.ffn".

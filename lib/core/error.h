@@ -6,6 +6,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace iha {
 
@@ -30,14 +32,23 @@ class ConfigError : public Error {
 struct FieldNames {
   std::string noun = "field";  // singular; the plural adds an s
   std::string prefix;          // prepended to every field name
+  // Fields the caller spells differently, as (field, caller's name): Python's Hkv is the
+  // struct's kv_heads.
+  std::vector<std::pair<std::string, std::string>> renamed;
 
-  std::string operator()(const std::string& field) const { return noun + " '" + prefix + field + "'"; }
+  // The field as the caller spells it, with the prefix: "model.H".
+  std::string spelled(const std::string& field) const {
+    for (const auto& [f, name] : renamed)
+      if (f == field) return prefix + name;
+    return prefix + field;
+  }
+  std::string operator()(const std::string& field) const { return noun + " '" + spelled(field) + "'"; }
   // Two fields named together: "fields 'window' and 'window_virtual'".
   std::string both(const std::string& a, const std::string& b) const {
-    return noun + "s '" + prefix + a + "' and '" + prefix + b + "'";
+    return noun + "s '" + spelled(a) + "' and '" + spelled(b) + "'";
   }
   // The fields of a nested value: the same noun, the prefix extended by `field.`.
-  FieldNames nested(const std::string& field) const { return {noun, prefix + field + "."}; }
+  FieldNames nested(const std::string& field) const { return {noun, spelled(field) + ".", {}}; }
 };
 
 // What an app prints for an exception: its what(), except where that names nothing (a

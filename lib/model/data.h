@@ -110,7 +110,7 @@ struct TwoHopSpec {
 // configuration module passes its keys (task_config_names, model/run_config.h); the default
 // names the arguments of the call.
 struct TaskNames {
-  FieldNames spec{"field", "spec."};
+  FieldNames spec{"field", "spec.", {}};
   std::string queries;  // empty: spec("queries")
   std::string vocab = "argument 'vocab'";
   std::string length = "argument 'N'";

@@ -430,7 +430,7 @@ iha::RopeScaling rope_scaling_from(const py::dict& d) {
     else if (k == "high_freq_factor") r.high_freq_factor = v.cast<double>();
     else throw py::value_error("argument 'rope_scaling': unknown key '" + k + "'");
   }
-  r.validate(iha::FieldNames{"argument", "rope_scaling."});
+  r.validate(iha::FieldNames{"argument", "rope_scaling.", {}});
   return r;
 }
 
@@ -453,7 +453,7 @@ PYBIND11_MODULE(_iha, m) {
              if (kind != "iha" && kind != "mha")
                throw py::value_error("argument 'kind': expected 'iha' or 'mha', got '" + kind + "'");
              c.mixing = kind == "iha";
-             const iha::FieldNames arguments{"argument", ""};
+             const iha::FieldNames arguments{"argument", "", {{"kv_heads", "Hkv"}}};
              c.collapse = iha::parse_collapse(collapse, arguments("collapse"));
              c.mask = iha::parse_mask(mask, arguments("mask"));
              c.window_virtual = window_virtual;

@@ -49,7 +49,12 @@ TEST(LayerConfig, MessagesNameFieldsTheWayTheCallerNamesThem) {
   c.D = 8, c.H = 0, c.d = 4, c.P = 2;
   expect_config_error([&] { c.validate(); }, "field 'H': head count must be >= 1");
   expect_config_error([&] { c.validate(config_keys("model.")); }, "config key 'model.H': head count");
-  expect_config_error([&] { c.validate(FieldNames{"argument", ""}); }, "argument 'H': head count");
+  expect_config_error([&] { c.validate(FieldNames{"argument", "", {}}); }, "argument 'H': head count");
+  c.H = 4, c.Hkv = 3;  // a caller that spells kv_heads its own way
+  expect_config_error([&] { c.validate(FieldNames{"argument", "", {{"kv_heads", "Hkv"}}}); },
+                      "argument 'Hkv': the key/value head count must divide H = 4");
+  expect_config_error([&] { c.validate(config_keys("model.")); }, "config key 'model.kv_heads'");
+  c.Hkv = 0;
   c.H = 2;
   c.rope_scaling.type = RopeScalingType::yarn, c.rope_scaling.factor = 4;  // no original_length
   expect_config_error([&] { c.validate(config_keys("model.")); }, "config key 'model.rope_scaling.original_length'");
@@ -57,16 +62,16 @@ TEST(LayerConfig, MessagesNameFieldsTheWayTheCallerNamesThem) {
   c.rope_scaling = {};
   c.rope_scale = 0.5;
   c.rope_scaling.type = RopeScalingType::linear, c.rope_scaling.factor = 2;
-  expect_config_error([&] { c.validate(FieldNames{"argument", ""}); },
+  expect_config_error([&] { c.validate(FieldNames{"argument", "", {}}); },
                       "arguments 'rope_scale' and 'rope_scaling': give at most one");
   c.rope_scaling = {}, c.rope_scale = 1.0;
   c.D = int64_t(1) << 40, c.d = int64_t(1) << 30;
-  expect_config_error([&] { c.validate(FieldNames{"config attribute", ""}); }, "config attribute 'D' = ");
+  expect_config_error([&] { c.validate(FieldNames{"config attribute", "", {}}); }, "config attribute 'D' = ");
   expect_config_error([&] { c.validate(config_keys("model.")); }, "config key 'model.D' = ");
   expect_config_error([&] { parse_mask("causal", "field 'mask'"); }, "field 'mask': unknown mask 'causal'");
   WindowSpec s;
   s.window = 2, s.window_virtual = 4;
-  expect_config_error([&] { resolve_window_virtual(s, 2, 100, std::nullopt, FieldNames{"argument", ""}); },
+  expect_config_error([&] { resolve_window_virtual(s, 2, 100, std::nullopt, FieldNames{"argument", "", {}}); },
                       "arguments 'window' and 'window_virtual': give at most one");
 }
 

@@ -206,6 +206,7 @@ class LayerTest(unittest.TestCase):
             ("missing mixing", lambda: call(c=None), ValueError, "'c'"),
             ("module x", lambda: it.IhaAttention(8, 2, P=2)(torch.randn(1, 4, 9, dtype=f64)), ValueError, "'x'"),
             ("config", lambda: it.LayerConfig(D=8, H=2, P=0), ValueError, "P"),
+            ("kv heads", lambda: it.LayerConfig(D=8, H=2, Hkv=3), ValueError, "argument 'Hkv'"),
             ("rope scaling key", lambda: it.LayerConfig(D=8, H=2, rope_scaling=dict(type="yarn", fctor=2.0)),
              ValueError, "fctor"),
             ("core dtype", lambda: it.Core(cfg, 4, dtype=torch.int32), TypeError, "'dtype'"),
