@@ -178,11 +178,21 @@ HfModel read_hf_config(const std::string& dir) {
   m.rope = true;
   read_rope(j, f, m, hf.max_positions);
   try {
-    m.validate();
+    m.validate(hf_field_names(f.has("rope_parameters") ? "rope_parameters" : "rope_scaling", false));
   } catch (const ConfigError& e) {
     throw ConfigError(f.where() + ": " + e.what());
   }
   return hf;
+}
+
+FieldNames hf_field_names(const std::string& rope_key, bool iha) {
+  FieldNames n{"field", "", {{"D", "hidden_size"}, {"H", "num_attention_heads"}, {"kv_heads", "num_key_value_heads"},
+                             {"d", "head_dim"}, {"layers", "num_hidden_layers"}, {"ffn", "intermediate_size"},
+                             {"norm_eps", "rms_norm_eps"}, {"rope_base", "rope_theta"}, {"rope_scaling", rope_key}}};
+  if (iha)
+    n.renamed.insert(n.renamed.end(),
+                     {{"P", "pseudo_heads"}, {"pattern", "iha_pattern"}, {"window_virtual", "iha_window_virtual"}});
+  return n;
 }
 
 void import_weights(const HfModel& hf, const HfWeights& w, const ParamLayout& layout, std::vector<double>& flat) {

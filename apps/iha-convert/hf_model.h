@@ -18,7 +18,7 @@
 // collapse at P = 1 are folded into wq/wk/wv and wo (W_Q'[:, h] = sum_m aq[m][h] W_Q[:, m],
 // wo'_h' = sum_h C[h][h'] wo_h), ntk becomes its rope_theta, a legacy rope_scale a linear factor.
 // defines: iha::convert::HfModel, iha::convert::read_hf_config, iha::convert::import_weights,
-//          iha::convert::hf_config_json, iha::convert::export_tensors
+//          iha::convert::hf_config_json, iha::convert::export_tensors, iha::convert::hf_field_names
 #pragma once
 
 #include <string>
@@ -40,6 +40,12 @@ struct HfModel {
 
 // Reads dir/config.json. ConfigError naming the file and the field on anything we cannot honour.
 HfModel read_hf_config(const std::string& dir);
+
+// How ModelConfig::validate names a model's fields when the model came from a config.json: as
+// that file's fields (hidden_size for D, ...). rope_key is the field that held the RoPE scaling
+// (rope_scaling, rope_parameters, iha_rope_scaling); iha adds the IHA directory's own fields
+// (pseudo_heads, iha_pattern, iha_window_virtual).
+FieldNames hf_field_names(const std::string& rope_key, bool iha);
 
 // Writes every parameter of `layout` (flat float64 buffer, already initialised so that the
 // mixing and collapse maps are the identity) from the HF weights; a tensor of the checkpoint that

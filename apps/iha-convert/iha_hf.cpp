@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "hf_model.h"
 #include "iha_hf_sources.h"
 
 namespace iha::convert {
@@ -185,7 +186,7 @@ IhaDirectory read_iha_directory(const std::string& dir) {
     throw ConfigError("config file '" + path + "': " + e.what());
   }
   try {
-    m.validate();
+    m.validate(hf_field_names("iha_rope_scaling", true));
   } catch (const ConfigError& e) {
     throw ConfigError("config file '" + path + "': " + e.what());
   }

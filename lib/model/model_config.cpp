@@ -26,27 +26,24 @@ LayerConfig shared_layer_settings(const ModelConfig& m) {
 }
 }  // namespace
 
-void ModelConfig::validate() const {
-  IHA_CONFIG_CHECK(vocab >= 2, "config key 'model.vocab_size': must be >= 2, got ", vocab);
-  IHA_CONFIG_CHECK(vocab <= INT32_MAX, "config key 'model.vocab_size': must fit in 32 bits, got ",
-                   vocab);
-  IHA_CONFIG_CHECK(layers >= 1, "config key 'model.layers': must be >= 1, got ", layers);
-  IHA_CONFIG_CHECK(ffn >= 1, "config key 'model.ffn': must be >= 1, got ", ffn);
-  IHA_CONFIG_CHECK(!pattern.empty(), "config key 'model.pattern': must not be empty");
+void ModelConfig::validate(const FieldNames& k) const {
+  IHA_CONFIG_CHECK(vocab >= 2, k("vocab_size"), ": must be >= 2, got ", vocab);
+  IHA_CONFIG_CHECK(vocab <= INT32_MAX, k("vocab_size"), ": must fit in 32 bits, got ", vocab);
+  IHA_CONFIG_CHECK(layers >= 1, k("layers"), ": must be >= 1, got ", layers);
+  IHA_CONFIG_CHECK(ffn >= 1, k("ffn"), ": must be >= 1, got ", ffn);
+  IHA_CONFIG_CHECK(!pattern.empty(), k("pattern"), ": must not be empty");
   for (char c : pattern)
-    IHA_CONFIG_CHECK(c == 'L' || c == 'G', "config key 'model.pattern': '", pattern,
+    IHA_CONFIG_CHECK(c == 'L' || c == 'G', k("pattern"), ": '", pattern,
                      "' may only contain L (sliding-window IHA) and G (global layer)");
-  IHA_CONFIG_CHECK(std::isfinite(norm_eps) && norm_eps > 0, "config key 'model.norm_eps': must be > 0, got ",
-                   norm_eps);
-  IHA_CONFIG_CHECK(std::isfinite(init_std) && init_std > 0, "config key 'model.init_std': must be > 0, got ",
-                   init_std);
-  IHA_CONFIG_CHECK(!(window.window && window.window_virtual),
-                   "config keys 'model.window' and 'model.window_virtual': give at most one of them");
-  IHA_CONFIG_CHECK(!window.window || *window.window >= 1, "config key 'model.window': must be >= 1 "
-                   "token, got ", window.window.value_or(0));
-  IHA_CONFIG_CHECK(!window.window_virtual || *window.window_virtual >= 1, "config key "
-                   "'model.window_virtual': must be >= 1 virtual token, got ", window.window_virtual.value_or(0));
-  shared_layer_settings(*this).validate(config_keys("model."));
+  IHA_CONFIG_CHECK(std::isfinite(norm_eps) && norm_eps > 0, k("norm_eps"), ": must be > 0, got ", norm_eps);
+  IHA_CONFIG_CHECK(std::isfinite(init_std) && init_std > 0, k("init_std"), ": must be > 0, got ", init_std);
+  IHA_CONFIG_CHECK(!(window.window && window.window_virtual), k.both("window", "window_virtual"),
+                   ": give at most one of them");
+  IHA_CONFIG_CHECK(!window.window || *window.window >= 1, k("window"), ": must be >= 1 token, got ",
+                   window.window.value_or(0));
+  IHA_CONFIG_CHECK(!window.window_virtual || *window.window_virtual >= 1, k("window_virtual"),
+                   ": must be >= 1 virtual token, got ", window.window_virtual.value_or(0));
+  shared_layer_settings(*this).validate(k);
 }
 
 void ModelConfig::resolve_window(int64_t n_train, std::optional<int64_t> checkpoint_wv) {

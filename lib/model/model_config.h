@@ -48,8 +48,10 @@ struct ModelConfig {
   // Wv of the 'L' blocks in virtual tokens; 0 until resolve_window() is called.
   int64_t window_virtual = 0;
 
-  // Throws ConfigError naming the key ("model.<field>") at fault.
-  void validate() const;
+  // Throws ConfigError naming the field at fault, spelled as its config key ("config key
+  // 'model.ffn'"), or as `names` spells it: iha-convert names the fields of the Hugging Face
+  // config.json it imports (FieldNames' renamed: D is hidden_size, ...).
+  void validate(const FieldNames& names = config_keys("model.")) const;
   // DESIGN.md section 1 window rule; n_train is the training context in tokens, checkpoint_wv
   // the Wv stored in a checkpoint the model is loaded from (if any).
   void resolve_window(int64_t n_train, std::optional<int64_t> checkpoint_wv);

@@ -118,6 +118,10 @@ TEST(IhaConvert, ConfigFieldsWeCannotHonourAreNamed) {
       {[](json& j) { j["hidden_size"] = 30; j.erase("head_dim"); }, {"'num_attention_heads'", "does not divide"}},
       {[](json& j) { j["vocab_size"] = "many"; }, {"'vocab_size'", "expected an integer"}},
       {[](json& j) { j.erase("num_hidden_layers"); }, {"'num_hidden_layers'", "missing"}},
+      // The model's own checks name the config.json field, not the model's config key.
+      {[](json& j) { j["rms_norm_eps"] = 0.0; }, {"field 'rms_norm_eps': must be > 0"}},
+      {[](json& j) { j["head_dim"] = 7; }, {"field 'head_dim': RoPE rotates pairs"}},
+      {[](json& j) { j["num_hidden_layers"] = 0; }, {"field 'num_hidden_layers': must be >= 1"}},
   };
   for (const auto& [edit, needles] : cases) {
     json j = good;

@@ -8,6 +8,7 @@ library's layers (iha.torch) on the exported weights (float32, 1e-5). Greedy gen
 cache must equal argmax over full forward passes. iha-convert import of the export must give
 back the trained checkpoint's float32 weights bit for bit (and export again, the same files).
 Needs IHA_TRAIN, IHA_CONVERT and IHA_LIBRARY_REFERENCE (the binaries; CTest sets them)."""
+import json
 import os
 import shutil
 import subprocess
@@ -115,6 +116,16 @@ class ExportTest(unittest.TestCase):
                            text=True)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("pseudo_heads", r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "bad-ck")))
+        # A value the model's own checks refuse is named as the directory's field.
+        cfg = json.loads(text)
+        cfg["iha_pattern"] = "LXG"
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        r = subprocess.run([self.convert, "import", out, os.path.join(self.tmp, "bad-ck")], capture_output=True,
+                           text=True)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("field 'iha_pattern': 'LXG' may only contain L", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "bad-ck")))
 
     def test_export_loads_in_transformers(self):
