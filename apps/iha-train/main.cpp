@@ -432,6 +432,8 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
 
   if (args.mode == Mode::eval) {
     IHA_CONFIG_CHECK(cfg.eval.sequences > 0, "config key 'eval.sequences': eval needs >= 1 sequence");
+    IHA_CONFIG_CHECK(trainer.has_held_out(), "config key 'eval.path': eval of data.kind hdf5 needs a held-out "
+                     "token file");
     report_eval(*rep, trainer.evaluate(), origin.ck->step);  // the step the checkpoint was saved at
     return 0;
   }

@@ -10,7 +10,6 @@
 #include "core/files.h"
 #include "model/config_checks.h"
 #include "model/trainer.h"
-#include "parallel/layout.h"
 
 namespace iha::app {
 namespace {
@@ -34,22 +33,14 @@ void check_lengths(const RunConfig& cfg, const CheckpointModel& ck, int64_t worl
   IHA_CONFIG_CHECK(cfg.eval.sequences > 0 || cfg.sweep.sequences > 0, "config key "
                    "'sweep.sequences': the sweep needs >= 1 sequence per depth bin");
   check_mesh_fits_world(cfg.mesh, world_size);
-  // The ranks of one replica split its tokens: tp and hp ranks split heads (the head group),
-  // sp ranks the sequence.
-  const int64_t replica = cfg.mesh.head_group() * cfg.mesh.sp;
+  // A length is held to what training holds it to: the layout is the plan's (a rank may hold
+  // no tokens of a short sequence, as in training), so the sweep computes none of its own.
   for (int64_t L : cfg.sweep.lengths) {
     try {
       RunConfig c = at_length(cfg, L);
       check_run_fits_machine(c, world_size);
       c.model.resolve_window(L, ck.model.window_virtual);
       check_mesh_fits_model(c);
-      // Every rank of a head x sequence replica must hold tokens of every sequence.
-      const SequenceLayout parts(c.layout, L, replica);
-      for (int64_t r = 0; r < replica; ++r)
-        for (const TokenRange& chunk : parts.chunks_of(r))
-          IHA_CONFIG_CHECK(!chunk.empty(), "mesh.tp * mesh.hp * mesh.sp = ", replica, " ranks cannot split ",
-                           L, " tokens into ", parts.num_chunks(), " non-empty ",
-                           layout_name(c.layout), " chunks");
       TaskNames names = task_config_names(true);
       names.length = "too short";  // reads "length L: too short: ..."
       for (int64_t bin = 0; bin < c.data.multikey.pairs; ++bin)

@@ -310,7 +310,8 @@ std::string element_type_name(hid_t type) {
 
 class Hdf5TokenSource final : public TokenSource {
  public:
-  Hdf5TokenSource(const std::string& path, const std::string& dataset, int64_t N, int64_t model_vocab)
+  Hdf5TokenSource(const std::string& path, const std::string& dataset, int64_t N, int64_t model_vocab,
+                  const std::string& model_vocab_name)
       : path_(path), dataset_(dataset), N_(N) {
     Hdf5Session session;
     const std::string where = "token file '" + path + "'";
@@ -363,7 +364,7 @@ class Hdf5TokenSource final : public TokenSource {
       vocab_ = v;
       IHA_CONFIG_CHECK(vocab_ >= 1, ds, ": vocab_size must be >= 1, got ", vocab_);
       IHA_CONFIG_CHECK(vocab_ <= model_vocab, ds, ": vocab_size ", vocab_,
-                       " exceeds the model's (config key 'model.vocab_size' = ", model_vocab, ")");
+                       " exceeds the model's (", model_vocab_name, " = ", model_vocab, ")");
       IHA_CONFIG_CHECK(total_ >= N + 1, ds, ": holds ", total_, " tokens, fewer than one sequence of ",
                        N, " tokens plus its label needs (", N + 1, ")");
       read_doc_starts(where);
@@ -636,8 +637,8 @@ std::shared_ptr<TokenSource> make_needle_depth_source(const MultiKeySpec& spec, 
 }
 
 std::shared_ptr<TokenSource> open_token_file(const std::string& path, const std::string& dataset,
-                                             int64_t N, int64_t model_vocab) {
-  return std::make_shared<Hdf5TokenSource>(path, dataset, N, model_vocab);
+                                             int64_t N, int64_t model_vocab, const std::string& model_vocab_name) {
+  return std::make_shared<Hdf5TokenSource>(path, dataset, N, model_vocab, model_vocab_name);
 }
 
 // ---- writer ----

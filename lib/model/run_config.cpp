@@ -332,9 +332,10 @@ TaskNames task_config_names(bool held_out) {
 std::shared_ptr<TokenSource> make_data_source(const RunConfig& c, bool held_out) {
   const int64_t N = c.seq_len, V = c.model.vocab;
   if (c.data.kind == "hdf5") {
-    if (!held_out) return open_token_file(c.data.path, c.data.dataset, N, V);
+    const char* vocab = "config key 'model.vocab_size'";
+    if (!held_out) return open_token_file(c.data.path, c.data.dataset, N, V, vocab);
     if (c.eval.path.empty()) return nullptr;
-    return open_token_file(c.eval.path, c.data.dataset, N, V);
+    return open_token_file(c.eval.path, c.data.dataset, N, V, vocab);
   }
   const uint64_t seed = held_out ? held_out_seed(c) : c.data.seed;
   if (c.data.kind == "twohop") {

@@ -250,8 +250,8 @@ StepStats Trainer<T>::step_stats(const CrossEntropyStats& local, int64_t count, 
 
 template <class T>
 EvalStats Trainer<T>::evaluate() {
-  IHA_CONFIG_CHECK(eval_loader_ != nullptr, "evaluation needs held-out data: set config key "
-                   "'eval.path' to a held-out token file");
+  IHA_CONFIG_CHECK(eval_loader_ != nullptr, "Trainer::evaluate(): this run has no held-out data (an hdf5 "
+                   "run's held-out token file is RunConfig::eval.path); evaluate(source) takes one");
   return evaluate(*eval_loader_);
 }
 

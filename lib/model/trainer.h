@@ -130,7 +130,8 @@ class Trainer {
   // One optimizer step (collective).
   StepStats train_step();
   // Mean loss and accuracy on cfg.eval.sequences held-out sequences (collective). Throws
-  // ConfigError if the run has no held-out data.
+  // ConfigError if the run has no held-out data (has_held_out(): a caller that reads a
+  // configuration checks it first, naming its key).
   EvalStats evaluate();
   // The same on cfg.eval.sequences sequences of another source of this run's sequence length
   // (e.g. a needle-depth probe; collective, the same source on every rank).

@@ -1,6 +1,6 @@
 // iha-train sweep (and scripts/experiments/length_sweep.py around it) as a user runs it: a
 // checkpoint evaluated at several lengths and needle depths. Bad input (a length that is not
-// positive, one the mesh cannot split, a missing checkpoint or sweep.lengths, a mesh that is
+// positive, one too short for the task, a missing checkpoint or sweep.lengths, a mesh that is
 // not the job's) stops every rank with exit 2 naming the key, before any length is evaluated;
 // a good sweep writes one JSON line per (length, depth bin) and one per length whose mean is
 // the bins' mean, the table, and the same accuracies on one rank as on two.
@@ -74,8 +74,9 @@ TEST(IhaSweep, BadInputNamesTheKeyOnEveryRankBeforeEvaluating) {
   expect_bad(sweep(2, "--set 'sweep.lengths=[32, 0]'"), {"sweep.lengths", "got 0"});
   expect_bad(sweep(2, "--set 'sweep.lengths=[32, -64]'"), {"sweep.lengths", "got -64"});
   expect_bad(sweep(2, "--set 'sweep.lengths=[32, abc]'"), {"sweep.lengths", "expected an integer"});
-  // Zigzag on 2 ranks cuts a sequence into 4 chunks: 3 tokens leave a rank's chunk empty.
-  expect_bad(sweep(2, "--set 'sweep.lengths=[32, 3]'"), {"sweep.lengths", "length 3", "cannot split"});
+  // 3 tokens on 2 zigzag ranks leave one of the 4 chunks empty, which training accepts (a rank
+  // may hold no tokens); the length is refused by the task it cannot hold.
+  expect_bad(sweep(2, "--set 'sweep.lengths=[32, 3]'"), {"sweep.lengths", "length 3", "too short"});
   // 4 pairs and 1 query do not fit in 8 tokens.
   expect_bad(sweep(2, "--set 'sweep.lengths=[32, 8]'"), {"sweep.lengths", "length 8", "pairs"});
   expect_bad(sweep(2, ""), {"sweep.lengths", "needs config key"});

@@ -711,11 +711,16 @@ TEST(IhaData, TextBecomesByteTokensThatTrain) {
   const Result info = shell(std::string(IHA_DATA_BIN) + " info " + h5 + " --seq-len 64");
   ASSERT_EQ(info.code, 0) << info.output;
   EXPECT_NE(info.output.find("ids in sequences: [10, 233]"), std::string::npos) << info.output;  // '\n', 0xE9
-  const std::string log = tmp("corpus.jsonl");
-  const Result train = run(demo("--set model.vocab_size=256 --set 'eval={path: " + h5 +
-                                ", sequences: 4}' --set 'data={kind: hdf5, path: " + h5 + "}'"
-                                " --set logging.jsonl=" + log));
+  const std::string log = tmp("corpus.jsonl"), ckpt = tmp("corpus_ckpt");
+  const std::string data = " --set model.vocab_size=256 --set 'data={kind: hdf5, path: " + h5 + "}'";
+  const Result train = run(demo("--set 'eval={path: " + h5 + ", sequences: 4}'" + data +
+                                " --set logging.jsonl=" + log + " --set checkpoint.dir=" + ckpt));
   EXPECT_EQ(train.code, 0) << train.output;
+  // Evaluating text needs a held-out token file: without one, the key is named.
+  expect_config_error("eval --config " + config_file() + " --set sequence.length=32 --set 'eval={sequences: 4}'" + data +
+                          " --set checkpoint.dir=" + ckpt,
+                      "config key 'eval.path': eval of data.kind hdf5 needs a held-out token file");
+  std::filesystem::remove_all(ckpt);
   {  // text has no answer tokens: the answer figures are omitted, not logged as 0
     std::ifstream in(log);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -250,7 +250,7 @@ class TokenFiles : public ::testing::Test {
   // The error message of opening and reading the first sequences of a file.
   std::string error_of(const std::string& file, int64_t N = 4, int64_t model_vocab = 32) {
     try {
-      auto src = open_token_file(file, "tokens", N, model_vocab);
+      auto src = open_token_file(file, "tokens", N, model_vocab, "config key 'model.vocab_size'");
       DataLoader loader(src, SequenceLayout(LayoutKind::contiguous, N, 1), 0);
       loader.batch(0, src->num_sequences());
     } catch (const ConfigError& e) {
@@ -481,6 +481,14 @@ TEST_F(TokenFiles, BadFilesNameTheFileAndTheProblem) {
   const std::string wv = path("widevocab");
   test::write_raw_token_file(wv, wide);
   expect_error(wv, "model.vocab_size");
+  // The library names the model's vocabulary as its caller does; by default, its argument.
+  try {
+    open_token_file(wv, "tokens", 4, 32);
+    ADD_FAILURE() << "a vocab_size above the model's was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("vocab_size 33 exceeds the model's (model_vocab = 32)"), std::string::npos)
+        << e.what();
+  }
 
   test::RawTokenFile two_d = good;
   two_d.two_d = true;
