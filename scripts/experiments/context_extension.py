@@ -103,7 +103,7 @@ def main():
     res["goal"] = {"acc_at_n0": m16[n0], "acc_at_16x": m16[16 * n0],
                    "within_10_points": m16[16 * n0] >= m16[n0] - 0.10,
                    "base_acc_at_n0": zs_means[n0]}
-    res["commands"] = [{"stage": s, "command": c, "seconds": t} for s, c, t in r.commands]
+    res["commands"] = [{"stage": s, "command": expkit.relative(c), "seconds": t} for s, c, t in r.commands]
 
     tag = " (SMOKE: tiny sizes, numbers mean nothing)" if a.smoke else ""
     marks = [(n0, "N0"), (4 * n0, "4x"), (16 * n0, "16x")]

@@ -147,7 +147,7 @@ def main():
                                                            len(res["versus_none"][stage][m][str(L)]["seeds"]), len(seeds)))
                                    for m in methods[1:]}
     res["partial"] = any(len(p["seeds"]) < len(seeds) for per in res["endpoints"].values() for p in per.values())
-    res["commands"] = [{"stage": st, "command": expkit.relative(c), "seconds": r.seconds(st)} for st, c, _ in r.commands]
+    res["commands"] = r.command_record()
     names = sorted(os.listdir(r.out))
     res["stage_seconds"] = {n: r.seconds(n) for n in names if r.seconds(n) is not None}
     res["wall_seconds"] = time.time() - t_start

@@ -62,8 +62,10 @@ class Runner:
         if not self.force and os.path.exists(stamp) and open(stamp).read().strip() == key:
             print("[skip] %s (done before with the same command)" % name, file=self.log, flush=True)
             self.commands.append((name, line, None))
+            if not os.path.exists(os.path.join(d, "command")):  # a stage finished before the file existed
+                self._write_command(d, line)  # the stamp's hash proves this line made it
             return d
-        for f in ("done", "log.jsonl", "sweep/sweep.jsonl"):
+        for f in ("done", "command", "log.jsonl", "sweep/sweep.jsonl"):
             p = os.path.join(d, f)
             if os.path.exists(p):
                 os.remove(p)
@@ -83,6 +85,7 @@ class Runner:
             f.write(key + "\n")
         with open(os.path.join(d, "seconds"), "w") as f:
             f.write("%.1f\n" % secs)
+        self._write_command(d, line)
         print("[done] %s in %.0f s" % (name, secs), file=self.log, flush=True)
         self.commands.append((name, line, secs))
         return d
@@ -90,6 +93,40 @@ class Runner:
     def seconds(self, name):
         p = os.path.join(self.out, name, "seconds")
         return float(open(p).read()) if os.path.exists(p) else None
+
+    @staticmethod
+    def _write_command(d, line):
+        with open(os.path.join(d, "command"), "w") as f:
+            f.write(line + "\n")
+
+    def command_record(self):
+        """The command and seconds of every finished stage in the run folder, whichever
+        invocation ran it, for a results JSON: this invocation's stages in its order, then the
+        other finished stages by name. A stage's command is the `command` file it wrote when it
+        finished; for a stage finished before stages wrote one and not met by this invocation,
+        the command the run folder's previous results.json recorded for it (None if none did).
+        So a report (--report-only) or a partial rerun keeps what earlier invocations ran."""
+        ran = {}
+        for name, line, _ in self.commands:
+            ran.setdefault(name, line)
+        earlier = {}
+        try:
+            with open(os.path.join(self.out, "results.json")) as f:
+                earlier = {c["stage"]: c["command"] for c in json.load(f).get("commands", [])}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # no previous report, or not one of ours: nothing to keep
+        finished = sorted(n for n in os.listdir(self.out) if os.path.exists(os.path.join(self.out, n, "done")))
+        rows = []
+        for name in list(ran) + [n for n in finished if n not in ran]:
+            cf = os.path.join(self.out, name, "command")
+            if os.path.exists(cf):
+                cmd = relative(open(cf).read().strip())
+            elif name in ran:
+                cmd = relative(ran[name])
+            else:
+                cmd = earlier.get(name)
+            rows.append({"stage": name, "command": cmd, "seconds": self.seconds(name)})
+        return rows
 
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (standard tables).

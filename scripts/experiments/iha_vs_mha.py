@@ -472,7 +472,7 @@ def main():
     out = {"machine": expkit.machine(), "smoke": a.smoke, "steps": steps, "batch": a.batch, "length": a.length,
            "seeds": a.seeds, "band": [lo, hi], "calibration": calib, "note": note, "results": results,
            "wall_seconds": wall,
-           "commands": [{"stage": s, "command": c, "seconds": t} for s, c, t in r.commands]}
+           "commands": [{"stage": s, "command": expkit.relative(c), "seconds": t} for s, c, t in r.commands]}
     with open(os.path.join(r.out, "results.md"), "w") as f:
         f.write(md)
     with open(os.path.join(r.out, "results.json"), "w") as f:

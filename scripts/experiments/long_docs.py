@@ -161,7 +161,7 @@ def main():
             "kind": kind, "what": what, "scaling": dict(sets).get("model.rope_scaling", "none"), "bins": bins,
             "eval_loss": {"%d-g%d" % k: v for k, v in losses.items()},
             "train_eval": expkit.final_eval(os.path.join(r.out, stage)), "seconds": r.seconds(stage)}
-    res["commands"] = [{"stage": s, "command": expkit.relative(c), "seconds": r.seconds(s)} for s, c, _ in r.commands]
+    res["commands"] = r.command_record()
     res["stage_seconds"] = sum(x["seconds"] or 0 for x in res["commands"])
     res["wall_seconds"] = time.time() - t_start
     res["partial"] = bool(res["missing"])

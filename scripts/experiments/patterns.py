@@ -112,7 +112,7 @@ def main():
         acc = {m[0]: [x["accuracy"] for x in out["runs"] if x["model"] == m[0]] for m in MODELS}
         vs1, vs2 = paired(acc["iha-h1-p2"], acc["mha-h1"]), paired(acc["iha-h1-p2"], acc["mha-h2"])
         out["comparison"] = {"iha_minus_mha_h1": vs1, "iha_minus_mha_h2": vs2, "verdict": verdict(vs1, vs2)}
-    out["commands"] = [{"stage": s, "command": expkit.relative(c), "seconds": r.seconds(s)} for s, c, _ in r.commands]
+    out["commands"] = r.command_record()
     out["stage_seconds"] = sum(x["seconds"] or 0 for x in out["commands"])
     out["wall_seconds"] = time.time() - t_start
     with open(os.path.join(r.out, "results.json"), "w") as f:

@@ -177,7 +177,7 @@ def main():
            "stopped_after": a.stop_after}
 
     def finish():
-        out["commands"] = [{"stage": s, "command": expkit.relative(c), "seconds": r.seconds(s)} for s, c, _ in r.commands]
+        out["commands"] = r.command_record()
         out["stage_seconds"] = sum(x["seconds"] or 0 for x in out["commands"])
         out["wall_seconds"] = time.time() - t_start
         with open(os.path.join(r.out, "results.json"), "w") as f:
