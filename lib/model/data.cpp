@@ -164,28 +164,40 @@ class MultiKeySource final : public SyntheticSource {
 class OrderedPairSource final : public SyntheticSource {
  public:
   OrderedPairSource(const MultiKeySpec& spec, int64_t vocab, int64_t N, uint64_t seed)
-      : SyntheticSource(vocab, N, seed,
-                        1 + spec.key_tokens + spec.value_tokens + spec.value_tokens * spec.value_tokens,
-                        spec.loss_on),
+      : SyntheticSource(vocab, N, seed, 1 + spec.key_tokens + spec.value_tokens + answer_ids(spec), spec.loss_on),
         spec_(spec) {}
-  std::string describe() const override { return describe_pairs("orderedpair", spec_); }
+  std::string describe() const override {
+    std::string d = describe_pairs("orderedpair", spec_);
+    if (spec_.asked != 2) d.insert(d.size() - 1, ", asked=" + std::to_string(spec_.asked));
+    return d;
+  }
+  // value_tokens^asked (the caller checked that it fits the vocabulary).
+  static int64_t answer_ids(const MultiKeySpec& spec) {
+    int64_t n = 1;
+    for (int64_t i = 0; i < spec.asked; ++i) n *= spec.value_tokens;
+    return n;
+  }
 
  protected:
   Placement place(int64_t s) const override {
     Rng rng{hash3(seed_, 0x6f70616972ull, static_cast<uint64_t>(s)), 0};
     const int64_t k = spec_.pairs, q = spec_.queries, nv = spec_.value_tokens;
     const int64_t key_base = 1, value_base = 1 + spec_.key_tokens, answer_base = value_base + nv;
-    const int64_t haystack = N_ + 1 - 4 * q;
+    const int64_t a = spec_.asked, block = a + 2;  // QUERY, a keys, the answer
+    const int64_t haystack = N_ + 1 - block * q;
     Placement pl;
     const auto [keys, values] = place_pairs(rng, spec_, haystack, pl);
     for (int64_t j = 0; j < q; ++j) {
-      const int64_t p = haystack + 4 * j;
-      const std::vector<int64_t> asked = distinct_draw(rng, k, 2);  // ordered: (first, second)
+      const int64_t p = haystack + block * j;
+      const std::vector<int64_t> asked = distinct_draw(rng, k, a);  // ordered: first, second, ...
       pl.placed.emplace_back(p, kQueryToken);
-      pl.placed.emplace_back(p + 1, static_cast<int32_t>(key_base + keys[asked[0]]));
-      pl.placed.emplace_back(p + 2, static_cast<int32_t>(key_base + keys[asked[1]]));
-      pl.placed.emplace_back(p + 3, static_cast<int32_t>(answer_base + nv * values[asked[0]] + values[asked[1]]));
-      pl.answer_positions.push_back(p + 3);
+      int64_t answer = 0;
+      for (int64_t i = 0; i < a; ++i) {
+        pl.placed.emplace_back(p + 1 + i, static_cast<int32_t>(key_base + keys[asked[i]]));
+        answer = answer * nv + values[asked[i]];
+      }
+      pl.placed.emplace_back(p + 1 + a, static_cast<int32_t>(answer_base + answer));
+      pl.answer_positions.push_back(p + 1 + a);
     }
     finish(pl);
     return pl;
@@ -595,19 +607,25 @@ std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int6
 std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, int64_t vocab, int64_t N,
                                                      uint64_t seed, const TaskNames& n) {
   const std::string& p = n.spec.prefix;
-  IHA_CONFIG_CHECK(spec.pairs >= 2, n.spec("pairs"), ": the orderedpair task asks two distinct "
-                   "keys, so it needs >= 2 pairs, got ", spec.pairs);
+  IHA_CONFIG_CHECK(spec.asked >= 1, n.spec("asked"), ": a query asks >= 1 key, got ", spec.asked);
+  IHA_CONFIG_CHECK(spec.pairs >= spec.asked, n.spec("pairs"), ": the orderedpair task asks ", spec.asked,
+                   " distinct keys, so it needs >= ", spec.asked, " pairs, got ", spec.pairs);
   IHA_CONFIG_CHECK(spec.value_tokens >= 1, n.spec("value_tokens"), ": must be >= 1, got ", spec.value_tokens);
   IHA_CONFIG_CHECK(spec.key_tokens >= spec.pairs, n.spec("key_tokens"), ": ", spec.pairs,
                    " distinct keys need at least as many key tokens, got ", spec.key_tokens);
   check_queries(spec.queries, n);
-  const int64_t used = 1 + spec.key_tokens + spec.value_tokens + spec.value_tokens * spec.value_tokens;
-  IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the orderedpair task needs ", used, " ids (query marker, ", p,
-                   "key_tokens, ", p, "value_tokens and its square of answer ids) plus at least one filler id, got ",
-                   vocab);
-  const int64_t haystack = N + 1 - 4 * spec.queries;
+  // value_tokens^asked answer ids, counted without overflow: stop once past the vocabulary.
+  int64_t answers = 1;
+  for (int64_t i = 0; i < spec.asked && answers < vocab; ++i)
+    answers = answers > vocab / spec.value_tokens ? vocab : answers * spec.value_tokens;
+  const int64_t used = 1 + spec.key_tokens + spec.value_tokens + answers;
+  IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the orderedpair task needs ", answers >= vocab ? "more than " : "",
+                   used, " ids (query marker, ", p, "key_tokens, ", p, "value_tokens and ", p, "value_tokens^",
+                   p, "asked answer ids) plus at least one filler id, got ", vocab);
+  const int64_t block = spec.asked + 2;
+  const int64_t haystack = N + 1 - block * spec.queries;
   IHA_CONFIG_CHECK(haystack >= 2 * spec.pairs, n.length, ": ", spec.pairs, " pairs and ", spec.queries,
-                   " queries need at least ", 2 * spec.pairs + 4 * spec.queries - 1, " tokens, got ", N);
+                   " queries need at least ", 2 * spec.pairs + block * spec.queries - 1, " tokens, got ", N);
   return std::make_shared<OrderedPairSource>(spec, vocab, N, seed);
 }
 

@@ -86,14 +86,17 @@ struct MultiKeySpec {
   int64_t key_tokens = 16;
   int64_t value_tokens = 16;
   LossOn loss_on = LossOn::answer;
+  int64_t asked = 2;  // the orderedpair task only: distinct keys a query asks
 };
 
-// Ordered-pair retrieval (docs/experiments.md section 4.4): `pairs` (key, value) pairs as in
-// the multikey task, then `queries` blocks (QUERY, k1, k2, answer) with k1 != k2 two of the
-// context's keys (drawn per query, with replacement across queries); the answer is one of
-// value_tokens^2 ids after the values, value_tokens * v(k1) + v(k2): the ordered pair. One
-// attention pattern averaging both retrieved values loses their order; two keep it. The spec
-// is MultiKeySpec's (the same data.* keys).
+// Ordered-tuple retrieval (docs/experiments.md section 4.4): `pairs` (key, value) pairs as in
+// the multikey task, then `queries` blocks (QUERY, k1, ..., kA, answer) with k1..kA `asked`
+// distinct keys of the context (drawn per query, with replacement across queries); the answer
+// is one of value_tokens^A ids after the values, the ordered tuple (v(k1), ..., v(kA)) read
+// as base-value_tokens digits, v(k1) first. With A = 2 (the default): value_tokens * v(k1) +
+// v(k2), the ordered pair. One attention pattern averaging the retrieved values loses their
+// order; one pattern per asked key keeps it. The spec is MultiKeySpec's (the same data.* keys,
+// and data.asked).
 // 2-hop composition: `chains` chains a -> b -> c over distinct entities, stated as 2-token
 // facts (a b), (b c) in shuffled order at random depths in filler; a query (QUERY, a, c)
 // asks for the entity two hops from a chain drawn uniformly (with replacement); c is the

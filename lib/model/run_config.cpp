@@ -150,6 +150,7 @@ void parse_data_section(const ConfigNode& data, RunConfig& c) {
     m.key_tokens = positive(data, "key_tokens", m.key_tokens);
     m.value_tokens = positive(data, "value_tokens", m.value_tokens);
     m.loss_on = parse_loss_on(data);
+    if (c.data.kind == "orderedpair") m.asked = positive(data, "asked", m.asked);
   } else if (c.data.kind == "twohop") {
     c.data.seed = static_cast<uint64_t>(non_negative(data, "seed", 1));
     TwoHopSpec& t = c.data.twohop;

@@ -15,7 +15,13 @@ seed: IHA - MHA(1) and IHA - MHA(2), mean, se, 95% interval (Student's t); the v
 declared rule. A finished stage is skipped when rerun with the same command.
 
   python3 scripts/experiments/patterns.py --jobs 2 --out runs/experiments/patterns
+  python3 scripts/experiments/patterns.py --design v2 --jobs 2 --out runs/experiments/patterns-v2
   python3 scripts/experiments/patterns.py --smoke --out /tmp/patterns-smoke        # seconds
+
+--design v2 is section 4.4's revision (registered before its runs): the orderedpair task with
+3 asked keys (data.asked 3), 6 pairs, 4 value ids (64 answers); two global blocks, d 8; MHA
+with H = 2 and H = 4, IHA with H = 2 and P = 2; pilot seeds 911-913, main seeds 2001-2005; the
+same gate, endpoints and verdict rule with H = 2.
 """
 import concurrent.futures
 import json
@@ -28,11 +34,23 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import expkit  # noqa: E402
 
-TASK = [("data.kind", "orderedpair"), ("data.pairs", "4"), ("data.key_tokens", "16"), ("data.value_tokens", "8"),
-        ("data.queries", "2"), ("model.vocab_size", "128")]
 MHA = [("model.global_kind", "mha")]
-# name, heads, extra sets
-MODELS = [("mha-h1", 1, MHA), ("mha-h2", 2, MHA), ("iha-h1-p2", 1, [("model.P", "2")])]
+# The designs: v1, section 4.4 as first registered (its pilot did not pass the gate); v2, the
+# revision registered in section 4.4's "Revision v2" before any of its runs. Each: the task,
+# the blocks, the head dimension and the models (name, heads, extra sets): MHA(H), MHA(2H) and
+# IHA(H, P = 2), in that order.
+DESIGNS = {
+    "v1": {"task": [("data.kind", "orderedpair"), ("data.pairs", "4"), ("data.key_tokens", "16"),
+                    ("data.value_tokens", "8"), ("data.queries", "2"), ("model.vocab_size", "128")],
+           "pattern": "G", "d": 16, "pilot_seeds": "901,902,903", "seeds": "1001,1002,1003,1004,1005",
+           "models": [("mha-h1", 1, MHA), ("mha-h2", 2, MHA), ("iha-h1-p2", 1, [("model.P", "2")])],
+           "results": "patterns_results.json"},
+    "v2": {"task": [("data.kind", "orderedpair"), ("data.asked", "3"), ("data.pairs", "6"), ("data.key_tokens", "16"),
+                    ("data.value_tokens", "4"), ("data.queries", "2"), ("model.vocab_size", "128")],
+           "pattern": "GG", "d": 8, "pilot_seeds": "911,912,913", "seeds": "2001,2002,2003,2004,2005",
+           "models": [("mha-h2", 2, MHA), ("mha-h4", 4, MHA), ("iha-h2-p2", 2, [("model.P", "2")])],
+           "results": "patterns_v2_results.json"},
+}
 
 
 def paired(xs, ys):
@@ -54,8 +72,9 @@ def verdict(vs_h1, vs_h2):
 def main():
     ap = expkit.experiment_args(__doc__, "patterns")
     ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--pilot-seeds", default="901,902,903")
-    ap.add_argument("--seeds", default="1001,1002,1003,1004,1005")
+    ap.add_argument("--design", choices=sorted(DESIGNS), default="v1")
+    ap.add_argument("--pilot-seeds", default=None, help="default: the design's")
+    ap.add_argument("--seeds", default=None, help="default: the design's")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--lr", default="1.0e-3")
     ap.add_argument("--length", type=int, default=64)
@@ -67,6 +86,10 @@ def main():
     ap.add_argument("--succeeds-above", type=float, default=0.90)
     ap.add_argument("--stop-after", choices=["pilot"], default=None)
     a = ap.parse_args()
+    design = DESIGNS[a.design]
+    TASK, MODELS = design["task"], design["models"]
+    a.pilot_seeds = a.pilot_seeds or design["pilot_seeds"]
+    a.seeds = a.seeds or design["seeds"]
     if a.smoke:
         a.pilot_seeds, a.seeds, a.steps, a.batch = "901", "1001,1002", 4, 4
         a.pilot_eval_every, a.pilot_sequences, a.eval_sequences = 2, 8, 8
@@ -81,8 +104,8 @@ def main():
         name = "%s-s%d" % (model[0], seed)
         d = os.path.join(r.out, name)
         r.stage(name, "train", "configs/demo.yaml", [
-            ("mesh.sp", "1"), ("sequence.length", str(a.length)), ("model.layers", "1"), ("model.pattern", "G"),
-            ("model.H", str(model[1])), ("model.d", "16"), ("train.steps", str(a.steps)), ("optim.lr", a.lr),
+            ("mesh.sp", "1"), ("sequence.length", str(a.length)), ("model.layers", str(len(design["pattern"]))),
+            ("model.pattern", design["pattern"]), ("model.H", str(model[1])), ("model.d", str(design["d"])), ("train.steps", str(a.steps)), ("optim.lr", a.lr),
             ("optim.min_lr", a.lr), ("optim.warmup_steps", "1" if a.smoke else "30"),
             ("train.batch_size", str(a.batch)), ("train.micro_batch", str(a.batch)), ("train.seed", str(seed)),
             ("data.seed", str(seed)), ("eval.every", str(every)), ("eval.sequences", str(sequences)),
@@ -98,34 +121,36 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
             return list(pool.map(run, jobs))
 
-    out = {"machine": expkit.machine(), "smoke": a.smoke, "steps": a.steps, "lr": a.lr,
+    out = {"machine": expkit.machine(), "smoke": a.smoke, "design": a.design, "steps": a.steps, "lr": a.lr,
            "pilot_seeds": pilot_seeds, "seeds": seeds}
+    h1, h2, iha = (m[0] for m in MODELS)
     out["pilot"] = in_parallel([(m, s, a.pilot_eval_every, a.pilot_sequences) for m in MODELS[:2] for s in pilot_seeds])
     med = {m[0]: statistics.median(x["accuracy"] for x in out["pilot"] if x["model"] == m[0]) for m in MODELS[:2]}
-    out["gate"] = {"median_final": med, "mha_h1_fails": med["mha-h1"] <= a.fails_below,
-                   "mha_h2_succeeds": med["mha-h2"] >= a.succeeds_above}
+    # The gate's keys name the roles (MHA(H) fails, MHA(2H) succeeds) as v1 first wrote them.
+    out["gate"] = {"median_final": med, "mha_h1_fails": med[h1] <= a.fails_below,
+                   "mha_h2_succeeds": med[h2] >= a.succeeds_above}
     out["gate"]["passed"] = out["gate"]["mha_h1_fails"] and out["gate"]["mha_h2_succeeds"]
     out["stopped_after"] = a.stop_after  # PARTIAL when "pilot": the main runs were not started
     if out["gate"]["passed"] and a.stop_after != "pilot":
         # The main runs evaluate once, at the end, on more sequences (eval.every 0).
         out["runs"] = in_parallel([(m, s, 0, a.eval_sequences) for s in seeds for m in MODELS])
         acc = {m[0]: [x["accuracy"] for x in out["runs"] if x["model"] == m[0]] for m in MODELS}
-        vs1, vs2 = paired(acc["iha-h1-p2"], acc["mha-h1"]), paired(acc["iha-h1-p2"], acc["mha-h2"])
+        vs1, vs2 = paired(acc[iha], acc[h1]), paired(acc[iha], acc[h2])
         out["comparison"] = {"iha_minus_mha_h1": vs1, "iha_minus_mha_h2": vs2, "verdict": verdict(vs1, vs2)}
     out["commands"] = r.command_record()
     out["stage_seconds"] = sum(x["seconds"] or 0 for x in out["commands"])
     out["wall_seconds"] = time.time() - t_start
     with open(os.path.join(r.out, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
-    print("pilot: median final accuracy MHA(1) %.3f, MHA(2) %.3f: gate %s" % (
-        med["mha-h1"], med["mha-h2"], "passed" if out["gate"]["passed"] else "NOT passed: no main runs"))
+    print("pilot: median final accuracy %s %.3f, %s %.3f: gate %s" % (
+        h1, med[h1], h2, med[h2], "passed" if out["gate"]["passed"] else "NOT passed: no main runs"))
     if "comparison" in out:
         c = out["comparison"]
-        print("IHA(1, P=2) - MHA(1) %+.3f +- %.3f; - MHA(2) %+.3f +- %.3f; verdict: %s%s" % (
-            c["iha_minus_mha_h1"]["mean"], c["iha_minus_mha_h1"]["se"], c["iha_minus_mha_h2"]["mean"],
+        print("%s - %s %+.3f +- %.3f; - %s %+.3f +- %.3f; verdict: %s%s" % (
+            iha, h1, c["iha_minus_mha_h1"]["mean"], c["iha_minus_mha_h1"]["se"], h2, c["iha_minus_mha_h2"]["mean"],
             c["iha_minus_mha_h2"]["se"], c["verdict"], " (SMOKE: numbers mean nothing)" if a.smoke else ""))
     if a.figures:
-        expkit.copy_outputs(r.out, a.figures, [("results.json", "patterns_results.json")])
+        expkit.copy_outputs(r.out, a.figures, [("results.json", design["results"])])
     return 0
 
 

@@ -194,6 +194,48 @@ TEST(Synthetic, OrderedPairAnswerIsTheOrderedPair) {
   EXPECT_GT(ordered_differs, 200) << "most queried pairs have two different values: order matters";
 }
 
+// data.asked = 3: three distinct keys a query, the answer their values' ordered triple read as
+// base-value_tokens digits (16 v(k1) + 4 v(k2) + v(k3) with 4 values).
+TEST(Synthetic, OrderedTupleAnswerIsTheTuple) {
+  MultiKeySpec spec;
+  spec.pairs = 6;
+  spec.queries = 2;
+  spec.key_tokens = 16;
+  spec.value_tokens = 4;
+  spec.asked = 3;
+  const int64_t N = 64, V = 100, value_base = 17, answer_base = 1 + 16 + 4;
+  auto src = make_orderedpair_source(spec, V, N, 5);
+  EXPECT_NE(src->describe().find("asked=3)"), std::string::npos) << src->describe();
+  std::set<int32_t> answers;
+  for (int64_t s = 0; s < 200; ++s) {
+    const Whole w = whole(*src, s);
+    std::vector<int32_t> x(w.tokens);
+    x.push_back(w.targets.back());
+    const int64_t haystack = N + 1 - 5 * spec.queries;
+    std::map<int32_t, int32_t> value_of;
+    for (int64_t p = 0; p + 1 < haystack; ++p)
+      if (x[p] >= 1 && x[p] <= 16) {
+        ASSERT_TRUE(x[p + 1] >= value_base && x[p + 1] < answer_base) << "a key is followed by its value";
+        value_of[x[p]] = x[p + 1] - value_base;
+        ++p;
+      }
+    ASSERT_EQ(value_of.size(), 6u) << "sequence " << s;
+    for (int64_t j = 0; j < spec.queries; ++j) {
+      const int64_t p = haystack + 5 * j;
+      ASSERT_EQ(x[p], 0);
+      const std::set<int32_t> keys{x[p + 1], x[p + 2], x[p + 3]};
+      ASSERT_EQ(keys.size(), 3u) << "the asked keys are distinct";
+      for (int32_t k : keys) ASSERT_EQ(value_of.count(k), 1u) << "an asked key is in the context";
+      EXPECT_EQ(x[p + 4], answer_base + 16 * value_of[x[p + 1]] + 4 * value_of[x[p + 2]] + value_of[x[p + 3]]);
+      answers.insert(x[p + 4]);
+      EXPECT_EQ(w.answer[p + 3], 1);
+      EXPECT_EQ(w.targets[p + 3], x[p + 4]);
+      EXPECT_EQ(w.targets[p + 2], -1);
+    }
+  }
+  EXPECT_GT(answers.size(), 50u) << "the 64 ordered triples are all reachable";
+}
+
 TEST(Synthetic, TasksThatDoNotFitAreConfigErrors) {
   // Named as the configuration module names them (the config keys); see below for the default.
   const TaskNames cfg = task_config_names(false);
@@ -220,6 +262,18 @@ TEST(Synthetic, TasksThatDoNotFitAreConfigErrors) {
   MultiKeySpec one = op;
   one.pairs = 1;
   expect_key([&] { make_orderedpair_source(one, 100, 64, 1, cfg); }, "data.pairs");
+  MultiKeySpec three = op;
+  three.asked = 5;  // more asked keys than the 4 pairs
+  expect_key([&] { make_orderedpair_source(three, 600, 64, 1, cfg); }, "data.pairs");
+  three.asked = 0;
+  expect_key([&] { make_orderedpair_source(three, 600, 64, 1, cfg); }, "data.asked");
+  three.asked = 3;  // 1 + 16 + 8 + 512 ids
+  expect_key([&] { make_orderedpair_source(three, 537, 64, 1, cfg); }, "needs 537 ids");
+  EXPECT_NO_THROW(make_orderedpair_source(three, 538, 64, 1, cfg));
+  three.asked = 40;  // 8^40 overflows int64: counted up to the vocabulary only
+  three.pairs = 40;
+  three.key_tokens = 40;
+  expect_key([&] { make_orderedpair_source(three, 1000, 4000, 1, cfg); }, "needs more than");
   // Without the configuration's names, the sources name their own arguments; a held-out set's
   // query count is eval.queries, not data.queries.
   expect_key([] { make_multikey_source(mk(), 33, 60, 1); }, "argument 'vocab': the multikey task needs 33 ids");
@@ -738,6 +792,17 @@ TEST(RunConfig, OrderedPairTakesTheMultikeyKeys) {
   auto src = make_data_source(c, false);
   EXPECT_NE(src->describe().find("orderedpair(pairs=3"), std::string::npos) << src->describe();
   EXPECT_NE(src->describe().find("value_tokens=4"), std::string::npos) << src->describe();
+  EXPECT_EQ(src->describe().find("asked"), std::string::npos) << "the default, 2, is not shown";
+  c = test::run_config_from(base_yaml(), {"data.kind=orderedpair", "data.value_tokens=4", "data.pairs=3",
+                                          "data.asked=3", "model.vocab_size=100"});
+  EXPECT_NE(make_data_source(c, false)->describe().find("asked=3)"), std::string::npos);
+  // data.asked belongs to the orderedpair task: the multikey task does not read it.
+  try {
+    test::run_config_from(base_yaml(), {"data.asked=3"});
+    ADD_FAILURE() << "data.asked accepted for the multikey task";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.asked"), std::string::npos) << e.what();
+  }
 }
 
 TEST(RunConfig, SyntheticDataChecksRunAtSourceCreation) {
