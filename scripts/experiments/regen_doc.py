@@ -363,8 +363,9 @@ def tts_probe(data):
                   for arm, f in d["flops_per_step"].items()])
 
 
-def patterns_pilot(data):
-    d = data("patterns_results")
+def patterns_pilot(data, name="patterns_results", roles=("MHA(1)", "MHA(2)")):
+    """The pilot of a section 4.4 design; roles: how the gate names MHA(H) and MHA(2H)."""
+    d = data(name)
     rows = []
     for model in sorted({x["model"] for x in d["pilot"]}):
         runs = [x for x in d["pilot"] if x["model"] == model]
@@ -372,7 +373,7 @@ def patterns_pilot(data):
         rows.append([model, runs[0]["params"], ", ".join("%.3f" % x["accuracy"] for x in runs),
                      "%.3f" % d["gate"]["median_final"][model], ", ".join("%.3f" % b for b in best)])
     g = d["gate"]
-    rows.append(["gate", "", "MHA(1) fails: %s; MHA(2) succeeds: %s" % (g["mha_h1_fails"], g["mha_h2_succeeds"]),
+    rows.append(["gate", "", "%s fails: %s; %s succeeds: %s" % (roles[0], g["mha_h1_fails"], roles[1], g["mha_h2_succeeds"]),
                  "passed" if g["passed"] else "not passed", ""])
     return table(["model", "parameters", "final accuracy per pilot seed (%d steps)" % d["steps"],
                   "median", "best evaluation per seed"], rows)
@@ -406,6 +407,7 @@ TABLES = {
     "long-docs-pairs": long_docs_pairs,
     "tts-probe": tts_probe,
     "patterns-pilot": patterns_pilot,
+    "patterns-v2-pilot": lambda d: patterns_pilot(d, "patterns_v2_results", ("MHA(2)", "MHA(4)")),
 }
 
 
