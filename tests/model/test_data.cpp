@@ -151,6 +151,29 @@ TEST(Synthetic, TwoHopAnswerIsTwoHopsAway) {
   }
 }
 
+// A sequence's tokens with its last target appended: every position's token.
+std::vector<int32_t> all_tokens(const Whole& w) {
+  std::vector<int32_t> x(w.tokens);
+  x.push_back(w.targets.back());
+  return x;
+}
+
+// The context of a pairs task read back from its tokens before `haystack`: each key id (1 ..
+// key_tokens) is followed by its value id ([value_base, answer_base)); keys are distinct.
+// Returns key id -> value index.
+std::map<int32_t, int32_t> context_values(const std::vector<int32_t>& x, int64_t haystack, int32_t key_tokens,
+                                          int32_t value_base, int32_t answer_base) {
+  std::map<int32_t, int32_t> value_of;
+  for (int64_t p = 0; p + 1 < haystack; ++p)
+    if (x[p] >= 1 && x[p] <= key_tokens) {
+      EXPECT_TRUE(x[p + 1] >= value_base && x[p + 1] < answer_base) << "a key is followed by its value, at " << p;
+      EXPECT_EQ(value_of.count(x[p]), 0u) << "keys are distinct, at " << p;
+      value_of[x[p]] = x[p + 1] - value_base;
+      ++p;
+    }
+  return value_of;
+}
+
 // The ordered-pair task read back from the tokens alone: the context's (key, value) pairs, the
 // two queried keys, and an answer that must be value_tokens * v(k1) + v(k2) after the values.
 TEST(Synthetic, OrderedPairAnswerIsTheOrderedPair) {
@@ -165,17 +188,9 @@ TEST(Synthetic, OrderedPairAnswerIsTheOrderedPair) {
   int64_t ordered_differs = 0;
   for (int64_t s = 0; s < 200; ++s) {
     const Whole w = whole(*src, s);
-    std::vector<int32_t> x(w.tokens);
-    x.push_back(w.targets.back());
+    const std::vector<int32_t> x = all_tokens(w);
     const int64_t haystack = N + 1 - 4 * spec.queries;
-    std::map<int32_t, int32_t> value_of;  // key id -> value id
-    for (int64_t p = 0; p + 1 < haystack; ++p)
-      if (x[p] >= 1 && x[p] <= 16) {
-        ASSERT_TRUE(x[p + 1] >= 17 && x[p + 1] < answer_base) << "a key is followed by its value";
-        ASSERT_EQ(value_of.count(x[p]), 0u) << "keys are distinct, sequence " << s;
-        value_of[x[p]] = x[p + 1] - 17;
-        ++p;
-      }
+    std::map<int32_t, int32_t> value_of = context_values(x, haystack, 16, 17, answer_base);
     ASSERT_EQ(value_of.size(), 4u) << "sequence " << s;
     for (int64_t j = 0; j < spec.queries; ++j) {
       const int64_t p = haystack + 4 * j;
@@ -209,16 +224,9 @@ TEST(Synthetic, OrderedTupleAnswerIsTheTuple) {
   std::set<int32_t> answers;
   for (int64_t s = 0; s < 200; ++s) {
     const Whole w = whole(*src, s);
-    std::vector<int32_t> x(w.tokens);
-    x.push_back(w.targets.back());
+    const std::vector<int32_t> x = all_tokens(w);
     const int64_t haystack = N + 1 - 5 * spec.queries;
-    std::map<int32_t, int32_t> value_of;
-    for (int64_t p = 0; p + 1 < haystack; ++p)
-      if (x[p] >= 1 && x[p] <= 16) {
-        ASSERT_TRUE(x[p + 1] >= value_base && x[p + 1] < answer_base) << "a key is followed by its value";
-        value_of[x[p]] = x[p + 1] - value_base;
-        ++p;
-      }
+    std::map<int32_t, int32_t> value_of = context_values(x, haystack, 16, value_base, answer_base);
     ASSERT_EQ(value_of.size(), 6u) << "sequence " << s;
     for (int64_t j = 0; j < spec.queries; ++j) {
       const int64_t p = haystack + 5 * j;
