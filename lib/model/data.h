@@ -146,11 +146,12 @@ std::shared_ptr<TokenSource> make_needle_depth_source(const MultiKeySpec& spec, 
 inline constexpr const char* kTokenChecksumAttribute = "iha_sum64_v1";
 
 // Opens an HDF5 token file; errors name the file and dataset (missing, wrong dtype or rank,
-// no vocab_size, vocab_size above the model's (named `model_vocab_name`, as the caller calls it), too short for one sequence; doc_starts not
+// no vocab_size, vocab_size above the model's, too short for one sequence; doc_starts not
 // int64, not 1-D, empty, first not 0, not strictly ascending, or out of range; ids that do not
-// match the writer's checksum). Ids are checked against vocab_size when the file opens and
-// as they are read. doc_starts is held in memory (8 bytes a
-// document).
+// match the writer's checksum). The model's vocabulary is named `model_vocab_name`, as the
+// caller names it (the configuration module: "config key 'model.vocab_size'"). Ids are
+// checked against vocab_size when the file opens and as they are read. doc_starts is held in
+// memory (8 bytes a document).
 std::shared_ptr<TokenSource> open_token_file(const std::string& path, const std::string& dataset,
                                              int64_t N, int64_t model_vocab,
                                              const std::string& model_vocab_name = "model_vocab");

@@ -105,7 +105,8 @@ def main():
         d = os.path.join(r.out, name)
         r.stage(name, "train", "configs/demo.yaml", [
             ("mesh.sp", "1"), ("sequence.length", str(a.length)), ("model.layers", str(len(design["pattern"]))),
-            ("model.pattern", design["pattern"]), ("model.H", str(model[1])), ("model.d", str(design["d"])), ("train.steps", str(a.steps)), ("optim.lr", a.lr),
+            ("model.pattern", design["pattern"]), ("model.H", str(model[1])), ("model.d", str(design["d"])),
+            ("train.steps", str(a.steps)), ("optim.lr", a.lr),
             ("optim.min_lr", a.lr), ("optim.warmup_steps", "1" if a.smoke else "30"),
             ("train.batch_size", str(a.batch)), ("train.micro_batch", str(a.batch)), ("train.seed", str(seed)),
             ("data.seed", str(seed)), ("eval.every", str(every)), ("eval.sequences", str(sequences)),
