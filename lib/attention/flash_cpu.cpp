@@ -138,6 +138,24 @@ class TileProducts {
     return buf;
   }
 
+  // scores() followed by exp_shift(row r, shift[r]) on every row whose shift is not -inf
+  // (those hold unspecified values), in one pass with the kernels.
+  T* scores_exp(const T* a, int64_t nr, const T* x, const Panels& x_panels, int64_t c0, int64_t nc, T alpha,
+                const T* shift, T* buf, int64_t ld) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (kernels_) {
+        const int64_t p0 = c0 / detail::kPanel, p1 = (c0 + nc + detail::kPanel - 1) / detail::kPanel;
+        detail::scores_exp_nt(a, d_, nr, x_panels.data.get(), d_, p0 - x_panels.first, p1 - p0, alpha, shift, buf,
+                              ld);
+        return buf + (c0 - p0 * detail::kPanel);
+      }
+    }
+    T* s = scores(a, nr, x, x_panels, c0, nc, alpha, buf, ld);
+    for (int64_t r = 0; r < nr; ++r)
+      if (shift[r] != neg_inf<T>()) exp_shift(s + r * ld, nc, shift[r]);
+    return s;
+  }
+
   // out[i][:] += sum_{j < n} w(i, j) x[j][:] for i < rows, where w(i, j) = w[i * ld + j], or
   // w[j * ld + i] when transposed; x and out row-major with d columns.
   void accumulate(const T* w, int64_t ld, bool transposed, int64_t rows, int64_t n, const T* x,
@@ -239,7 +257,9 @@ FlashStats flash_forward(const MaskSpec& mask, int64_t d, const T* q, const int6
           std::fill(sr, sr + b.nc, T(0));
           continue;
         }
-        const T rescale = row_max[ri] == neg_inf<T>() ? T(0) : std::exp(row_max[ri] - mx);
+        // exp(0) = 1 exactly: a row whose maximum did not move (most rows of most blocks)
+        // skips the scalar exp.
+        const T rescale = row_max[ri] == neg_inf<T>() ? T(0) : row_max[ri] == mx ? T(1) : std::exp(row_max[ri] - mx);
         row_sum[ri] = row_sum[ri] * rescale + exp_shift_sum(sr, b.nc, mx);
         row_max[ri] = mx;
         if (rescale != T(1)) {
@@ -312,8 +332,11 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
   auto block = [&](const Block& b) {
     const int64_t nr = b.nr, nc = b.nc;
     zero_keys_below(b.c0 + nc);
-    T* ab = tp.scores(q + b.r0 * d, nr, k, k_panels, b.c0, nc, scale, a.data(), lds);
-    if (b.mask == TileMask::partial) mask_tile(mask, q_pos, b.r0, nr, k_pos + b.c0, nc, ab, lds);
+    // A fully visible block needs no mask between the scores and the exp: one fused pass.
+    const bool fused = b.mask == TileMask::full;
+    T* ab = fused ? tp.scores_exp(q + b.r0 * d, nr, k, k_panels, b.c0, nc, scale, lse + b.r0, a.data(), lds)
+                  : tp.scores(q + b.r0 * d, nr, k, k_panels, b.c0, nc, scale, a.data(), lds);
+    if (!fused) mask_tile(mask, q_pos, b.r0, nr, k_pos + b.c0, nc, ab, lds);
     for (int64_t r = 0; r < nr; ++r) {
       T* ar = ab + r * lds;
       const T l = lse[b.r0 + r];
@@ -321,7 +344,7 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
         std::fill(ar, ar + nc, T(0));
         continue;
       }
-      exp_shift(ar, nc, l);
+      if (!fused) exp_shift(ar, nc, l);
     }
     tp.accumulate(ab, lds, true, nc, nr, dout + b.r0 * d, dv + b.c0 * d);
     T* dab = tp.scores(dout + b.r0 * d, nr, v, v_panels, b.c0, nc, T(1), da.data(), lds);

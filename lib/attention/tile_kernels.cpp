@@ -1,6 +1,7 @@
 #include "attention/tile_kernels.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "attention/kernels_avx2.h"
 #include "attention/kernels_avx512.h"
@@ -34,6 +35,21 @@ void scores_nt(const float* a, int64_t lda, int64_t rows, const float* panels, i
   }
 #if IHA_HAVE_AVX2_KERNELS
   avx2::scores_nt(a, lda, rows, panels, d, p0, npanels, scale, s, lds);
+#endif
+}
+
+void scores_exp_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d,
+                   int64_t p0, int64_t npanels, float scale, const float* shift, float* s, int64_t lds) {
+  IHA_CHECK(tile_kernels_available(d), "tile kernels called at CPU level ", to_string(cpu_level()), " with d=", d);
+  if (cpu_level() == CpuLevel::avx512) {
+    // No fused kernel at AVX-512: the two passes, whose second is cheap at 16 lanes.
+    avx512::scores_nt(a, lda, rows, panels, d, p0, npanels, scale, s, lds);
+    for (int64_t r = 0; r < rows; ++r)
+      if (shift[r] != -std::numeric_limits<float>::infinity()) avx512::exp_shift(s + r * lds, npanels * kPanel, shift[r]);
+    return;
+  }
+#if IHA_HAVE_AVX2_KERNELS
+  avx2::scores_exp_nt(a, lda, rows, panels, d, p0, npanels, scale, shift, s, lds);
 #endif
 }
 

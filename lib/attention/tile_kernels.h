@@ -17,7 +17,8 @@
 //
 // Threading: pure functions of their arguments; callers own all buffers.
 // defines: iha::detail::tile_kernels_available, iha::detail::kPanel, iha::detail::panel_floats,
-//          iha::detail::pack_panels, iha::detail::scores_nt, iha::detail::accumulate_nn
+//          iha::detail::pack_panels, iha::detail::scores_nt, iha::detail::scores_exp_nt,
+//          iha::detail::accumulate_nn
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,14 @@ void pack_panels(const float* x, int64_t n, int64_t d, float* out);
 // is given as panels (panel p0 first). a has row stride lda; s has row stride lds.
 void scores_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d,
                int64_t p0, int64_t npanels, float scale, float* s, int64_t lds);
+
+// s[r][c] = exp(scores_nt's s[r][c] - shift[r]): the same bits as scores_nt followed by
+// exp_shift (vexp.h) on each row, in one pass where the level has a fused kernel (AVX2: the
+// exp in the register block's epilogue, the scores never stored and reloaded). Rows whose
+// shift is -inf hold unspecified values: the caller overwrites them.
+void scores_exp_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d,
+                   int64_t p0, int64_t npanels, float scale, const float* shift, float* s,
+                   int64_t lds);
 
 // out[i][:] += sum_{j < n} w[i * wi + j * wj] * x[j][:], for i < rows; x and out have d
 // columns (d % 16 == 0) and row strides ldx, ldo. The strides on w let one kernel serve

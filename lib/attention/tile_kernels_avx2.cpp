@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "attention/exp8_avx2.h"
 #include "attention/tile_kernels.h"
 
 namespace iha::detail::avx2 {
@@ -22,9 +23,11 @@ constexpr int kRows = 6;
 constexpr int kVecs = 2;  // 8-lane vectors per block: kPanel lanes
 static_assert(kVecs * 8 == kPanel, "a block spans one panel");
 
+// shift == nullptr: s = scale acc. Otherwise s = exp(scale acc - shift[r]), the operations
+// of scores_nt followed by exp_shift in the same order (same bits), without the second pass.
 template <int R>
-void scores_block(const float* a, int64_t lda, const float* panel, int64_t d, float scale, float* s,
-                  int64_t lds) {
+void scores_block(const float* a, int64_t lda, const float* panel, int64_t d, float scale, const float* shift,
+                  float* s, int64_t lds) {
   __m256 acc[R][kVecs];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
@@ -40,9 +43,18 @@ void scores_block(const float* a, int64_t lda, const float* panel, int64_t d, fl
     }
   }
   const __m256 sc = _mm256_set1_ps(scale);
+  if (shift == nullptr) {
 #pragma GCC unroll 6
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(s + r * lds + v * 8, _mm256_mul_ps(acc[r][v], sc));
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(s + r * lds + v * 8, _mm256_mul_ps(acc[r][v], sc));
+    return;
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    const __m256 sh = _mm256_set1_ps(shift[r]);
+    for (int v = 0; v < kVecs; ++v)
+      _mm256_storeu_ps(s + r * lds + v * 8, exp8_shifted(_mm256_sub_ps(_mm256_mul_ps(acc[r][v], sc), sh)));
+  }
 }
 
 template <int R>
@@ -67,7 +79,7 @@ void accumulate_block(const float* w, int64_t wi, int64_t wj, int64_t n, const f
     for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(out + r * ldo + v * 8, acc[r][v]);
 }
 
-using ScoresFn = void (*)(const float*, int64_t, const float*, int64_t, float, float*, int64_t);
+using ScoresFn = void (*)(const float*, int64_t, const float*, int64_t, float, const float*, float*, int64_t);
 using AccumulateFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*,
                               int64_t);
 
@@ -77,17 +89,28 @@ constexpr ScoresFn kScores[kRows] = {scores_block<1>, scores_block<2>, scores_bl
 constexpr AccumulateFn kAccumulate[kRows] = {accumulate_block<1>, accumulate_block<2>, accumulate_block<3>,
                                              accumulate_block<4>, accumulate_block<5>, accumulate_block<6>};
 
+// Row blocks outside, panels inside: a block's rows of `a` (6 x d floats) stay in L1 while
+// the panels stream past them.
+void scores_rows(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d, int64_t p0,
+                 int64_t npanels, float scale, const float* shift, float* s, int64_t lds) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const int64_t nr = std::min<int64_t>(kRows, rows - r0);
+    for (int64_t p = 0; p < npanels; ++p)
+      kScores[nr - 1](a + r0 * lda, lda, panels + (p0 + p) * kPanel * d, d, scale,
+                      shift == nullptr ? nullptr : shift + r0, s + r0 * lds + p * kPanel, lds);
+  }
+}
+
 }  // namespace
 
 void scores_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d, int64_t p0,
                int64_t npanels, float scale, float* s, int64_t lds) {
-  // Row blocks outside, panels inside: a block's rows of `a` (6 x d floats) stay in L1 while
-  // the panels stream past them.
-  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-    const int64_t nr = std::min<int64_t>(kRows, rows - r0);
-    for (int64_t p = 0; p < npanels; ++p)
-      kScores[nr - 1](a + r0 * lda, lda, panels + (p0 + p) * kPanel * d, d, scale, s + r0 * lds + p * kPanel, lds);
-  }
+  scores_rows(a, lda, rows, panels, d, p0, npanels, scale, nullptr, s, lds);
+}
+
+void scores_exp_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d, int64_t p0,
+                   int64_t npanels, float scale, const float* shift, float* s, int64_t lds) {
+  scores_rows(a, lda, rows, panels, d, p0, npanels, scale, shift, s, lds);
 }
 
 void accumulate_nn(const float* w, int64_t wi, int64_t wj, int64_t rows, int64_t n, const float* x,

@@ -8,6 +8,8 @@
 #include <immintrin.h>
 #include <sleef.h>
 
+#include "attention/exp8_avx2.h"
+
 #include <cmath>
 
 namespace iha::detail::avx2 {
@@ -121,10 +123,10 @@ void exp_shift(float* x, int64_t n, float shift) {
   const __m256 s = _mm256_set1_ps(shift);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(x + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)));
+    _mm256_storeu_ps(x + i, exp8_shifted(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)));
   if (i < n) {
     const __m256i k = tail_mask32(n - i);
-    _mm256_maskstore_ps(x + i, k, exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, k), s)));
+    _mm256_maskstore_ps(x + i, k, exp8_shifted(_mm256_sub_ps(_mm256_maskload_ps(x + i, k), s)));
   }
 }
 
@@ -144,13 +146,13 @@ float exp_shift_sum(float* x, int64_t n, float shift) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    const __m256 e = exp8_shifted(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
     _mm256_storeu_ps(x + i, e);
     acc = _mm256_add_ps(acc, e);
   }
   if (i < n) {
     const __m256i k = tail_mask32(n - i);
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, k), s));
+    const __m256 e = exp8_shifted(_mm256_sub_ps(_mm256_maskload_ps(x + i, k), s));
     _mm256_maskstore_ps(x + i, k, e);
     acc = _mm256_add_ps(acc, _mm256_and_ps(e, _mm256_castsi256_ps(k)));  // the lanes past n add +0
   }

@@ -62,6 +62,39 @@ TEST(TileKernels, ScoresMatchPlainFmaLoop) {
   }
 }
 
+// scores_exp_nt: the same bits as scores_nt followed by exp_shift on each row, at every
+// level, for every row count, panel count and offset; a row whose shift is -inf is the
+// caller's to overwrite and is not compared. Shifts at and below the rows' maxima, so the
+// exp sees arguments <= 0 as in the flash backward, and some far below (results near 0).
+TEST(TileKernels, ScoresExpMatchScoresThenExpShift) {
+  for (int64_t d : {16, 64}) {
+    const int64_t n = 75, lda = d + 3;
+    const auto x = randn_f(n * d, 11), a = randn_f(13 * lda, 12);
+    std::vector<float> panels(detail::panel_floats(n, d));
+    detail::pack_panels(x.data(), n, d, panels.data());
+    const float scale = 0.125f;
+    for (int64_t rows = 1; rows <= 13; ++rows)
+      for (int64_t p0 : {0, 2})
+        for (int64_t np = 1; p0 + np <= 5; ++np) {
+          const int64_t cols = np * detail::kPanel, lds = cols + 5;
+          std::vector<float> want(rows * lds, -7.0f), got(rows * lds, -7.0f), shift(rows);
+          detail::scores_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, want.data(), lds);
+          for (int64_t r = 0; r < rows; ++r) {
+            shift[r] = max_of(want.data() + r * lds, cols, -1e30f) + (r % 3 == 1 ? 2.5f : 0.0f) + (r % 5 == 4 ? 80.0f : 0.0f);
+            if (r == 2) shift[r] = -std::numeric_limits<float>::infinity();
+            else exp_shift(want.data() + r * lds, cols, shift[r]);
+          }
+          detail::scores_exp_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, shift.data(), got.data(), lds);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < lds; ++c) {
+              if (r == 2 && c < cols) continue;
+              ASSERT_EQ(got[r * lds + c], want[r * lds + c]) << "d=" << d << " rows=" << rows << " p0=" << p0
+                                                             << " np=" << np << " r=" << r << " c=" << c;
+            }
+        }
+  }
+}
+
 // accumulate_nn: out's value, then one FMA per j in increasing order, for W X and W^T X.
 TEST(TileKernels, AccumulateMatchesPlainFmaLoop) {
   for (int64_t d : {16, 64, 80}) {
@@ -135,6 +168,27 @@ void check_row_ops() {
       EXPECT_EQ(sum, T(0));
     }
     for (int64_t i = n; i < n + 20; ++i) ASSERT_EQ(x[i], sentinel) << "exp_shift_sum wrote past n=" << n;
+
+    // Arguments at the ends of exp_shift's range: 0 gives 1, a normal result stays within 2
+    // ulp, and below -87.68 (true value under 2^-126) the result is +0 at AVX2 and the
+    // subnormal at AVX-512: either way at most 2^-126 from the true value.
+    if (n == 8) {
+      std::vector<T> e = {T(0), T(-1e-30), T(-50), T(-87), T(-87.5), T(-88), T(-100), T(-1000)};
+      const T shifted_sum = exp_shift_sum(e.data(), n, T(0));
+      EXPECT_EQ(e[0], T(1));
+      EXPECT_EQ(e[1], T(1));
+      for (int i = 2; i < 4; ++i) EXPECT_LE(rel_eps(e[i], std::exp(-double(i == 2 ? 50 : 87))), 2.0) << i;
+      const double tiny = std::ldexp(1.0, -126);
+      EXPECT_LE(std::abs(double(e[4]) - std::exp(-87.5)), tiny * 1e-6 + std::exp(-87.5) * 4 * std::numeric_limits<float>::epsilon());
+      for (int i = 5; i < 8; ++i) {
+        EXPECT_GE(e[i], T(0)) << i;
+        EXPECT_LE(double(e[i]), tiny) << i;
+      }
+      double written = 0;
+      for (T v : e) written += double(v);
+      EXPECT_LE(std::abs(double(shifted_sum) - written), 8 * std::numeric_limits<T>::epsilon() * written)
+          << "the sum of the values written";
+    }
 
     // exp_shift: the same values as exp_shift_sum (one implementation per level).
     std::vector<T> y = x0;
