@@ -351,12 +351,19 @@ ConfigNode ConfigNode::child(const std::string& key) const {
   return c;
 }
 
+void ConfigNode::inapplicable(const std::vector<std::string>& keys, const std::string& why) const {
+  for (const auto& k : keys) (*why_unused_)[k] = why;
+}
+
 void ConfigNode::finish() const {
   const YAML::Node& n = node_->node;
   if (n && n.IsMap()) {
     for (const auto& kv : n) {
       const std::string k = kv.first.as<std::string>();
-      if (!used_->count(k)) throw ConfigError("unknown config key '" + key_path(k) + "'");
+      if (used_->count(k)) continue;
+      if (auto it = why_unused_->find(k); it != why_unused_->end())
+        throw ConfigError("config key '" + key_path(k) + "' " + it->second);
+      throw ConfigError("unknown config key '" + key_path(k) + "'");
     }
   }
   for (const auto& c : *children_) c.finish();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -39,7 +40,12 @@ class ConfigNode {
   // How messages name `key` of this mapping: "config key 'a.b'".
   std::string key_name(const std::string& key) const { return "config key '" + key_path(key) + "'"; }
   const std::string& path() const { return path_; }
-  // Throws ConfigError "unknown config key 'a.b'" for any key never read, recursively.
+  // Keys this mapping knows but does not read in the configuration at hand (a setting of
+  // another data kind, say): finish() names such a key present with `why` ("config key
+  // 'data.pairs' <why>") instead of calling it unknown.
+  void inapplicable(const std::vector<std::string>& keys, const std::string& why) const;
+  // Throws ConfigError "unknown config key 'a.b'" for any key never read, recursively (or the
+  // inapplicable() reason, for such a key).
   void finish() const;
 
   // Apply an "a.b.c=value" override (value parsed as YAML) onto this mapping, in place: every
@@ -56,6 +62,7 @@ class ConfigNode {
   std::shared_ptr<const Document> node_;
   std::string path_;
   std::shared_ptr<std::set<std::string>> used_ = std::make_shared<std::set<std::string>>();
+  std::shared_ptr<std::map<std::string, std::string>> why_unused_ = std::make_shared<std::map<std::string, std::string>>();
   std::shared_ptr<std::vector<ConfigNode>> children_ = std::make_shared<std::vector<ConfigNode>>();
 };
 

@@ -140,8 +140,27 @@ void parse_optim_section(const ConfigNode& optim, RunConfig& c) {
   if (!optim.has("prefetch")) c.optim.prefetch = c.device == Device::cuda;
 }
 
+// The data kinds that read each kind-specific key of the data and eval sections: a key of
+// another kind is named with the kinds that read it, not called unknown.
+const std::vector<std::pair<std::string, std::string>> kDataKeyKinds = {
+    {"seed", "multikey, orderedpair and twohop"}, {"pairs", "multikey and orderedpair"},
+    {"queries", "multikey, orderedpair and twohop"}, {"key_tokens", "multikey and orderedpair"},
+    {"value_tokens", "multikey and orderedpair"}, {"loss_on", "multikey, orderedpair and twohop"},
+    {"asked", "orderedpair"}, {"chains", "twohop"}, {"entity_tokens", "twohop"},
+    {"path", "hdf5"}, {"dataset", "hdf5"}};
+const std::vector<std::pair<std::string, std::string>> kEvalKeyKinds = {
+    {"queries", "multikey, orderedpair and twohop"}, {"path", "hdf5"}};
+
+void mark_other_kinds(const ConfigNode& section, const std::vector<std::pair<std::string, std::string>>& table,
+                      const std::string& kind) {
+  for (const auto& [key, kinds] : table)
+    section.inapplicable({key}, "is read only with data.kind " + kinds + "; this run's data.kind is '" + kind +
+                                    "': remove the key");
+}
+
 void parse_data_section(const ConfigNode& data, RunConfig& c) {
   c.data.kind = data.get<std::string>("kind", "multikey");
+  mark_other_kinds(data, kDataKeyKinds, c.data.kind);
   if (c.data.kind == "multikey" || c.data.kind == "orderedpair") {
     c.data.seed = static_cast<uint64_t>(non_negative(data, "seed", 1));
     MultiKeySpec& m = c.data.multikey;
@@ -171,6 +190,7 @@ void parse_eval_section(const ConfigNode& ev, RunConfig& c) {
   c.eval.every = non_negative(ev, "every", 0);
   c.eval.sequences = non_negative(ev, "sequences", c.eval.sequences);
   c.eval.batch = positive(ev, "batch", c.eval.batch);
+  mark_other_kinds(ev, kEvalKeyKinds, c.data.kind);
   if (c.data.kind == "hdf5") {
     c.eval.path = ev.get<std::string>("path", "");
   } else {

@@ -157,8 +157,16 @@ TEST(IhaTrain, BadDataFilesNameTheFile) {
   iha::test::write_raw_token_file(f, raw);
   expect_config_error(demo(hdf5), "has id 47");
   expect_config_error(demo("--set 'eval={sequences: 0}' --set 'data={kind: hdf5}'"), "'data.path' is required");
-  // A synthetic-only key under HDF5 data is unknown there.
-  expect_config_error(demo("--set 'data={kind: hdf5, path: " + f + "}'"), "unknown config key 'eval.queries'");
+  // A synthetic-only key under HDF5 data is named with the kinds that read it, not as unknown;
+  // so is another kind's key under a synthetic kind.
+  expect_config_error(demo("--set 'data={kind: hdf5, path: " + f + "}'"),
+                      "config key 'eval.queries' is read only with data.kind multikey, orderedpair and twohop; "
+                      "this run's data.kind is 'hdf5'");
+  expect_config_error(demo("--set 'eval={sequences: 0}' --set 'data={kind: hdf5, path: " + f + ", pairs: 3}'"),
+                      "config key 'data.pairs' is read only with data.kind multikey and orderedpair");
+  expect_config_error(demo("--set data.asked=2"), "config key 'data.asked' is read only with data.kind orderedpair; "
+                                                  "this run's data.kind is 'multikey'");
+  expect_config_error(demo("--set data.bogus=2"), "unknown config key 'data.bogus'");
   std::filesystem::remove(f);
 }
 
