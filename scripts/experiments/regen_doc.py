@@ -363,6 +363,22 @@ def tts_probe(data):
                   for arm, f in d["flops_per_step"].items()])
 
 
+def tts_pilot(data):
+    """Section 4.3's pilot: per arm and rate the solved step of each pilot seed (or capped), the
+    median FLOPs to solve, and the rate the declared rule chose."""
+    d = data("time_to_solve_results")
+    rows = []
+    for arm in d["flops_per_step"]:
+        for rate in d["rates"]:
+            runs = sorted((x for x in d["pilot"] if x["arm"] == arm and x["rate"] == rate), key=lambda x: x["seed"])
+            rows.append([arm, rate, ", ".join("capped (%d)" % d["cap_steps"][arm] if x["capped"] else str(x["solved_step"])
+                                              for x in runs),
+                         "%.2f" % (d["pilot_median_flops"][arm][rate] / 1e12),
+                         "**chosen**" if d["chosen_rate"][arm] == rate else ""])
+    return table(["arm", "lr", "solved step, seeds %s" % ", ".join(str(s) for s in d["pilot_seeds"]),
+                  "median TFLOP to solve", "rule"], rows)
+
+
 def patterns_pilot(data, name="patterns_results", roles=("MHA(1)", "MHA(2)")):
     """The pilot of a section 4.4 design; roles: how the gate names MHA(H) and MHA(2H)."""
     d = data(name)
@@ -406,6 +422,7 @@ TABLES = {
     "long-docs-drop": long_docs_drop,
     "long-docs-pairs": long_docs_pairs,
     "tts-probe": tts_probe,
+    "tts-pilot": tts_pilot,
     "patterns-pilot": patterns_pilot,
     "patterns-v2-pilot": lambda d: patterns_pilot(d, "patterns_v2_results", ("MHA(2)", "MHA(4)")),
 }
