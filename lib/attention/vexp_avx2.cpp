@@ -65,14 +65,7 @@ __m256 exp8(__m256 x) {
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693147182464599609375f), x);  // float(ln 2)
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-1.904654299957768e-09f), r);           // ln 2 - float(ln 2)
-  __m256 p = _mm256_set1_ps(1.0f / 5040);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256 p = exp_taylor7(r);
   // n in [-159, 129]: 2^n = 2^n1 2^n2 with n1 = floor(n / 2), both factors normal floats.
   const __m256i ni = _mm256_cvtps_epi32(n);
   const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
