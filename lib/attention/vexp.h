@@ -3,9 +3,9 @@
 // vexp_avx512.cpp, dispatched in vexp.cpp: the flash kernels' inner loops. exp is SLEEF's
 // 1.0-ULP variant, except float at AVX2, an inlined exp within 1 ulp (vexp_avx2.cpp; in
 // exp_shift and exp_shift_sum the shorter exp8_shifted of exp8_avx2.h, whose results below
-// 2^-126 are +0). exp(-inf) = 0 and NaN stays NaN, as the -inf masking needs. Sums are taken in a fixed order
-// (per-lane partial sums, then a fixed reduction), so results are bitwise reproducible
-// at one CPU level (levels differ in the last bits: other exp, other lane counts).
+// 2^-126 are +0). exp(-inf) = 0 and NaN stays NaN, as the -inf masking needs. Sums are taken
+// in a fixed order (per-lane partial sums, then a fixed reduction), so results are bitwise
+// reproducible at one CPU level (levels differ in the last bits: other exp, other lane counts).
 // defines: iha::exp_inplace, iha::max_of, iha::exp_shift, iha::exp_shift_sum
 #pragma once
 

@@ -8,9 +8,9 @@
 #include <immintrin.h>
 #include <sleef.h>
 
-#include "attention/exp8_avx2.h"
-
 #include <cmath>
+
+#include "attention/exp8_avx2.h"
 
 namespace iha::detail::avx2 {
 
