@@ -20,6 +20,7 @@
 #include <limits>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attention/flash.h"
@@ -129,8 +130,8 @@ class TileProducts {
             T* buf, int64_t ld) const {
     if constexpr (std::is_same_v<T, float>) {
       if (kernels_) {
-        const int64_t p0 = c0 / detail::kPanel, p1 = (c0 + nc + detail::kPanel - 1) / detail::kPanel;
-        detail::scores_nt(a, d_, nr, x_panels.data.get(), d_, p0 - x_panels.first, p1 - p0, alpha, buf, ld);
+        const auto [p0, np] = panel_span(c0, nc);
+        detail::scores_nt(a, d_, nr, x_panels.data.get(), d_, p0 - x_panels.first, np, alpha, buf, ld);
         return buf + (c0 - p0 * detail::kPanel);
       }
     }
@@ -144,9 +145,8 @@ class TileProducts {
                 const T* shift, T* buf, int64_t ld) const {
     if constexpr (std::is_same_v<T, float>) {
       if (kernels_) {
-        const int64_t p0 = c0 / detail::kPanel, p1 = (c0 + nc + detail::kPanel - 1) / detail::kPanel;
-        detail::scores_exp_nt(a, d_, nr, x_panels.data.get(), d_, p0 - x_panels.first, p1 - p0, alpha, shift, buf,
-                              ld);
+        const auto [p0, np] = panel_span(c0, nc);
+        detail::scores_exp_nt(a, d_, nr, x_panels.data.get(), d_, p0 - x_panels.first, np, alpha, shift, buf, ld);
         return buf + (c0 - p0 * detail::kPanel);
       }
     }
@@ -170,6 +170,13 @@ class TileProducts {
   }
 
  private:
+  // The panels [p0, p0 + np) that hold columns [c0, c0 + nc): the scores kernels write whole
+  // panels, so the block's column 0 sits at c0 - p0 * kPanel inside the output.
+  static std::pair<int64_t, int64_t> panel_span(int64_t c0, int64_t nc) {
+    const int64_t p0 = c0 / detail::kPanel, p1 = (c0 + nc + detail::kPanel - 1) / detail::kPanel;
+    return {p0, p1 - p0};
+  }
+
   int64_t d_;
   bool kernels_;
 };
