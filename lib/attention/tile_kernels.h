@@ -54,7 +54,8 @@ void scores_exp_nt(const float* a, int64_t lda, int64_t rows, const float* panel
 
 // out[i][:] += sum_{j < n} w[i * wi + j * wj] * x[j][:], for i < rows; x and out have d
 // columns (d % 16 == 0) and row strides ldx, ldo. The strides on w let one kernel serve
-// W X (wi = ldw, wj = 1) and W^T X (wi = 1, wj = ldw).
+// W X (wi = ldw, wj = 1) and W^T X (wi = 1, wj = ldw); one of wi, wj must be 1 (each level
+// compiles the two layouts separately, so the inner loop does no address arithmetic).
 void accumulate_nn(const float* w, int64_t wi, int64_t wj, int64_t rows, int64_t n,
                    const float* x, int64_t ldx, int64_t d, float* out, int64_t ldo);
 

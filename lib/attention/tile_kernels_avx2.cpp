@@ -32,12 +32,15 @@ void scores_block(const float* a, int64_t lda, const float* panel, int64_t d, fl
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm256_setzero_ps();
+  const float* ar[R];  // row pointers: one address register per row, no per-k arithmetic
+  for (int r = 0; r < R; ++r) ar[r] = a + r * lda;
+#pragma GCC unroll 4
   for (int64_t k = 0; k < d; ++k) {
     const __m256 b0 = _mm256_loadu_ps(panel + k * kPanel);
     const __m256 b1 = _mm256_loadu_ps(panel + k * kPanel + 8);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
-      const __m256 x = _mm256_broadcast_ss(a + r * lda + k);
+      const __m256 x = _mm256_broadcast_ss(ar[r] + k);
       acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
       acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
     }
@@ -57,19 +60,26 @@ void scores_block(const float* a, int64_t lda, const float* panel, int64_t d, fl
   }
 }
 
-template <int R>
-void accumulate_block(const float* w, int64_t wi, int64_t wj, int64_t n, const float* x, int64_t ldx,
-                      float* out, int64_t ldo) {
+// w(r, j) = w[r * ldw + j], or w[j * ldw + r] when kTransposed. The two layouts are separate
+// instantiations so that the inner loop's addresses are a base register plus a constant (or
+// one index) instead of a multiply-add per element: with runtime strides the loop spent about
+// 6 integer operations per 12 FMAs recomputing row addresses.
+template <int R, bool kTransposed>
+void accumulate_block(const float* w, int64_t ldw, int64_t n, const float* x, int64_t ldx, float* out,
+                      int64_t ldo) {
   __m256 acc[R][kVecs];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm256_loadu_ps(out + r * ldo + v * 8);
+  const float* wr[R];
+  for (int r = 0; r < R; ++r) wr[r] = w + r * ldw;
+#pragma GCC unroll 4
   for (int64_t j = 0; j < n; ++j) {
     const __m256 b0 = _mm256_loadu_ps(x + j * ldx);
     const __m256 b1 = _mm256_loadu_ps(x + j * ldx + 8);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
-      const __m256 c = _mm256_broadcast_ss(w + r * wi + j * wj);
+      const __m256 c = _mm256_broadcast_ss(kTransposed ? w + j * ldw + r : wr[r] + j);
       acc[r][0] = _mm256_fmadd_ps(c, b0, acc[r][0]);
       acc[r][1] = _mm256_fmadd_ps(c, b1, acc[r][1]);
     }
@@ -80,14 +90,15 @@ void accumulate_block(const float* w, int64_t wi, int64_t wj, int64_t n, const f
 }
 
 using ScoresFn = void (*)(const float*, int64_t, const float*, int64_t, float, const float*, float*, int64_t);
-using AccumulateFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*,
-                              int64_t);
+using AccumulateFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t);
 
 // [rows - 1]
 constexpr ScoresFn kScores[kRows] = {scores_block<1>, scores_block<2>, scores_block<3>,
                                      scores_block<4>, scores_block<5>, scores_block<6>};
-constexpr AccumulateFn kAccumulate[kRows] = {accumulate_block<1>, accumulate_block<2>, accumulate_block<3>,
-                                             accumulate_block<4>, accumulate_block<5>, accumulate_block<6>};
+template <bool kTransposed>
+constexpr AccumulateFn kAccumulate[kRows] = {
+    accumulate_block<1, kTransposed>, accumulate_block<2, kTransposed>, accumulate_block<3, kTransposed>,
+    accumulate_block<4, kTransposed>, accumulate_block<5, kTransposed>, accumulate_block<6, kTransposed>};
 
 // Row blocks outside, panels inside: a block's rows of `a` (6 x d floats) stay in L1 while
 // the panels stream past them.
@@ -115,10 +126,13 @@ void scores_exp_nt(const float* a, int64_t lda, int64_t rows, const float* panel
 
 void accumulate_nn(const float* w, int64_t wi, int64_t wj, int64_t rows, int64_t n, const float* x,
                    int64_t ldx, int64_t d, float* out, int64_t ldo) {
+  const bool transposed = wj != 1;  // tile_kernels.h: wi == 1 or wj == 1
+  const AccumulateFn* fns = transposed ? kAccumulate<true> : kAccumulate<false>;
+  const int64_t ldw = transposed ? wj : wi;
   for (int64_t c0 = 0; c0 < d; c0 += kPanel) {
     for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
       const int64_t nr = std::min<int64_t>(kRows, rows - r0);
-      kAccumulate[nr - 1](w + r0 * wi, wi, wj, n, x + c0, ldx, out + r0 * ldo + c0, ldo);
+      fns[nr - 1](w + r0 * wi, ldw, n, x + c0, ldx, out + r0 * ldo + c0, ldo);
     }
   }
 }

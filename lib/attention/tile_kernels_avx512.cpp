@@ -25,13 +25,17 @@ void scores_block(const float* a, int64_t lda, const float* panels, int64_t d, f
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  const float* ar[R];  // row pointers: one address register per row, no per-k arithmetic
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) ar[r] = a + r * lda;
+#pragma GCC unroll 4
   for (int64_t k = 0; k < d; ++k) {
     __m512 b[NP];
 #pragma GCC unroll 2
     for (int p = 0; p < NP; ++p) b[p] = _mm512_loadu_ps(panels + p * kPanel * d + k * kPanel);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 x = _mm512_set1_ps(a[r * lda + k]);
+      const __m512 x = _mm512_set1_ps(ar[r][k]);
 #pragma GCC unroll 2
       for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_fmadd_ps(x, b[p], acc[r][p]);
     }
@@ -43,21 +47,27 @@ void scores_block(const float* a, int64_t lda, const float* panels, int64_t d, f
     for (int p = 0; p < NP; ++p) _mm512_storeu_ps(s + r * lds + p * kPanel, _mm512_mul_ps(acc[r][p], sc));
 }
 
-template <int R, int V>
-void accumulate_block(const float* w, int64_t wi, int64_t wj, int64_t n, const float* x,
-                      int64_t ldx, float* out, int64_t ldo) {
+// w(r, j) = w[r * ldw + j], or w[j * ldw + r] when kTransposed: one instantiation per layout,
+// so the inner loop addresses w by a base register plus a constant (as in the AVX2 kernels).
+template <int R, int V, bool kTransposed>
+void accumulate_block(const float* w, int64_t ldw, int64_t n, const float* x, int64_t ldx,
+                      float* out, int64_t ldo) {
   __m512 acc[R][V];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_loadu_ps(out + r * ldo + v * 16);
+  const float* wr[R];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) wr[r] = w + r * ldw;
+#pragma GCC unroll 2
   for (int64_t j = 0; j < n; ++j) {
     __m512 b[V];
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) b[v] = _mm512_loadu_ps(x + j * ldx + v * 16);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
-      const __m512 c = _mm512_set1_ps(w[r * wi + j * wj]);
+      const __m512 c = _mm512_set1_ps(kTransposed ? w[j * ldw + r] : wr[r][j]);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(c, b[v], acc[r][v]);
     }
@@ -69,8 +79,8 @@ void accumulate_block(const float* w, int64_t wi, int64_t wj, int64_t n, const f
 }
 
 using ScoresFn = void (*)(const float*, int64_t, const float*, int64_t, float, float*, int64_t);
-using AccumulateFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t,
-                              float*, int64_t);
+using AccumulateFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*,
+                              int64_t);
 
 // [rows - 1][panels - 1]
 constexpr ScoresFn kScores[kScoreRows][kScorePanels] = {
@@ -80,13 +90,14 @@ constexpr ScoresFn kScores[kScoreRows][kScorePanels] = {
     {scores_block<7, 1>, scores_block<7, 2>}, {scores_block<8, 1>, scores_block<8, 2>}};
 
 // [rows - 1][vectors - 1]
+template <bool T>
 constexpr AccumulateFn kAccumulate[kAccRows][kAccVecs] = {
-    {accumulate_block<1, 1>, accumulate_block<1, 2>, accumulate_block<1, 3>, accumulate_block<1, 4>},
-    {accumulate_block<2, 1>, accumulate_block<2, 2>, accumulate_block<2, 3>, accumulate_block<2, 4>},
-    {accumulate_block<3, 1>, accumulate_block<3, 2>, accumulate_block<3, 3>, accumulate_block<3, 4>},
-    {accumulate_block<4, 1>, accumulate_block<4, 2>, accumulate_block<4, 3>, accumulate_block<4, 4>},
-    {accumulate_block<5, 1>, accumulate_block<5, 2>, accumulate_block<5, 3>, accumulate_block<5, 4>},
-    {accumulate_block<6, 1>, accumulate_block<6, 2>, accumulate_block<6, 3>, accumulate_block<6, 4>}};
+    {accumulate_block<1, 1, T>, accumulate_block<1, 2, T>, accumulate_block<1, 3, T>, accumulate_block<1, 4, T>},
+    {accumulate_block<2, 1, T>, accumulate_block<2, 2, T>, accumulate_block<2, 3, T>, accumulate_block<2, 4, T>},
+    {accumulate_block<3, 1, T>, accumulate_block<3, 2, T>, accumulate_block<3, 3, T>, accumulate_block<3, 4, T>},
+    {accumulate_block<4, 1, T>, accumulate_block<4, 2, T>, accumulate_block<4, 3, T>, accumulate_block<4, 4, T>},
+    {accumulate_block<5, 1, T>, accumulate_block<5, 2, T>, accumulate_block<5, 3, T>, accumulate_block<5, 4, T>},
+    {accumulate_block<6, 1, T>, accumulate_block<6, 2, T>, accumulate_block<6, 3, T>, accumulate_block<6, 4, T>}};
 
 }  // namespace
 
@@ -104,11 +115,14 @@ void scores_nt(const float* a, int64_t lda, int64_t rows, const float* panels, i
 
 void accumulate_nn(const float* w, int64_t wi, int64_t wj, int64_t rows, int64_t n,
                    const float* x, int64_t ldx, int64_t d, float* out, int64_t ldo) {
+  const bool transposed = wj != 1;  // tile_kernels.h: wi == 1 or wj == 1
+  const auto& fns = transposed ? kAccumulate<true> : kAccumulate<false>;
+  const int64_t ldw = transposed ? wj : wi;
   for (int64_t c0 = 0; c0 < d; c0 += kAccVecs * 16) {
     const int64_t nv = min_of(kAccVecs, (d - c0) / 16);
     for (int64_t r0 = 0; r0 < rows; r0 += kAccRows) {
       const int64_t nr = min_of(kAccRows, rows - r0);
-      kAccumulate[nr - 1][nv - 1](w + r0 * wi, wi, wj, n, x + c0, ldx, out + r0 * ldo + c0, ldo);
+      fns[nr - 1][nv - 1](w + r0 * wi, ldw, n, x + c0, ldx, out + r0 * ldo + c0, ldo);
     }
   }
 }
