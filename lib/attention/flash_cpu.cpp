@@ -156,6 +156,26 @@ class TileProducts {
     return s;
   }
 
+  // The backward's dS of a block: s[r][c] = scale (p[r][c] (t[r][c] - drow[r])) with
+  // t = scores(a, ..., 1, ...) and p the block's A (column 0 at p, row stride ldp, laid out as
+  // scores() returned it), in one pass with the kernels.
+  T* scores_ds(const T* a, int64_t nr, const T* x, const Panels& x_panels, int64_t c0, int64_t nc, T scale,
+               const T* p, int64_t ldp, const T* drow, T* buf, int64_t ld) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (kernels_) {
+        const auto [p0, np] = panel_span(c0, nc);
+        const int64_t off = c0 - p0 * detail::kPanel;
+        detail::scores_ds_nt(a, d_, nr, x_panels.data.get(), d_, p0 - x_panels.first, np, scale, p - off, ldp, drow,
+                             buf, ld);
+        return buf + off;
+      }
+    }
+    T* s = scores(a, nr, x, x_panels, c0, nc, T(1), buf, ld);
+    for (int64_t r = 0; r < nr; ++r)
+      for (int64_t c = 0; c < nc; ++c) s[r * ld + c] = scale * (p[r * ldp + c] * (s[r * ld + c] - drow[r]));
+    return s;
+  }
+
   // out[i][:] += sum_{j < n} w(i, j) x[j][:] for i < rows, where w(i, j) = w[i * ld + j], or
   // w[j * ld + i] when transposed; x and out row-major with d columns.
   void accumulate(const T* w, int64_t ld, bool transposed, int64_t rows, int64_t n, const T* x,
@@ -354,13 +374,7 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
       if (!fused) exp_shift(ar, nc, l);
     }
     tp.accumulate(ab, lds, true, nc, nr, dout + b.r0 * d, dv + b.c0 * d);
-    T* dab = tp.scores(dout + b.r0 * d, nr, v, v_panels, b.c0, nc, T(1), da.data(), lds);
-    for (int64_t r = 0; r < nr; ++r) {
-      const T* ar = ab + r * lds;
-      T* dr = dab + r * lds;
-      const T dd = drow[b.r0 + r];
-      for (int64_t c = 0; c < nc; ++c) dr[c] = scale * (ar[c] * (dr[c] - dd));
-    }
+    T* dab = tp.scores_ds(dout + b.r0 * d, nr, v, v_panels, b.c0, nc, scale, ab, lds, drow + b.r0, da.data(), lds);
     tp.accumulate(dab, lds, false, nr, nc, k + b.c0 * d, dq + b.r0 * d);
     tp.accumulate(dab, lds, true, nc, nr, q + b.r0 * d, dk + b.c0 * d);
   };

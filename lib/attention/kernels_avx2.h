@@ -8,7 +8,7 @@
 // where the dispatchers fall back to plain loops and BLAS.
 // Semantics: as the same-named functions of vexp.h and tile_kernels.h.
 // defines: IHA_HAVE_AVX2_KERNELS, iha::detail::avx2::{exp_inplace, max_of, exp_shift,
-//          exp_shift_sum, scores_nt, scores_exp_nt, accumulate_nn}
+//          exp_shift_sum, scores_nt, scores_exp_nt, scores_ds_nt, accumulate_nn}
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,9 @@ void scores_nt(const float* a, int64_t lda, int64_t rows, const float* panels, i
                int64_t p0, int64_t npanels, float scale, float* s, int64_t lds);
 void scores_exp_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d,
                    int64_t p0, int64_t npanels, float scale, const float* shift, float* s, int64_t lds);
+void scores_ds_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d,
+                  int64_t p0, int64_t npanels, float scale, const float* p, int64_t ldp,
+                  const float* drow, float* s, int64_t lds);
 void accumulate_nn(const float* w, int64_t wi, int64_t wj, int64_t rows, int64_t n,
                    const float* x, int64_t ldx, int64_t d, float* out, int64_t ldo);
 

@@ -53,6 +53,23 @@ void scores_exp_nt(const float* a, int64_t lda, int64_t rows, const float* panel
 #endif
 }
 
+void scores_ds_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d,
+                  int64_t p0, int64_t npanels, float scale, const float* p, int64_t ldp,
+                  const float* drow, float* s, int64_t lds) {
+  IHA_CHECK(tile_kernels_available(d), "tile kernels called at CPU level ", to_string(cpu_level()), " with d=", d);
+  if (cpu_level() == CpuLevel::avx512) {
+    // No fused kernel at AVX-512: the two passes.
+    avx512::scores_nt(a, lda, rows, panels, d, p0, npanels, 1.0f, s, lds);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < npanels * kPanel; ++c)
+        s[r * lds + c] = scale * (p[r * ldp + c] * (s[r * lds + c] - drow[r]));
+    return;
+  }
+#if IHA_HAVE_AVX2_KERNELS
+  avx2::scores_ds_nt(a, lda, rows, panels, d, p0, npanels, scale, p, ldp, drow, s, lds);
+#endif
+}
+
 void accumulate_nn(const float* w, int64_t wi, int64_t wj, int64_t rows, int64_t n,
                    const float* x, int64_t ldx, int64_t d, float* out, int64_t ldo) {
   IHA_CHECK(tile_kernels_available(d), "tile kernels called at CPU level ", to_string(cpu_level()), " with d=", d);

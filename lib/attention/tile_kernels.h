@@ -18,7 +18,7 @@
 // Threading: pure functions of their arguments; callers own all buffers.
 // defines: iha::detail::tile_kernels_available, iha::detail::kPanel, iha::detail::panel_floats,
 //          iha::detail::pack_panels, iha::detail::scores_nt, iha::detail::scores_exp_nt,
-//          iha::detail::accumulate_nn
+//          iha::detail::scores_ds_nt, iha::detail::accumulate_nn
 #pragma once
 
 #include <cstdint>
@@ -51,6 +51,14 @@ void scores_nt(const float* a, int64_t lda, int64_t rows, const float* panels, i
 void scores_exp_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d,
                    int64_t p0, int64_t npanels, float scale, const float* shift, float* s,
                    int64_t lds);
+
+// The flash backward's dS: s[r][c] = scale * (p[r][c] * (t[r][c] - drow[r])), where t is
+// scores_nt's s with scale 1, for r < rows, c < 16 * npanels (p, row stride ldp, covers the
+// same columns). The same bits as scores_nt followed by that loop, in one pass where the level
+// has a fused kernel (AVX2).
+void scores_ds_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d,
+                  int64_t p0, int64_t npanels, float scale, const float* p, int64_t ldp,
+                  const float* drow, float* s, int64_t lds);
 
 // out[i][:] += sum_{j < n} w[i * wi + j * wj] * x[j][:], for i < rows; x and out have d
 // columns (d % 16 == 0) and row strides ldx, ldo. The strides on w let one kernel serve

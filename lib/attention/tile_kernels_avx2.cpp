@@ -23,10 +23,25 @@ constexpr int kRows = 6;
 constexpr int kVecs = 2;  // 8-lane vectors per block: kPanel lanes
 static_assert(kVecs * 8 == kPanel, "a block spans one panel");
 
-// shift == nullptr: s = scale acc. Otherwise s = exp(scale acc - shift[r]), the operations
-// of scores_nt followed by exp_shift in the same order (same bits), without the second pass.
-template <int R>
-void scores_block(const float* a, int64_t lda, const float* panel, int64_t d, float scale, const float* shift,
+// What a register block does with its dot products acc before storing them to s: the
+// operations of scores_nt followed by the caller's elementwise pass, in the same order (same
+// bits), without storing and reloading the tile in between.
+enum class Epilogue {
+  scale,  // s = scale acc                                      (scores_nt)
+  exp,    // s = exp(scale acc - shift[r])                      (scores_exp_nt)
+  ds,     // s = scale (p[r][c] (acc - drow[r]))                (scores_ds_nt)
+};
+
+// The epilogue's operands, at the block's first row and column.
+struct EpilogueArgs {
+  const float* shift = nullptr;  // exp: per row
+  const float* p = nullptr;      // ds: a tile with row stride ldp
+  int64_t ldp = 0;
+  const float* drow = nullptr;   // ds: per row
+};
+
+template <int R, Epilogue E>
+void scores_block(const float* a, int64_t lda, const float* panel, int64_t d, float scale, const EpilogueArgs& e,
                   float* s, int64_t lds) {
   __m256 acc[R][kVecs];
 #pragma GCC unroll 6
@@ -46,17 +61,21 @@ void scores_block(const float* a, int64_t lda, const float* panel, int64_t d, fl
     }
   }
   const __m256 sc = _mm256_set1_ps(scale);
-  if (shift == nullptr) {
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(s + r * lds + v * 8, _mm256_mul_ps(acc[r][v], sc));
-    return;
-  }
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
-    const __m256 sh = _mm256_set1_ps(shift[r]);
-    for (int v = 0; v < kVecs; ++v)
-      _mm256_storeu_ps(s + r * lds + v * 8, exp8_shifted(_mm256_sub_ps(_mm256_mul_ps(acc[r][v], sc), sh)));
+    if constexpr (E == Epilogue::scale) {
+      for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(s + r * lds + v * 8, _mm256_mul_ps(acc[r][v], sc));
+    } else if constexpr (E == Epilogue::exp) {
+      const __m256 sh = _mm256_set1_ps(e.shift[r]);
+      for (int v = 0; v < kVecs; ++v)
+        _mm256_storeu_ps(s + r * lds + v * 8, exp8_shifted(_mm256_sub_ps(_mm256_mul_ps(acc[r][v], sc), sh)));
+    } else {
+      const __m256 dd = _mm256_set1_ps(e.drow[r]);
+      for (int v = 0; v < kVecs; ++v) {
+        const __m256 pv = _mm256_loadu_ps(e.p + r * e.ldp + v * 8);
+        _mm256_storeu_ps(s + r * lds + v * 8, _mm256_mul_ps(sc, _mm256_mul_ps(pv, _mm256_sub_ps(acc[r][v], dd))));
+      }
+    }
   }
 }
 
@@ -89,12 +108,13 @@ void accumulate_block(const float* w, int64_t ldw, int64_t n, const float* x, in
     for (int v = 0; v < kVecs; ++v) _mm256_storeu_ps(out + r * ldo + v * 8, acc[r][v]);
 }
 
-using ScoresFn = void (*)(const float*, int64_t, const float*, int64_t, float, const float*, float*, int64_t);
+using ScoresFn = void (*)(const float*, int64_t, const float*, int64_t, float, const EpilogueArgs&, float*, int64_t);
 using AccumulateFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t);
 
 // [rows - 1]
-constexpr ScoresFn kScores[kRows] = {scores_block<1>, scores_block<2>, scores_block<3>,
-                                     scores_block<4>, scores_block<5>, scores_block<6>};
+template <Epilogue E>
+constexpr ScoresFn kScores[kRows] = {scores_block<1, E>, scores_block<2, E>, scores_block<3, E>,
+                                     scores_block<4, E>, scores_block<5, E>, scores_block<6, E>};
 template <bool kTransposed>
 constexpr AccumulateFn kAccumulate[kRows] = {
     accumulate_block<1, kTransposed>, accumulate_block<2, kTransposed>, accumulate_block<3, kTransposed>,
@@ -102,13 +122,19 @@ constexpr AccumulateFn kAccumulate[kRows] = {
 
 // Row blocks outside, panels inside: a block's rows of `a` (6 x d floats) stay in L1 while
 // the panels stream past them.
+template <Epilogue E>
 void scores_rows(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d, int64_t p0,
-                 int64_t npanels, float scale, const float* shift, float* s, int64_t lds) {
+                 int64_t npanels, float scale, const EpilogueArgs& e, float* s, int64_t lds) {
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const int64_t nr = std::min<int64_t>(kRows, rows - r0);
-    for (int64_t p = 0; p < npanels; ++p)
-      kScores[nr - 1](a + r0 * lda, lda, panels + (p0 + p) * kPanel * d, d, scale,
-                      shift == nullptr ? nullptr : shift + r0, s + r0 * lds + p * kPanel, lds);
+    for (int64_t p = 0; p < npanels; ++p) {
+      EpilogueArgs at = e;  // moved to the block's first row and column
+      if (e.shift) at.shift += r0;
+      if (e.p) at.p += r0 * e.ldp + p * kPanel;
+      if (e.drow) at.drow += r0;
+      kScores<E>[nr - 1](a + r0 * lda, lda, panels + (p0 + p) * kPanel * d, d, scale, at, s + r0 * lds + p * kPanel,
+                         lds);
+    }
   }
 }
 
@@ -116,12 +142,24 @@ void scores_rows(const float* a, int64_t lda, int64_t rows, const float* panels,
 
 void scores_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d, int64_t p0,
                int64_t npanels, float scale, float* s, int64_t lds) {
-  scores_rows(a, lda, rows, panels, d, p0, npanels, scale, nullptr, s, lds);
+  scores_rows<Epilogue::scale>(a, lda, rows, panels, d, p0, npanels, scale, {}, s, lds);
 }
 
 void scores_exp_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d, int64_t p0,
                    int64_t npanels, float scale, const float* shift, float* s, int64_t lds) {
-  scores_rows(a, lda, rows, panels, d, p0, npanels, scale, shift, s, lds);
+  EpilogueArgs e;
+  e.shift = shift;
+  scores_rows<Epilogue::exp>(a, lda, rows, panels, d, p0, npanels, scale, e, s, lds);
+}
+
+void scores_ds_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d, int64_t p0,
+                  int64_t npanels, float scale, const float* p, int64_t ldp, const float* drow, float* s,
+                  int64_t lds) {
+  EpilogueArgs e;
+  e.p = p;
+  e.ldp = ldp;
+  e.drow = drow;
+  scores_rows<Epilogue::ds>(a, lda, rows, panels, d, p0, npanels, scale, e, s, lds);
 }
 
 void accumulate_nn(const float* w, int64_t wi, int64_t wj, int64_t rows, int64_t n, const float* x,

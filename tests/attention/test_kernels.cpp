@@ -95,6 +95,34 @@ TEST(TileKernels, ScoresExpMatchScoresThenExpShift) {
   }
 }
 
+// scores_ds_nt: the same bits as scores_nt with scale 1 followed by the flash backward's dS
+// loop, at every level, for every row count, panel count and offset.
+TEST(TileKernels, ScoresDsMatchScoresThenDsLoop) {
+  for (int64_t d : {16, 64}) {
+    const int64_t n = 75, lda = d + 3;
+    const auto x = randn_f(n * d, 21), a = randn_f(13 * lda, 22);
+    std::vector<float> panels(detail::panel_floats(n, d));
+    detail::pack_panels(x.data(), n, d, panels.data());
+    const float scale = 0.3f;  // not a power of 2: a reordered product changes bits
+    for (int64_t rows = 1; rows <= 13; ++rows)
+      for (int64_t p0 : {0, 2})
+        for (int64_t np = 1; p0 + np <= 5; ++np) {
+          const int64_t cols = np * detail::kPanel, lds = cols + 5, ldp = cols + 3;
+          const auto p = randn_f(rows * ldp, 23), drow = randn_f(rows, 24);
+          std::vector<float> want(rows * lds, -7.0f), got(rows * lds, -7.0f);
+          detail::scores_nt(a.data(), lda, rows, panels.data(), d, p0, np, 1.0f, want.data(), lds);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c)
+              want[r * lds + c] = scale * (p[r * ldp + c] * (want[r * lds + c] - drow[r]));
+          detail::scores_ds_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, p.data(), ldp, drow.data(),
+                               got.data(), lds);
+          for (int64_t i = 0; i < rows * lds; ++i)
+            ASSERT_EQ(got[i], want[i]) << "d=" << d << " rows=" << rows << " p0=" << p0 << " np=" << np
+                                       << " r=" << i / lds << " c=" << i % lds;
+        }
+  }
+}
+
 // accumulate_nn: out's value, then one FMA per j in increasing order, for W X and W^T X.
 TEST(TileKernels, AccumulateMatchesPlainFmaLoop) {
   for (int64_t d : {16, 64, 80}) {
