@@ -379,6 +379,44 @@ def tts_pilot(data):
                   "median TFLOP to solve", "rule"], rows)
 
 
+def tts_not_finished(d, head):
+    return table(head, [["(comparison not finished: the JSON stopped after the %s)" % d["stopped_after"]]
+                        + [""] * (len(head) - 1)])
+
+
+def tts_main_seeds(data):
+    """Section 4.3's comparison, per declared seed: each arm's solved step (or capped) and FLOPs
+    to solve, and r = ln(FLOPs IHA / FLOPs MHA)."""
+    d = data("time_to_solve_results")
+    head = ["seed", "IHA solved step", "IHA TFLOP", "MHA solved step", "MHA TFLOP", "r = ln(IHA / MHA)"]
+    if "comparison" not in d:
+        return tts_not_finished(d, head)
+    by = {(x["arm"], x["seed"]): x for x in d["runs"]}
+
+    def step(x, arm):
+        return "capped (%d)" % d["cap_steps"][arm] if x["capped"] else str(x["solved_step"])
+
+    rows = []
+    for s in d["seeds"]:
+        i, m = by[("iha-sched", s)], by[("mha-sched", s)]
+        rows.append([s, step(i, "iha-sched"), "%.2f" % (i["flops_to_solve"] / 1e12), step(m, "mha-sched"),
+                     "%.2f" % (m["flops_to_solve"] / 1e12), "%+.3f" % d["comparison"]["log_ratio_per_seed"][str(s)]])
+    return table(head, rows)
+
+
+def tts_main_summary(data):
+    """Section 4.3's statistic and verdict, as the script computed them from the per-seed r."""
+    d = data("time_to_solve_results")
+    head = ["seeds", "mean r +- se", "95% interval of r", "ratio IHA / MHA [95% interval]", "signed-rank p",
+            "capped IHA / MHA", "verdict (declared rule)"]
+    if "comparison" not in d:
+        return tts_not_finished(d, head)
+    c = d["comparison"]
+    return table(head, [[c["seeds"], pm(c["mean"], c["se"]), "[%+.3f, %+.3f]" % tuple(c["interval"]),
+                         "%.3f [%.3f, %.3f]" % (c["ratio"], *c["ratio_interval"]), "%.4f" % c["signed_rank_p"],
+                         "%d / %d" % (c["capped"]["iha-sched"], c["capped"]["mha-sched"]), "**%s**" % c["verdict"]]])
+
+
 def patterns_pilot(data, name="patterns_results", roles=("MHA(1)", "MHA(2)")):
     """The pilot of a section 4.4 design; roles: how the gate names MHA(H) and MHA(2H)."""
     d = data(name)
@@ -423,6 +461,8 @@ TABLES = {
     "long-docs-pairs": long_docs_pairs,
     "tts-probe": tts_probe,
     "tts-pilot": tts_pilot,
+    "tts-main-seeds": tts_main_seeds,
+    "tts-main-summary": tts_main_summary,
     "patterns-pilot": patterns_pilot,
     "patterns-v2-pilot": lambda d: patterns_pilot(d, "patterns_v2_results", ("MHA(2)", "MHA(4)")),
 }
@@ -470,6 +510,9 @@ def plots(data, folder):
                           c["chance"], os.path.join(folder, "ctx_ft16x.png"),
                           "Best method (%s) fine-tuned again at 16x N0 (%d steps): 16x is in distribution"
                           % (best, c["budget"]["ft16x_steps"]), marks)
+    tts = data("time_to_solve_results")
+    if "comparison" in tts:
+        tts_plot(tts, os.path.join(folder, "time_to_solve.png"))
     for name, cap in [("iha_vs_mha_v1", 1000), ("iha_vs_mha", 3000), ("iha_vs_mha_5b", 2000),
                       ("iha_vs_mha_5b_sched", 2000), ("iha_vs_mha_5b_sched10", 2000)]:
         d = data(name + "_results")
@@ -480,6 +523,35 @@ def plots(data, folder):
         with tempfile.TemporaryDirectory() as tmp:
             iha_vs_mha.plot(tmp, d["calibration"], results, d["band"][0], d["band"][1], ns, "", base)
             shutil.move(os.path.join(tmp, "iha_vs_mha.png"), os.path.join(folder, name + ".png"))
+
+
+def tts_plot(d, path):
+    """Section 4.3's comparison: each seed's FLOPs to solve, IHA against MHA (hollow: capped)."""
+    plt = expkit._pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 5), dpi=90)
+    by = {(x["arm"], x["seed"]): x for x in d["runs"]}
+    for s in d["seeds"]:
+        i, m = by[("iha-sched", s)], by[("mha-sched", s)]
+        capped = i["capped"] or m["capped"]
+        ax.plot(m["flops_to_solve"] / 1e12, i["flops_to_solve"] / 1e12, "o", color="C0",
+                markerfacecolor="none" if capped else "C0")
+    top = d["cap_flops"] / 1e12 * 1.05
+    ax.plot([0, top], [0, top], color="black", linewidth=0.8, label="equal FLOPs")
+    ax.plot([0, top], [0, 0.9 * top], color="gray", linestyle=":", label="IHA at 0.9x")
+    ax.axhline(d["cap_flops"] / 1e12, color="red", linewidth=0.6, linestyle="--", label="cap")
+    ax.axvline(d["cap_flops"] / 1e12, color="red", linewidth=0.6, linestyle="--")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("MHA LLLLG: TFLOP to solve")
+    ax.set_ylabel("IHA P=2 LLLLG: TFLOP to solve")
+    c = d["comparison"]
+    ax.set_title("%d seeds; IHA / MHA %.2f [%.2f, %.2f]; %s (hollow: a capped arm)"
+                 % (c["seeds"], c["ratio"], *c["ratio_interval"], c["verdict"]), fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def main():
