@@ -796,9 +796,14 @@ def full(results, report_path):
             peer = lv.get("peer") or {}
             comparable = (peer.get("attention") == "scaled_dot_product_attention" and
                           peer.get("mkl_instructions", "default") != "default")
+            # The most this ratio could be on this machine: the layer's counted FLOPs all at the
+            # sgemm rate of the same run (time x ratio), everything uncounted free.
+            lay = [r for r in lv["rows"] if r["phase"] == "layer fwd+bwd"]
+            bound = pr[0] / lay[0]["ratio"] if lay and lay[0]["ratio"] > 0 else None
             trows.append([f"level {lv['level']}: PyTorch peer / layer time (N 4096, fwd+bwd)", ">= 1.5",
                           f"{pr[0]:.2f} ({pr[1]:.2f}..{pr[2]:.2f})" +
                           (f"; CPU time {pc[0]:.2f} ({pc[1]:.2f}..{pc[2]:.2f})" if pc else "") +
+                          (f"; at most {bound:.2f} with the layer at sgemm speed" if bound else "") +
                           ("" if comparable else f"; peer: torch {peer.get('torch_version', '?')}, "
                            f"{peer.get('attention', '?')}, MKL {peer.get('mkl_instructions', 'not held to the level')}"),
                           verdict(pr[0] >= 1.5) if comparable else
