@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -16,10 +17,30 @@
 namespace iha {
 namespace {
 
+using Floats = std::vector<float>;
+
 std::vector<float> randn_f(int64_t n, uint64_t stream) {
   std::vector<float> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(normal01(99, stream, i));
   return v;
+}
+
+// The cases the scores kernels are checked on, for each head dim in ds: 75 keys (5 panels, the
+// last one partly zero) with padded strides, every row count up to 13 (the register blocks'
+// tails), panel offsets p0s and every panel count that fits. Calls
+// f(d, n, x, a, lda, panels, rows, p0, np); x (n x d) are the keys, a (13 x lda) the queries.
+template <class F>
+void for_each_scores_case(std::initializer_list<int64_t> ds, std::initializer_list<int64_t> p0s, uint64_t stream,
+                          F&& f) {
+  for (int64_t d : ds) {
+    const int64_t n = 75, lda = d + 3;
+    const auto x = randn_f(n * d, stream), a = randn_f(13 * lda, stream + 1);
+    std::vector<float> panels(detail::panel_floats(n, d));
+    detail::pack_panels(x.data(), n, d, panels.data());
+    for (int64_t rows = 1; rows <= 13; ++rows)
+      for (int64_t p0 : p0s)
+        for (int64_t np = 1; p0 + np <= 5; ++np) f(d, n, x, a, lda, panels, rows, p0, np);
+  }
 }
 
 // Every level has tile kernels for d % 16 == 0 (in a build whose baseline has AVX2 + FMA).
@@ -34,32 +55,26 @@ TEST(TileKernels, AvailableAtEveryLevel) {
 // computes exactly that, so the kernel must match it bit for bit at every level, for every
 // row count (the register blocks' tails), panel count and offset, with padded strides.
 TEST(TileKernels, ScoresMatchPlainFmaLoop) {
-  for (int64_t d : {16, 64, 80}) {
-    const int64_t n = 75, lda = d + 3;  // 5 panels, the last one partly zero
-    const auto x = randn_f(n * d, 1), a = randn_f(13 * lda, 2);
-    std::vector<float> panels(detail::panel_floats(n, d));
-    detail::pack_panels(x.data(), n, d, panels.data());
-    const float scale = 0.125f;
-    for (int64_t rows = 1; rows <= 13; ++rows)
-      for (int64_t p0 : {0, 1, 3})
-        for (int64_t np = 1; p0 + np <= 5; ++np) {
-          const int64_t cols = np * detail::kPanel, lds = cols + 5;
-          std::vector<float> s(rows * lds, -7.0f);
-          detail::scores_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, s.data(), lds);
-          for (int64_t r = 0; r < rows; ++r)
-            for (int64_t c = 0; c < lds; ++c) {
-              float want = -7.0f;  // outside the block: untouched
-              if (c < cols) {
-                const int64_t key = p0 * detail::kPanel + c;
-                float acc = 0.0f;
-                for (int64_t k = 0; k < d; ++k) acc = std::fma(a[r * lda + k], key < n ? x[key * d + k] : 0.0f, acc);
-                want = acc * scale;
-              }
-              ASSERT_EQ(s[r * lds + c], want) << "d=" << d << " rows=" << rows << " p0=" << p0 << " np=" << np
-                                              << " r=" << r << " c=" << c;
-            }
+  const float scale = 0.125f;
+  for_each_scores_case({16, 64, 80}, {0, 1, 3}, 1,
+                       [&](int64_t d, int64_t n, const Floats& x, const Floats& a, int64_t lda, const Floats& panels,
+                           int64_t rows, int64_t p0, int64_t np) {
+    const int64_t cols = np * detail::kPanel, lds = cols + 5;
+    std::vector<float> s(rows * lds, -7.0f);
+    detail::scores_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, s.data(), lds);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < lds; ++c) {
+        float want = -7.0f;  // outside the block: untouched
+        if (c < cols) {
+          const int64_t key = p0 * detail::kPanel + c;
+          float acc = 0.0f;
+          for (int64_t k = 0; k < d; ++k) acc = std::fma(a[r * lda + k], key < n ? x[key * d + k] : 0.0f, acc);
+          want = acc * scale;
         }
-  }
+        ASSERT_EQ(s[r * lds + c], want) << "d=" << d << " rows=" << rows << " p0=" << p0 << " np=" << np
+                                        << " r=" << r << " c=" << c;
+      }
+  });
 }
 
 // scores_exp_nt: the same bits as scores_nt followed by exp_shift on each row, at every
@@ -67,60 +82,48 @@ TEST(TileKernels, ScoresMatchPlainFmaLoop) {
 // caller's to overwrite and is not compared. Shifts at and below the rows' maxima, so the
 // exp sees arguments <= 0 as in the flash backward, and some far below (results near 0).
 TEST(TileKernels, ScoresExpMatchScoresThenExpShift) {
-  for (int64_t d : {16, 64}) {
-    const int64_t n = 75, lda = d + 3;
-    const auto x = randn_f(n * d, 11), a = randn_f(13 * lda, 12);
-    std::vector<float> panels(detail::panel_floats(n, d));
-    detail::pack_panels(x.data(), n, d, panels.data());
-    const float scale = 0.125f;
-    for (int64_t rows = 1; rows <= 13; ++rows)
-      for (int64_t p0 : {0, 2})
-        for (int64_t np = 1; p0 + np <= 5; ++np) {
-          const int64_t cols = np * detail::kPanel, lds = cols + 5;
-          std::vector<float> want(rows * lds, -7.0f), got(rows * lds, -7.0f), shift(rows);
-          detail::scores_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, want.data(), lds);
-          for (int64_t r = 0; r < rows; ++r) {
-            shift[r] = max_of(want.data() + r * lds, cols, -1e30f) + (r % 3 == 1 ? 2.5f : 0.0f) + (r % 5 == 4 ? 80.0f : 0.0f);
-            if (r == 2) shift[r] = -std::numeric_limits<float>::infinity();
-            else exp_shift(want.data() + r * lds, cols, shift[r]);
-          }
-          detail::scores_exp_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, shift.data(), got.data(), lds);
-          for (int64_t r = 0; r < rows; ++r)
-            for (int64_t c = 0; c < lds; ++c) {
-              if (r == 2 && c < cols) continue;
-              ASSERT_EQ(got[r * lds + c], want[r * lds + c]) << "d=" << d << " rows=" << rows << " p0=" << p0
-                                                             << " np=" << np << " r=" << r << " c=" << c;
-            }
-        }
-  }
+  const float scale = 0.125f;
+  for_each_scores_case({16, 64}, {0, 2}, 11,
+                       [&](int64_t d, int64_t n, const Floats& x, const Floats& a, int64_t lda, const Floats& panels,
+                           int64_t rows, int64_t p0, int64_t np) {
+    const int64_t cols = np * detail::kPanel, lds = cols + 5;
+    std::vector<float> want(rows * lds, -7.0f), got(rows * lds, -7.0f), shift(rows);
+    detail::scores_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, want.data(), lds);
+    for (int64_t r = 0; r < rows; ++r) {
+      shift[r] = max_of(want.data() + r * lds, cols, -1e30f) + (r % 3 == 1 ? 2.5f : 0.0f) + (r % 5 == 4 ? 80.0f : 0.0f);
+      if (r == 2) shift[r] = -std::numeric_limits<float>::infinity();
+      else exp_shift(want.data() + r * lds, cols, shift[r]);
+    }
+    detail::scores_exp_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, shift.data(), got.data(), lds);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < lds; ++c) {
+        if (r == 2 && c < cols) continue;
+        ASSERT_EQ(got[r * lds + c], want[r * lds + c]) << "d=" << d << " rows=" << rows << " p0=" << p0
+                                                       << " np=" << np << " r=" << r << " c=" << c;
+      }
+  });
 }
 
 // scores_ds_nt: the same bits as scores_nt with scale 1 followed by the flash backward's dS
 // loop, at every level, for every row count, panel count and offset.
 TEST(TileKernels, ScoresDsMatchScoresThenDsLoop) {
-  for (int64_t d : {16, 64}) {
-    const int64_t n = 75, lda = d + 3;
-    const auto x = randn_f(n * d, 21), a = randn_f(13 * lda, 22);
-    std::vector<float> panels(detail::panel_floats(n, d));
-    detail::pack_panels(x.data(), n, d, panels.data());
-    const float scale = 0.3f;  // not a power of 2: a reordered product changes bits
-    for (int64_t rows = 1; rows <= 13; ++rows)
-      for (int64_t p0 : {0, 2})
-        for (int64_t np = 1; p0 + np <= 5; ++np) {
-          const int64_t cols = np * detail::kPanel, lds = cols + 5, ldp = cols + 3;
-          const auto p = randn_f(rows * ldp, 23), drow = randn_f(rows, 24);
-          std::vector<float> want(rows * lds, -7.0f), got(rows * lds, -7.0f);
-          detail::scores_nt(a.data(), lda, rows, panels.data(), d, p0, np, 1.0f, want.data(), lds);
-          for (int64_t r = 0; r < rows; ++r)
-            for (int64_t c = 0; c < cols; ++c)
-              want[r * lds + c] = scale * (p[r * ldp + c] * (want[r * lds + c] - drow[r]));
-          detail::scores_ds_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, p.data(), ldp, drow.data(),
-                               got.data(), lds);
-          for (int64_t i = 0; i < rows * lds; ++i)
-            ASSERT_EQ(got[i], want[i]) << "d=" << d << " rows=" << rows << " p0=" << p0 << " np=" << np
-                                       << " r=" << i / lds << " c=" << i % lds;
-        }
-  }
+  const float scale = 0.3f;  // not a power of 2: a reordered product changes bits
+  for_each_scores_case({16, 64}, {0, 2}, 21,
+                       [&](int64_t d, int64_t n, const Floats& x, const Floats& a, int64_t lda, const Floats& panels,
+                           int64_t rows, int64_t p0, int64_t np) {
+    const int64_t cols = np * detail::kPanel, lds = cols + 5, ldp = cols + 3;
+    const auto p = randn_f(rows * ldp, 23), drow = randn_f(rows, 24);
+    std::vector<float> want(rows * lds, -7.0f), got(rows * lds, -7.0f);
+    detail::scores_nt(a.data(), lda, rows, panels.data(), d, p0, np, 1.0f, want.data(), lds);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        want[r * lds + c] = scale * (p[r * ldp + c] * (want[r * lds + c] - drow[r]));
+    detail::scores_ds_nt(a.data(), lda, rows, panels.data(), d, p0, np, scale, p.data(), ldp, drow.data(),
+                         got.data(), lds);
+    for (int64_t i = 0; i < rows * lds; ++i)
+      ASSERT_EQ(got[i], want[i]) << "d=" << d << " rows=" << rows << " p0=" << p0 << " np=" << np
+                                 << " r=" << i / lds << " c=" << i % lds;
+  });
 }
 
 // accumulate_nn: out's value, then one FMA per j in increasing order, for W X and W^T X.
