@@ -30,6 +30,21 @@ def read_kv(path):
     return out
 
 
+def read_reruns(path):
+    """The rerun blocks of machine.txt (bench/run --only appends one per suite set, rerun_date
+    first), each as a dict without the rerun_ prefix, oldest first."""
+    blocks = []
+    if os.path.exists(path):
+        for line in open(path):
+            if line.startswith("rerun_") and "=" in line:
+                k, v = line[len("rerun_"):].rstrip("\n").split("=", 1)
+                if k == "date":
+                    blocks.append({})
+                if blocks:
+                    blocks[-1][k] = v
+    return blocks
+
+
 def read_tsv(path):
     if not os.path.exists(path):
         return []
@@ -733,12 +748,12 @@ def full(results, report_path):
         ["date (UTC)", mach.get("date", "?")],
         ["command", f"`{mach.get('command', 'bench/run')}`"],
         ["total time", f"{int(mach['total_seconds']) // 60} min {int(mach['total_seconds']) % 60} s" if "total_seconds" in mach else "?"],
-    ] + ([["suites rerun later", f"{mach.get('rerun_suites', '?')}: `{mach.get('rerun_command', '?')}` at "
-           f"{mach.get('rerun_git_commit', '?')}, {mach.get('rerun_date', '?')}, on {mach.get('rerun_cpu_model', '?')} "
-           f"({mach.get('rerun_nproc', '?')} cores, AVX-512 {mach.get('rerun_avx512', '?')})"
-           + (" — **another CPU than the rest of this report**: compare those suites' ratios only with each other"
-              if mach.get("rerun_cpu_model") != mach.get("cpu_model") else "")]]
-         if "rerun_date" in mach else [])))
+    ] + [["suites rerun later", f"{r.get('suites', '?')}: `{r.get('command', '?')}` at "
+          f"{r.get('git_commit', '?')}, {r.get('date', '?')}, on {r.get('cpu_model', '?')} "
+          f"({r.get('nproc', '?')} cores, AVX-512 {r.get('avx512', '?')})"
+          + (" — **another CPU than the rest of this report**: compare those suites' ratios only with each other"
+             if r.get("cpu_model") != mach.get("cpu_model") else "")]
+         for r in read_reruns(os.path.join(results, "machine.txt"))]))
     L.append("")
     L.append("The machine is shared with other engineers' builds and tests; load average (1, 5, 15 min) before "
              f"and after each suite. The load after includes the suite's own processes (up to {nproc} busy "
