@@ -151,8 +151,7 @@ class TileProducts {
       }
     }
     T* s = scores(a, nr, x, x_panels, c0, nc, alpha, buf, ld);
-    for (int64_t r = 0; r < nr; ++r)
-      if (shift[r] != neg_inf<T>()) exp_shift(s + r * ld, nc, shift[r]);
+    exp_shift_rows(s, nr, ld, nc, shift);
     return s;
   }
 

@@ -1,10 +1,10 @@
 #include "attention/tile_kernels.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "attention/kernels_avx2.h"
 #include "attention/kernels_avx512.h"
+#include "attention/vexp.h"
 #include "core/cpu_level.h"
 #include "core/error.h"
 
@@ -44,8 +44,7 @@ void scores_exp_nt(const float* a, int64_t lda, int64_t rows, const float* panel
   if (cpu_level() == CpuLevel::avx512) {
     // No fused kernel at AVX-512: the two passes, whose second is cheap at 16 lanes.
     avx512::scores_nt(a, lda, rows, panels, d, p0, npanels, scale, s, lds);
-    for (int64_t r = 0; r < rows; ++r)
-      if (shift[r] != -std::numeric_limits<float>::infinity()) avx512::exp_shift(s + r * lds, npanels * kPanel, shift[r]);
+    exp_shift_rows(s, rows, lds, npanels * kPanel, shift);
     return;
   }
 #if IHA_HAVE_AVX2_KERNELS

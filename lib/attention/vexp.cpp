@@ -1,6 +1,7 @@
 #include "attention/vexp.h"
 
 #include <cmath>
+#include <limits>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -107,6 +108,13 @@ const RowKernels<T>& row_kernels() {
   return k;
 }
 
+template <class T>
+void exp_shift_rows_t(T* x, int64_t rows, int64_t ld, int64_t n, const T* shift) {
+  const auto f = row_kernels<T>().shift;
+  for (int64_t r = 0; r < rows; ++r)
+    if (shift[r] != -std::numeric_limits<T>::infinity()) f(x + r * ld, n, shift[r]);
+}
+
 }  // namespace
 
 void exp_inplace(float* x, int64_t n) { row_kernels<float>().exp(x, n); }
@@ -117,5 +125,11 @@ void exp_shift(float* x, int64_t n, float shift) { row_kernels<float>().shift(x,
 void exp_shift(double* x, int64_t n, double shift) { row_kernels<double>().shift(x, n, shift); }
 float exp_shift_sum(float* x, int64_t n, float shift) { return row_kernels<float>().shift_sum(x, n, shift); }
 double exp_shift_sum(double* x, int64_t n, double shift) { return row_kernels<double>().shift_sum(x, n, shift); }
+void exp_shift_rows(float* x, int64_t rows, int64_t ld, int64_t n, const float* shift) {
+  exp_shift_rows_t(x, rows, ld, n, shift);
+}
+void exp_shift_rows(double* x, int64_t rows, int64_t ld, int64_t n, const double* shift) {
+  exp_shift_rows_t(x, rows, ld, n, shift);
+}
 
 }  // namespace iha

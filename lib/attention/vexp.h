@@ -6,7 +6,8 @@
 // 2^-126 are +0). exp(-inf) = 0 and NaN stays NaN, as the -inf masking needs. Sums are taken
 // in a fixed order (per-lane partial sums, then a fixed reduction), so results are bitwise
 // reproducible at one CPU level (levels differ in the last bits: other exp, other lane counts).
-// defines: iha::exp_inplace, iha::max_of, iha::exp_shift, iha::exp_shift_sum
+// defines: iha::exp_inplace, iha::max_of, iha::exp_shift, iha::exp_shift_rows,
+//          iha::exp_shift_sum
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,11 @@ double max_of(const double* x, int64_t n, double init);
 // row maximum or the log-sum-exp, so every argument is <= 0).
 void exp_shift(float* x, int64_t n, float shift);
 void exp_shift(double* x, int64_t n, double shift);
+
+// exp_shift(x + r * ld, n, shift[r]) on each row r < rows whose shift[r] is not -inf; a row
+// with shift -inf (one that sees no key) is left as it is, for the caller to overwrite.
+void exp_shift_rows(float* x, int64_t rows, int64_t ld, int64_t n, const float* shift);
+void exp_shift_rows(double* x, int64_t rows, int64_t ld, int64_t n, const double* shift);
 
 // x[i] = exp(x[i] - shift), returning the sum of the new x[i]. As exp_shift.
 float exp_shift_sum(float* x, int64_t n, float shift);

@@ -246,5 +246,25 @@ void check_row_ops() {
 TEST(RowOps, FloatMatchPlainLoops) { check_row_ops<float>(); }
 TEST(RowOps, DoubleMatchPlainLoops) { check_row_ops<double>(); }
 
+// exp_shift_rows: exp_shift on each row whose shift is finite; a row whose shift is -inf keeps
+// its values (the caller overwrites it), and the entries past n stay as they were.
+template <class T>
+void check_exp_shift_rows() {
+  const int64_t rows = 4, n = 19, ld = 23;
+  std::vector<T> x(rows * ld);
+  for (int64_t i = 0; i < rows * ld; ++i) x[i] = T(-0.05) * T(i % 37);
+  const T shift[rows] = {T(0.5), -std::numeric_limits<T>::infinity(), T(-1.25), T(0)};
+  std::vector<T> want = x;
+  for (int64_t r = 0; r < rows; ++r)
+    if (r != 1) exp_shift(want.data() + r * ld, n, shift[r]);
+  exp_shift_rows(x.data(), rows, ld, n, shift);
+  for (int64_t i = 0; i < rows * ld; ++i) ASSERT_EQ(x[i], want[i]) << "r=" << i / ld << " c=" << i % ld;
+}
+
+TEST(RowOps, ExpShiftRowsSkipsRowsThatSeeNothing) {
+  check_exp_shift_rows<float>();
+  check_exp_shift_rows<double>();
+}
+
 }  // namespace
 }  // namespace iha
