@@ -166,9 +166,9 @@ class TileProducts {
             T* buf, int64_t ld) const {
     if constexpr (std::is_same_v<T, float>) {
       if (kernels_) {
-        const auto [p0, np] = panel_span(c0, nc);
+        const auto [p0, np, off] = panel_span(c0, nc);
         detail::scores_nt(a, d_, nr, x_panels.data.get(), d_, p0 - x_panels.first, np, alpha, buf, ld);
-        return buf + (c0 - p0 * detail::kPanel);
+        return buf + off;
       }
     }
     gemm<T>(false, true, nr, nc, d_, alpha, a, d_, x + c0 * d_, d_, T(0), buf, ld);
@@ -181,9 +181,9 @@ class TileProducts {
                 const T* shift, T* buf, int64_t ld) const {
     if constexpr (std::is_same_v<T, float>) {
       if (kernels_) {
-        const auto [p0, np] = panel_span(c0, nc);
+        const auto [p0, np, off] = panel_span(c0, nc);
         detail::scores_exp_nt(a, d_, nr, x_panels.data.get(), d_, p0 - x_panels.first, np, alpha, shift, buf, ld);
-        return buf + (c0 - p0 * detail::kPanel);
+        return buf + off;
       }
     }
     T* s = scores(a, nr, x, x_panels, c0, nc, alpha, buf, ld);
@@ -198,16 +198,14 @@ class TileProducts {
                const T* p, int64_t ldp, const T* drow, T* buf, int64_t ld) const {
     if constexpr (std::is_same_v<T, float>) {
       if (kernels_) {
-        const auto [p0, np] = panel_span(c0, nc);
-        const int64_t off = c0 - p0 * detail::kPanel;
+        const auto [p0, np, off] = panel_span(c0, nc);
         detail::scores_ds_nt(a, d_, nr, x_panels.data.get(), d_, p0 - x_panels.first, np, scale, p - off, ldp, drow,
                              buf, ld);
         return buf + off;
       }
     }
     T* s = scores(a, nr, x, x_panels, c0, nc, T(1), buf, ld);
-    for (int64_t r = 0; r < nr; ++r)
-      for (int64_t c = 0; c < nc; ++c) s[r * ld + c] = scale * (p[r * ldp + c] * (s[r * ld + c] - drow[r]));
+    detail::ds_rows(s, ld, nr, nc, scale, p, ldp, drow);
     return s;
   }
 
@@ -226,10 +224,13 @@ class TileProducts {
 
  private:
   // The panels [p0, p0 + np) that hold columns [c0, c0 + nc): the scores kernels write whole
-  // panels, so the block's column 0 sits at c0 - p0 * kPanel inside the output.
-  static std::pair<int64_t, int64_t> panel_span(int64_t c0, int64_t nc) {
+  // panels, so the block's column 0 sits at off = c0 - p0 * kPanel inside the output.
+  struct PanelSpan {
+    int64_t p0, np, off;
+  };
+  static PanelSpan panel_span(int64_t c0, int64_t nc) {
     const int64_t p0 = c0 / detail::kPanel, p1 = (c0 + nc + detail::kPanel - 1) / detail::kPanel;
-    return {p0, p1 - p0};
+    return {p0, p1 - p0, c0 - p0 * detail::kPanel};
   }
 
   int64_t d_;

@@ -59,9 +59,7 @@ void scores_ds_nt(const float* a, int64_t lda, int64_t rows, const float* panels
   if (cpu_level() == CpuLevel::avx512) {
     // No fused kernel at AVX-512: the two passes.
     avx512::scores_nt(a, lda, rows, panels, d, p0, npanels, 1.0f, s, lds);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < npanels * kPanel; ++c)
-        s[r * lds + c] = scale * (p[r * ldp + c] * (s[r * lds + c] - drow[r]));
+    ds_rows(s, lds, rows, npanels * kPanel, scale, p, ldp, drow);
     return;
   }
 #if IHA_HAVE_AVX2_KERNELS

@@ -18,7 +18,7 @@
 // Threading: pure functions of their arguments; callers own all buffers.
 // defines: iha::detail::tile_kernels_available, iha::detail::kPanel, iha::detail::panel_floats,
 //          iha::detail::pack_panels, iha::detail::scores_nt, iha::detail::scores_exp_nt,
-//          iha::detail::scores_ds_nt, iha::detail::accumulate_nn
+//          iha::detail::scores_ds_nt, iha::detail::ds_rows, iha::detail::accumulate_nn
 #pragma once
 
 #include <cstdint>
@@ -59,6 +59,15 @@ void scores_exp_nt(const float* a, int64_t lda, int64_t rows, const float* panel
 void scores_ds_nt(const float* a, int64_t lda, int64_t rows, const float* panels, int64_t d,
                   int64_t p0, int64_t npanels, float scale, const float* p, int64_t ldp,
                   const float* drow, float* s, int64_t lds);
+
+// That loop on its own, in place on finished scores (s holds t): s[r][c] = scale * (p[r][c] *
+// (s[r][c] - drow[r])) for r < rows, c < n. The second pass where a level has no fused
+// kernel, and the flash kernels' path without tile kernels.
+template <class T>
+void ds_rows(T* s, int64_t lds, int64_t rows, int64_t n, T scale, const T* p, int64_t ldp, const T* drow) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < n; ++c) s[r * lds + c] = scale * (p[r * ldp + c] * (s[r * lds + c] - drow[r]));
+}
 
 // out[i][:] += sum_{j < n} w[i * wi + j * wj] * x[j][:], for i < rows; x and out have d
 // columns (d % 16 == 0) and row strides ldx, ldo. The strides on w let one kernel serve
