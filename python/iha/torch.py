@@ -7,8 +7,10 @@
 - IhaAttention: the layer as a torch.nn.Module (projections W_Q, W_K, W_V, W_O around the core),
   on one process or sequence/head parallel over an mpi4py communicator.
 
-Tensors are CPU, strided, contiguous, float32 or float64 (the core's dtype). Anything else raises
-TypeError or ValueError naming the argument.
+Tensors are strided and contiguous, on the core's device: CPU tensors of float32 or float64, or
+CUDA tensors of float32 where the library was built with its CUDA backend (Core(...,
+device='cuda')), read and written in place either way. Anything else raises TypeError or
+ValueError naming the argument.
 """
 import math
 
@@ -22,7 +24,7 @@ __all__ = ["LayerConfig", "Core", "iha_attention", "IhaAttention", "segments_fro
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
-def _check_tensor(t, name, dtype=None, optional=False):
+def _check_tensor(t, name, dtype=None, optional=False, device="cpu"):
     if t is None:
         if optional:
             return
@@ -31,9 +33,9 @@ def _check_tensor(t, name, dtype=None, optional=False):
         raise TypeError(f"argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
         raise ValueError(f"argument '{name}': has layout {t.layout}; expected torch.strided (a dense tensor)")
-    if t.device.type != "cpu":
-        raise ValueError(f"argument '{name}': is on device {t.device}; this build computes on CPU tensors "
-                         "(it was built without IHA_CUDA)")
+    if t.device.type != device:
+        raise ValueError(f"argument '{name}': is on device {t.device}; the core computes on {device} tensors "
+                         "(a Core's device argument; IhaAttention follows its parameters' device)")
     if t.dtype not in _DTYPES:
         raise TypeError(f"argument '{name}': has dtype {t.dtype}; expected torch.float32 or torch.float64")
     if dtype is not None and t.dtype != dtype:
@@ -68,15 +70,21 @@ class Core:
     head_ranks = comm size is pure Ulysses, anything between is 2D)."""
 
     def __init__(self, config, N, dtype=torch.float64, comm=None, layout="zigzag", scheme="sequence",
-                 head_ranks=1, ring_pieces=4):
+                 head_ranks=1, ring_pieces=4, device="cpu"):
         if dtype not in _DTYPES:
             raise TypeError(f"argument 'dtype': expected torch.float32 or torch.float64, got {dtype}")
         if not isinstance(config, LayerConfig):
             raise TypeError(f"argument 'config': expected iha.torch.LayerConfig, got {type(config).__name__}")
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"argument 'device': {e}") from e
         self.dtype = dtype
+        self.device = dev.type
         self.comm = _wrap_comm(comm)
+        # On CUDA the library computes on the current device: a tensor on another one is refused.
         self.impl = _iha.Core(config, int(N), _DTYPES[dtype], self.comm, layout, scheme, int(head_ranks),
-                              int(ring_pieces))
+                              int(ring_pieces), dev.type)
         self.config = config
         self.N = int(N)
 
@@ -91,7 +99,7 @@ class Core:
     def reduce_gradients(self, grads):
         """Sums each named gradient tensor (in place) over the ranks sharing the layer's sequences."""
         for name, g in grads.items():
-            _check_tensor(g, name, self.dtype)
+            _check_tensor(g, name, self.dtype, device=self.device)
         self.impl.reduce_gradients(dict(grads))
 
 
@@ -144,9 +152,9 @@ def iha_attention(q, k, v, aq, ak, av, c, core, segments=None, cu_seqlens=None):
     if not isinstance(core, Core):
         raise TypeError(f"argument 'core': expected iha.torch.Core, got {type(core).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(t, name, core.dtype)
+        _check_tensor(t, name, core.dtype, device=core.device)
     for name, t in (("aq", aq), ("ak", ak), ("av", av), ("c", c)):
-        _check_tensor(t, name, core.dtype, optional=True)
+        _check_tensor(t, name, core.dtype, optional=True, device=core.device)
     if segments is not None and cu_seqlens is not None:
         raise ValueError("arguments 'segments' and 'cu_seqlens': give at most one")
     if cu_seqlens is not None:
@@ -164,12 +172,15 @@ class IhaAttention(torch.nn.Module):
     Parallel: pass an mpi4py communicator `comm`; forward then takes this rank's rows
     (self.tokens(N), from the layout map) and the full length N, and after backward,
     reduce_gradients() sums the layer's parameter gradients over the ranks sharing its sequences.
+
+    Device: the core computes where the parameters are (`device` here, or after .to()/.cuda():
+    float32 on CUDA, with the library built with its CUDA backend).
     """
 
     def __init__(self, D, H, P=1, d=0, Hkv=0, kind="iha", collapse="global", mask="flat_causal", window=None,
                  window_virtual=None, rope=True, rope_base=500000.0, rope_scale=1.0, rope_scaling=None,
                  dtype=torch.float64, comm=None, layout="zigzag", scheme="sequence", head_ranks=1, w_std=0.02,
-                 generator=None):
+                 generator=None, device="cpu"):
         super().__init__()
         if window is not None and window_virtual is not None:
             raise ValueError("arguments 'window' and 'window_virtual': give at most one")
@@ -199,23 +210,29 @@ class IhaAttention(torch.nn.Module):
             self.c = torch.nn.Parameter(c)
         else:
             self.aq = self.ak = self.av = self.c = None
-        self._dtype = dtype
         self._comm, self._layout, self._scheme, self._head_ranks = comm, layout, scheme, head_ranks
         self._cores = {}
+        self.to(device)
+
+    @property
+    def _dtype(self):
+        return self.wq.dtype
 
     def core(self, N):
-        """The attention core for sequences of N tokens (built once per N; collective over the
-        communicator the first time)."""
-        if N not in self._cores:
-            self._cores[N] = Core(self.config, N, self._dtype, self._comm, self._layout, self._scheme, self._head_ranks)
-        return self._cores[N]
+        """The attention core for sequences of N tokens on the parameters' device and dtype
+        (built once per N, device and dtype; collective over the communicator the first time)."""
+        key = (N, self.wq.device.type, self.wq.dtype)
+        if key not in self._cores:
+            self._cores[key] = Core(self.config, N, self.wq.dtype, self._comm, self._layout, self._scheme,
+                                    self._head_ranks, device=self.wq.device)
+        return self._cores[key]
 
     def tokens(self, N):
         """This rank's tokens of a sequence of N (the rows forward expects, ascending)."""
         return self.core(N).tokens
 
     def forward(self, x, N=None, segments=None, cu_seqlens=None, token_map=None):
-        _check_tensor(x, "x", self._dtype)
+        _check_tensor(x, "x", self._dtype, device=self.wq.device.type)
         if x.dim() != 3 or x.shape[2] != self.config.D:
             raise ValueError(f"argument 'x': has shape {list(x.shape)}; expected [B, n_local, D={self.config.D}]")
         if N is None:

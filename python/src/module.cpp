@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,13 @@
 #include "parallel/mpi_handle.h"
 #include "parallel/plan.h"
 #include "ringattn/ringattn.h"
+#if IHA_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "attention/backend_cuda.h"
+#include "core/cuda_device.h"
+#include "parallel/nccl_comm.h"
+#endif
 
 namespace py = pybind11;
 
@@ -56,6 +64,7 @@ struct Arg {
   py::object capsule;
   void* data = nullptr;
   iha::DType dtype = iha::DType::f64;
+  iha::Device device = iha::Device::cpu;
   iha::Shape shape;
   std::string name;
   int64_t numel() const { return iha::shape_numel(shape); }
@@ -65,7 +74,12 @@ struct Arg {
   throw py::value_error("argument '" + name + "': " + why);
 }
 
-Arg borrow(py::handle obj, const std::string& name) {
+const char* device_word(iha::Device d) { return d == iha::Device::cuda ? "cuda" : "cpu"; }
+
+// want: the device the caller computes on (nullopt: any, for data_pointer). A CUDA tensor is
+// exported with stream=1 (DLPack's legacy default stream, where the CUDA backend queues its
+// work), so the producer makes that stream wait for the work it has queued on its own.
+Arg borrow(py::handle obj, const std::string& name, std::optional<iha::Device> want = iha::Device::cpu) {
   if (obj.is_none()) arg_error(name, "is None; a tensor is required");
   if (!py::hasattr(obj, "__dlpack__"))
     throw py::type_error("argument '" + name + "': expected a tensor (an object with __dlpack__, e.g. torch.Tensor "
@@ -73,7 +87,9 @@ Arg borrow(py::handle obj, const std::string& name) {
   Arg a;
   a.name = name;
   try {
-    a.capsule = obj.attr("__dlpack__")();
+    int32_t type = 1;
+    if (py::hasattr(obj, "__dlpack_device__")) type = obj.attr("__dlpack_device__")().cast<py::tuple>()[0].cast<int32_t>();
+    a.capsule = type == 2 ? obj.attr("__dlpack__")(py::arg("stream") = 1) : obj.attr("__dlpack__")();
   } catch (py::error_already_set& e) {
     arg_error(name, std::string("cannot be exported through DLPack (a strided, dense tensor is required): ") + e.what());
   }
@@ -83,9 +99,22 @@ Arg borrow(py::handle obj, const std::string& name) {
     arg_error(name, "its __dlpack__ did not return a DLPack capsule");
   }
   const DLTensor& t = m->dl_tensor;
-  if (t.device.device_type != 1)
-    arg_error(name, t.device.device_type == 2 ? "is a CUDA tensor; the Python route computes on CPU tensors only in this version (docs/python.md)"
-                                              : "is on a device other than the CPU");
+  if (t.device.device_type != 1 && t.device.device_type != 2)
+    arg_error(name, "is on a device other than the CPU or a CUDA GPU (DLPack device type " +
+                        std::to_string(t.device.device_type) + ")");
+  const iha::Device got = t.device.device_type == 2 ? iha::Device::cuda : iha::Device::cpu;
+  a.device = got;
+  if (want && got != *want)
+    arg_error(name, std::string("is a ") + (got == iha::Device::cuda ? "CUDA" : "CPU") +
+                        " tensor; this computes on " + device_word(*want) + " tensors (a Core's device argument)");
+#if IHA_HAVE_CUDA
+  if (got == iha::Device::cuda && want) {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != t.device.device_id)
+      arg_error(name, "is on CUDA device " + std::to_string(t.device.device_id) + "; the library computes on device " +
+                          std::to_string(current) + " (torch.cuda.set_device before building the Core)");
+  }
+#endif
   if (t.dtype.lanes != 1 || t.dtype.code != 2 || (t.dtype.bits != 32 && t.dtype.bits != 64))
     arg_error(name, "has dtype code " + std::to_string(t.dtype.code) + " of " + std::to_string(t.dtype.bits) +
                         " bits; expected float32 or float64");
@@ -114,7 +143,7 @@ void expect_dtype(const Arg& a, iha::DType want) {
                           " (the core's dtype)");
 }
 
-iha::Tensor view(const Arg& a) { return iha::Tensor::view(a.data, a.shape, a.dtype); }
+iha::Tensor view(const Arg& a) { return iha::Tensor::view(a.data, a.shape, a.dtype, a.device); }
 
 iha::SegmentStarts segments_from(const py::object& o) {
   if (o.is_none()) return {};
@@ -160,23 +189,48 @@ struct CoreCacheHandle {
   int64_t B = 0;
 };
 
+// The backend of a Core on `device`: null (the CPU backend of the core's dtype) or the CUDA
+// backend computing in float32, the one device dtype the Python route exchanges.
+std::shared_ptr<const iha::Backend> backend_for(iha::Device device, iha::DType dtype) {
+  if (device == iha::Device::cpu) return nullptr;
+#if IHA_HAVE_CUDA
+  if (dtype != iha::DType::f32)
+    throw py::value_error("argument 'dtype': the CUDA backend computes in float32, got float64");
+  if (iha::cuda_device_count() < 1)
+    throw py::value_error("argument 'device': 'cuda', but no CUDA device is visible to this process");
+  return iha::cuda_backend(iha::DType::f32);
+#else
+  (void)dtype;
+  throw py::value_error("argument 'device': 'cuda' needs the library built with its CUDA backend (IHA_CUDA=ON); "
+                        "this build has none");
+#endif
+}
+
 // One attention core of either dtype: local, sequence-parallel (ring for global layers, halo
-// for window layers) or head x sequence parallel (Ulysses, 2D).
+// for window layers) or head x sequence parallel (Ulysses, 2D), on the CPU or (float32) on
+// the CUDA backend, reading and writing the callers' tensors on that device in place.
 class Core {
  public:
   Core(const iha::LayerConfig& cfg, int64_t N, const std::string& dtype, const Comm* comm,
-       const std::string& layout, const std::string& scheme, int64_t head_ranks, int64_t ring_pieces)
+       const std::string& layout, const std::string& scheme, int64_t head_ranks, int64_t ring_pieces,
+       const std::string& device)
       : cfg_(cfg), N_(N) {
     cfg_.validate();
     if (N < 1) throw py::value_error("argument 'N': the sequence length must be >= 1, got " + std::to_string(N));
     dtype_ = iha::parse_dtype(dtype);
     if (dtype_ != iha::DType::f32 && dtype_ != iha::DType::f64)
       throw py::value_error("argument 'dtype': expected float32 or float64, got " + dtype);
+    if (device != "cpu" && device != "cuda")
+      throw py::value_error("argument 'device': expected 'cpu' or 'cuda', got '" + device + "'");
+    device_ = device == "cuda" ? iha::Device::cuda : iha::Device::cpu;
+    const auto be = backend_for(device_, dtype_);
     kind_ = iha::parse_layout(layout);
     if (comm == nullptr) {
       tokens_.resize(N);
       for (int64_t n = 0; n < N; ++n) tokens_[n] = n;
-      if (dtype_ == iha::DType::f64)
+      if (be)
+        c32_ = iha::make_local_core<float>(cfg_, N, be);
+      else if (dtype_ == iha::DType::f64)
         c64_ = iha::make_local_core<double>(cfg_, N);
       else
         c32_ = iha::make_local_core<float>(cfg_, N);
@@ -189,11 +243,18 @@ class Core {
     iha::MeshShape shape;
     shape.hp = head_ranks;
     shape.sp = R / head_ranks;
-    mesh_ = std::make_unique<iha::ProcessMesh>(comm->c, shape);
+    std::shared_ptr<iha::Communicator> world = comm->c;
+#if IHA_HAVE_CUDA
+    // The device communicator (NCCL with a GPU per rank, else host staging over MPI), as the
+    // trainer makes it; it selects this rank's GPU.
+    if (be) world = iha::make_device_world(world);
+#endif
+    mesh_ = std::make_unique<iha::ProcessMesh>(world, shape);
     auto groups = iha::ReplicaGroups::from(*mesh_);
     const auto sch = iha::parse_scheme(scheme);
     iha::SeqParallelOptions opt(kind_);
     opt.ring_pieces = ring_pieces;
+    opt.backend = be;
     if (dtype_ == iha::DType::f64)
       c64_ = iha::make_replica_core<double>(cfg_, N, groups, sch, opt);
     else
@@ -205,6 +266,7 @@ class Core {
   const std::vector<int64_t>& tokens() const { return tokens_; }
   const iha::LayerConfig& config() const { return cfg_; }
   std::string dtype() const { return iha::dtype_name(dtype_); }
+  std::string device() const { return device_word(device_); }
 
   void set_token_map(const std::vector<std::vector<int64_t>>& parts) {
     if (c64_) c64_->set_token_map(parts); else c32_->set_token_map(parts);
@@ -216,7 +278,7 @@ class Core {
   std::shared_ptr<CoreCacheHandle> forward(py::handle q, py::handle k, py::handle v, py::handle aq, py::handle ak,
                                            py::handle av, py::handle c, py::handle out, const py::object& segments) {
     Arg aq_, ak_, av_, c_;
-    Arg q_ = borrow(q, "q"), k_ = borrow(k, "k"), v_ = borrow(v, "v"), o_ = borrow(out, "out");
+    Arg q_ = take(q, "q"), k_ = take(k, "k"), v_ = take(v, "v"), o_ = take(out, "out");
     const int64_t B = check_qkv(q_, k_, v_);
     expect_shape(o_, q_.shape, "[B, n_local, H*d] (like q)");
     expect_dtype(o_, dtype_);
@@ -233,8 +295,8 @@ class Core {
                 py::handle ak, py::handle av, py::handle c, py::handle dq, py::handle dk, py::handle dv, py::handle daq,
                 py::handle dak, py::handle dav, py::handle dc) {
     if (!h.cache) throw py::value_error("argument 'cache': already consumed (one backward per forward)");
-    Arg q_ = borrow(q, "q"), k_ = borrow(k, "k"), v_ = borrow(v, "v"), g_ = borrow(dout, "dout");
-    Arg dq_ = borrow(dq, "dq"), dk_ = borrow(dk, "dk"), dv_ = borrow(dv, "dv");
+    Arg q_ = take(q, "q"), k_ = take(k, "k"), v_ = take(v, "v"), g_ = take(dout, "dout");
+    Arg dq_ = take(dq, "dq"), dk_ = take(dk, "dk"), dv_ = take(dv, "dv");
     const int64_t B = check_qkv(q_, k_, v_);
     if (B != h.B) arg_error("q", "batch " + std::to_string(B) + " differs from the forward's " + std::to_string(h.B));
     expect_shape(g_, q_.shape, "[B, n_local, H*d] (like q)");
@@ -245,7 +307,7 @@ class Core {
     Arg aq_, ak_, av_, c_, daq_, dak_, dav_, dc_;
     mix_args(aq, ak, av, c, aq_, ak_, av_, c_);
     if (cfg_.mixing) {
-      daq_ = borrow(daq, "daq"), dak_ = borrow(dak, "dak"), dav_ = borrow(dav, "dav"), dc_ = borrow(dc, "dc");
+      daq_ = take(daq, "daq"), dak_ = take(dak, "dak"), dav_ = take(dav, "dav"), dc_ = take(dc, "dc");
       expect_shape(daq_, aq_.shape, "aq's shape");
       expect_shape(dak_, ak_.shape, "ak's shape");
       expect_shape(dav_, av_.shape, "av's shape");
@@ -260,12 +322,14 @@ class Core {
   // core's own rule (sequence group; head and sequence groups under Ulysses).
   void reduce_gradients(const py::dict& grads) {
     std::vector<Arg> args;
-    for (auto item : grads) args.push_back(borrow(item.second, py::str(item.first)));
+    for (auto item : grads) args.push_back(take(item.second, py::str(item.first)));
     for (const Arg& a : args) expect_dtype(a, dtype_);
     if (c64_) run_reduce(*c64_, args); else run_reduce(*c32_, args);
   }
 
  private:
+  Arg take(py::handle obj, const std::string& name) const { return borrow(obj, name, device_); }
+
   int64_t check_qkv(const Arg& q, const Arg& k, const Arg& v) const {
     if (q.shape.size() != 3) arg_error("q", "has shape " + iha::shape_str(q.shape) + "; expected [B, n_local, H*d]");
     const int64_t B = q.shape[0], n = local_tokens();
@@ -282,7 +346,7 @@ class Core {
         if (!h.is_none()) arg_error(n, "must be None for an mha layer (it has no mixing or collapse)");
       return;
     }
-    aq_ = borrow(aq, "aq"), ak_ = borrow(ak, "ak"), av_ = borrow(av, "av"), c_ = borrow(c, "c");
+    aq_ = take(aq, "aq"), ak_ = take(ak, "ak"), av_ = take(av, "av"), c_ = take(c, "c");
     const int64_t H = cfg_.H, G = cfg_.kv_heads(), P = cfg_.P;
     expect_shape(aq_, {H, H, P}, "[H, H, P]");
     expect_shape(ak_, {G, G, P}, "[Hkv, Hkv, P]");
@@ -310,6 +374,8 @@ class Core {
     py::gil_scoped_release nogil;
     core.forward(w, B, static_cast<const T*>(q.data), static_cast<const T*>(k.data), static_cast<const T*>(v.data),
                  static_cast<T*>(out.data), *h.cache);
+    // The caller's next op may run on any stream: results are complete when a call returns.
+    core.backend().synchronize();
   }
 
   template <class T>
@@ -323,6 +389,7 @@ class Core {
       core.backward(w, h.B, static_cast<const T*>(q.data), static_cast<const T*>(k.data),
                     static_cast<const T*>(v.data), static_cast<const T*>(g.data), static_cast<T*>(dq.data),
                     static_cast<T*>(dk.data), static_cast<T*>(dv.data), grads, *h.cache);
+      core.backend().synchronize();
     }
     h.cache.reset();
   }
@@ -335,12 +402,14 @@ class Core {
       g.wq = view(a);
       py::gil_scoped_release nogil;
       core.reduce_gradients(g);
+      core.backend().synchronize();
     }
   }
 
   iha::LayerConfig cfg_;
   int64_t N_;
   iha::DType dtype_ = iha::DType::f64;
+  iha::Device device_ = iha::Device::cpu;
   iha::LayoutKind kind_ = iha::LayoutKind::contiguous;
   std::unique_ptr<iha::ProcessMesh> mesh_;
   std::shared_ptr<iha::AttentionCore<double>> c64_;
@@ -438,6 +507,13 @@ iha::RopeScaling rope_scaling_from(const py::dict& d) {
 
 PYBIND11_MODULE(_iha, m) {
   m.doc() = "IHA C++ library bindings (use iha.torch)";
+#if IHA_HAVE_CUDA
+  m.attr("cuda_built") = true;
+  m.def("cuda_device_count", [] { return iha::cuda_device_count(); }, "Visible CUDA devices (0 without a driver).");
+#else
+  m.attr("cuda_built") = false;
+  m.def("cuda_device_count", [] { return 0; }, "Visible CUDA devices: 0 (built without the CUDA backend).");
+#endif
   // Registered base first: pybind11 tries translators newest first, so a ConfigError (bad
   // input: a ValueError) is not caught as its base iha::Error (a RuntimeError).
   py::register_exception<iha::Error>(m, "Error", PyExc_RuntimeError);
@@ -508,16 +584,18 @@ PYBIND11_MODULE(_iha, m) {
 
   py::class_<Core>(m, "Core")
       .def(py::init([](const iha::LayerConfig& cfg, int64_t N, const std::string& dtype, const Comm* comm,
-                       const std::string& layout, const std::string& scheme, int64_t head_ranks, int64_t ring_pieces) {
-             return std::make_unique<Core>(cfg, N, dtype, comm, layout, scheme, head_ranks, ring_pieces);
+                       const std::string& layout, const std::string& scheme, int64_t head_ranks, int64_t ring_pieces,
+                       const std::string& device) {
+             return std::make_unique<Core>(cfg, N, dtype, comm, layout, scheme, head_ranks, ring_pieces, device);
            }),
            py::arg("config"), py::arg("N"), py::arg("dtype") = "float64", py::arg("comm") = nullptr,
            py::arg("layout") = "zigzag", py::arg("scheme") = "sequence", py::arg("head_ranks") = 1,
-           py::arg("ring_pieces") = 4)
+           py::arg("ring_pieces") = 4, py::arg("device") = "cpu")
       .def_property_readonly("local_tokens", &Core::local_tokens)
       .def_property_readonly("tokens", &Core::tokens)
       .def_property_readonly("config", &Core::config)
       .def_property_readonly("dtype", &Core::dtype)
+      .def_property_readonly("device", &Core::device)
       .def("set_token_map", &Core::set_token_map, py::arg("parts"))
       .def("forward", &Core::forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("aq"), py::arg("ak"),
            py::arg("av"), py::arg("c"), py::arg("out"), py::arg("segments") = py::none())
@@ -546,7 +624,7 @@ PYBIND11_MODULE(_iha, m) {
   }, py::arg("config"), py::arg("weights"), py::arg("x"), py::arg("dz"), py::arg("reps"),
      "Seconds per forward + backward of the C++ IhaLayer, timed in C++ (the overhead benchmark's baseline).");
 
-  m.def("data_pointer", [](py::handle t) { return reinterpret_cast<uintptr_t>(borrow(t, "tensor").data); },
+  m.def("data_pointer", [](py::handle t) { return reinterpret_cast<uintptr_t>(borrow(t, "tensor", std::nullopt).data); },
         py::arg("tensor"), "The address the library reads for this tensor (no-copy checks).");
 
   // The layout map (parallel/layout.h): Python never restates the rule.

@@ -213,7 +213,19 @@ class LayerTest(unittest.TestCase):
             ("comm type", lambda: it.Core(cfg, 4, comm=5), TypeError, "'comm'"),
             ("C++ dtype check", lambda: core.impl.forward(q, q, q, *mix, q.float()), ValueError, "'out'"),
             ("C++ contiguity check", lambda: _iha.data_pointer(torch.randn(4, 4).t()), ValueError, "'tensor'"),
+            ("core device", lambda: it.Core(cfg, 4, device="tpu"), ValueError, "'device'"),
+            ("C++ core device", lambda: _iha.Core(cfg, 4, device="gpu"), ValueError, "'device'"),
         ]
+        if _iha.cuda_device_count() == 0:
+            # No GPU (or no CUDA backend): a CUDA core is refused naming the argument, whichever.
+            cases.append(("cuda core without a GPU", lambda: it.Core(cfg, 4, dtype=torch.float32, device="cuda"),
+                          ValueError, "'device'"))
+        if not _iha.cuda_built:
+            cases.append(("cuda core in a CPU-only build", lambda: _iha.Core(cfg, 4, device="cuda"),
+                          ValueError, "IHA_CUDA"))
+        else:
+            cases.append(("cuda core in float64", lambda: _iha.Core(cfg, 4, dtype="float64", device="cuda"),
+                          ValueError, "'dtype'"))
         for what, fn, exc, name in cases:
             with self.subTest(what=what):
                 with self.assertRaises(exc) as cm:
