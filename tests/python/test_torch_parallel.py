@@ -1,13 +1,27 @@
 """iha.torch over an mpi4py communicator (run under mpiexec with 2 or 4 ranks): outputs and every
 gradient equal one process in float64 (1e-12), for ring (global layers), halo (window layers),
 Ulysses and 2D, each layout, with document boundaries; bad parallel input raises on every rank.
-The oracle is the one-process module with the same weights, computed on every rank."""
+The oracle is the one-process module with the same weights, computed on every rank.
+With IHA_TEST_DEVICE=cuda (CTest python_torch_parallel_cuda, label cuda) the parallel module runs
+on the GPU in float32 against the same CPU float64 oracle (1e-4, the C++ CUDA tests' fp32
+tolerance); every rank exits 77 (skipped) without a GPU or a CUDA build of torch."""
 import os
 import sys
 import unittest
 
-import torch
-from mpi4py import MPI
+DEVICE = os.environ.get("IHA_TEST_DEVICE", "cpu")
+if DEVICE == "cuda":
+    from iha import _iha
+    if _iha.cuda_device_count() == 0:
+        print("SKIPPED: no CUDA device visible (or the library was built without IHA_CUDA)")
+        sys.exit(77)
+
+import torch  # noqa: E402
+
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    print(f"SKIPPED: torch {torch.__version__} has no CUDA")
+    sys.exit(77)
+from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference  # noqa: E402
@@ -48,8 +62,11 @@ def make_pair(kw, layout, scheme, head_ranks):
     return one, par
 
 
-def close(a, b, tau=1e-12):
-    ok, err, scale = reference.close(a, b, tau)
+TAU = 1e-4 if DEVICE == "cuda" else 1e-12
+
+
+def close(a, b, tau=TAU):
+    ok, err, scale = reference.close(a.detach().cpu(), b.detach().cpu(), tau)
     return ok, f"max|a-b| = {err:.3e}, max|b| = {scale:.3e}"
 
 
@@ -90,9 +107,16 @@ class ParallelTest(unittest.TestCase):
             par.core(N).set_token_map(token_map)
         toks = par.tokens(N)
         self.assertEqual(len(toks), par.core(N).impl.local_tokens)
-        xl = iha.layout.shard(x, toks).requires_grad_(True)
+        xl = iha.layout.shard(x, toks)
+        dzl = iha.layout.shard(dz, toks)
+        if DEVICE == "cuda":
+            par.to("cuda", torch.float32)
+            if token_map is not None:
+                par.core(N).set_token_map(token_map)
+            xl, dzl = xl.float().cuda(), dzl.float().cuda()
+        xl.requires_grad_(True)
         zl = par(xl, N=N, segments=segments)
-        zl.backward(iha.layout.shard(dz, toks))
+        zl.backward(dzl)
         par.reduce_gradients(N)
         results = [close(zl, iha.layout.shard(zf.detach(), toks)), close(xl.grad, iha.layout.shard(xf.grad, toks))]
         for n in NAMES:
@@ -104,6 +128,7 @@ class ParallelTest(unittest.TestCase):
         ok = all(r[0] for r in results)
         self.check_all_ranks(ok, "; ".join(r[1] for r in results if not r[0]))
 
+    @unittest.skipIf(DEVICE == "cuda", "device-independent: run by the CPU test")
     def test_gathered_output_equals_one_process(self):
         kw = LAYERS[0][1]
         one, par = make_pair(kw, "zigzag", "sequence", 1)
@@ -115,6 +140,7 @@ class ParallelTest(unittest.TestCase):
         ok, msg = close(full, zf)
         self.check_all_ranks(ok, msg)
 
+    @unittest.skipIf(DEVICE == "cuda", "device-independent: run by the CPU test")
     def test_bad_parallel_input(self):
         with self.assertRaises(ValueError) as cm:
             it.IhaAttention(16, 4, P=2, comm=COMM, scheme="head", head_ranks=R + 1).core(N)
