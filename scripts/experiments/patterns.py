@@ -22,6 +22,12 @@ declared rule. A finished stage is skipped when rerun with the same command.
 3 asked keys (data.asked 3), 6 pairs, 4 value ids (64 answers); two global blocks, d 8; MHA
 with H = 2 and H = 4, IHA with H = 2 and P = 2; pilot seeds 911-913, main seeds 2001-2005; the
 same gate, endpoints and verdict rule with H = 2.
+
+--design v3-c1 | v3-c2 | v3-c3 is section 4.4's revision v3 (registered before its runs): v2's
+task with 4 query blocks a training sequence, lr 3e-3 cosine to 3e-4, the candidates GG d 8,
+GG d 16 and GGG d 16. With --calibrate, MHA(2) and MHA(4) on seed 921 only, then stop; the
+first candidate that passes the gate there has its gate pilot (seeds 931-933) and main runs
+(seeds 3001-3005) run without --calibrate.
 """
 import concurrent.futures
 import json
@@ -51,6 +57,20 @@ DESIGNS = {
            "models": [("mha-h2", 2, MHA), ("mha-h4", 4, MHA), ("iha-h2-p2", 2, [("model.P", "2")])],
            "results": "patterns_v2_results.json"},
 }
+# v3, section 4.4's "Revision v3" (registered before any of its runs): v2's task with 4 query
+# blocks a training sequence and the demo's learning rate (3e-3, cosine to 3e-4), in three
+# candidate sizes. --calibrate runs MHA(2) and MHA(4) of a candidate on the calibration seed
+# only (no IHA run); the first candidate, in the order c1, c2, c3, whose MHA(4) ends at or above
+# --succeeds-above and MHA(2) at or below --fails-below is the one whose gate pilot and main
+# runs go ahead.
+V3_TASK = [("data.kind", "orderedpair"), ("data.asked", "3"), ("data.pairs", "6"), ("data.key_tokens", "16"),
+           ("data.value_tokens", "4"), ("data.queries", "4"), ("model.vocab_size", "128")]
+for _name, _pattern, _d in (("v3-c1", "GG", 8), ("v3-c2", "GG", 16), ("v3-c3", "GGG", 16)):
+    DESIGNS[_name] = {"task": V3_TASK, "pattern": _pattern, "d": _d, "lr": "3.0e-3", "min_lr": "3.0e-4",
+                      "calibration_seeds": "921", "pilot_seeds": "931,932,933",
+                      "seeds": "3001,3002,3003,3004,3005",
+                      "models": [("mha-h2", 2, MHA), ("mha-h4", 4, MHA), ("iha-h2-p2", 2, [("model.P", "2")])],
+                      "results": "patterns_%s_results.json" % _name.replace("-", "_")}
 
 
 def paired(xs, ys):
@@ -76,7 +96,9 @@ def main():
     ap.add_argument("--pilot-seeds", default=None, help="default: the design's")
     ap.add_argument("--seeds", default=None, help="default: the design's")
     ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--lr", default="1.0e-3")
+    ap.add_argument("--lr", default=None, help="default: the design's (v1, v2: 1e-3, constant)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="v3: MHA(H) and MHA(2H) on the design's calibration seed only, then stop")
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--pilot-eval-every", type=int, default=100)
@@ -88,7 +110,14 @@ def main():
     a = ap.parse_args()
     design = DESIGNS[a.design]
     TASK, MODELS = design["task"], design["models"]
+    if a.calibrate:
+        if "calibration_seeds" not in design:
+            ap.error("--calibrate: design %s has no calibration stage" % a.design)
+        a.pilot_seeds, a.stop_after = design["calibration_seeds"], "pilot"
+        design = dict(design, results=design["results"].replace("_results", "_calibration"))
     a.pilot_seeds = a.pilot_seeds or design["pilot_seeds"]
+    a.lr = a.lr or design.get("lr", "1.0e-3")
+    min_lr = design.get("min_lr", a.lr)
     a.seeds = a.seeds or design["seeds"]
     if a.smoke:
         a.pilot_seeds, a.seeds, a.steps, a.batch = "901", "1001,1002", 4, 4
@@ -107,7 +136,7 @@ def main():
             ("mesh.sp", "1"), ("sequence.length", str(a.length)), ("model.layers", str(len(design["pattern"]))),
             ("model.pattern", design["pattern"]), ("model.H", str(model[1])), ("model.d", str(design["d"])),
             ("train.steps", str(a.steps)), ("optim.lr", a.lr),
-            ("optim.min_lr", a.lr), ("optim.warmup_steps", "1" if a.smoke else "30"),
+            ("optim.min_lr", min_lr), ("optim.warmup_steps", "1" if a.smoke else "30"),
             ("train.batch_size", str(a.batch)), ("train.micro_batch", str(a.batch)), ("train.seed", str(seed)),
             ("data.seed", str(seed)), ("eval.every", str(every)), ("eval.sequences", str(sequences)),
             ("logging.every", "100"), ("checkpoint.dir", os.path.join(d, "ck")), ("checkpoint.every", "0"),
@@ -122,7 +151,8 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
             return list(pool.map(run, jobs))
 
-    out = {"machine": expkit.machine(), "smoke": a.smoke, "design": a.design, "steps": a.steps, "lr": a.lr,
+    out = {"machine": expkit.machine(), "smoke": a.smoke, "design": a.design, "calibration": a.calibrate,
+           "steps": a.steps, "lr": a.lr, "min_lr": min_lr,
            "pilot_seeds": pilot_seeds, "seeds": seeds}
     h1, h2, iha = (m[0] for m in MODELS)
     out["pilot"] = in_parallel([(m, s, a.pilot_eval_every, a.pilot_sequences) for m in MODELS[:2] for s in pilot_seeds])
