@@ -96,13 +96,20 @@ class SyntheticSource : public TokenSource {
   // distinct keys, values drawn with replacement, pair i at its slot (key, then value). Keys
   // are ids 1 + [0, key_tokens), values 1 + key_tokens + [0, value_tokens). Returns the
   // drawn key and value indices; the draws from rng are the same for every task of the family.
+  // With fused_base >= 0, pair i is the one token fused_base + key * value_tokens + value.
   static std::pair<std::vector<int64_t>, std::vector<int64_t>> place_pairs(Rng& rng, const MultiKeySpec& spec,
-                                                                           int64_t haystack, Placement& pl) {
+                                                                           int64_t haystack, Placement& pl,
+                                                                           int64_t fused_base = -1) {
     const int64_t k = spec.pairs, key_base = 1, value_base = 1 + spec.key_tokens;
     std::vector<int64_t> keys = distinct_draw(rng, spec.key_tokens, k);
     std::vector<int64_t> values(static_cast<size_t>(k));
     for (auto& v : values) v = static_cast<int64_t>(rng.next_below(spec.value_tokens));
     for (int64_t i = 0; i < k; ++i) {
+      if (fused_base >= 0) {
+        const int64_t p = slot_position(rng, haystack, k, i, 1);
+        pl.placed.emplace_back(p, static_cast<int32_t>(fused_base + keys[i] * spec.value_tokens + values[i]));
+        continue;
+      }
       const int64_t p = slot_position(rng, haystack, k, i, 2);
       pl.placed.emplace_back(p, static_cast<int32_t>(key_base + keys[i]));
       pl.placed.emplace_back(p + 1, static_cast<int32_t>(value_base + values[i]));
@@ -164,11 +171,15 @@ class MultiKeySource final : public SyntheticSource {
 class OrderedPairSource final : public SyntheticSource {
  public:
   OrderedPairSource(const MultiKeySpec& spec, int64_t vocab, int64_t N, uint64_t seed)
-      : SyntheticSource(vocab, N, seed, 1 + spec.key_tokens + spec.value_tokens + answer_ids(spec), spec.loss_on),
+      : SyntheticSource(vocab, N, seed,
+                        1 + spec.key_tokens + spec.value_tokens + answer_ids(spec) +
+                            (spec.fused ? spec.key_tokens * spec.value_tokens : 0),
+                        spec.loss_on),
         spec_(spec) {}
   std::string describe() const override {
     std::string d = describe_pairs("orderedpair", spec_);
     if (spec_.asked != 2) d.insert(d.size() - 1, ", asked=" + std::to_string(spec_.asked));
+    if (spec_.fused) d.insert(d.size() - 1, ", fused");
     return d;
   }
   // value_tokens^asked (the caller checked that it fits the vocabulary).
@@ -186,7 +197,8 @@ class OrderedPairSource final : public SyntheticSource {
     const int64_t a = spec_.asked, block = a + 2;  // QUERY, a keys, the answer
     const int64_t haystack = N_ + 1 - block * q;
     Placement pl;
-    const auto [keys, values] = place_pairs(rng, spec_, haystack, pl);
+    const auto [keys, values] =
+        place_pairs(rng, spec_, haystack, pl, spec_.fused ? answer_base + answer_ids(spec_) : -1);
     for (int64_t j = 0; j < q; ++j) {
       const int64_t p = haystack + block * j;
       const std::vector<int64_t> asked = distinct_draw(rng, k, a);  // ordered: first, second, ...
@@ -618,14 +630,18 @@ std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, i
   int64_t answers = 1;
   for (int64_t i = 0; i < spec.asked && answers < vocab; ++i)
     answers = answers > vocab / spec.value_tokens ? vocab : answers * spec.value_tokens;
-  const int64_t used = 1 + spec.key_tokens + spec.value_tokens + answers;
+  // The fused pairs' ids, likewise counted only up to the vocabulary.
+  const int64_t fused =
+      !spec.fused ? 0 : spec.key_tokens > vocab / spec.value_tokens ? vocab : spec.key_tokens * spec.value_tokens;
+  const int64_t used = 1 + spec.key_tokens + spec.value_tokens + answers + fused;
   IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the orderedpair task needs ", answers >= vocab ? "more than " : "",
-                   used, " ids (query marker, ", p, "key_tokens, ", p, "value_tokens and ", p, "value_tokens^",
-                   p, "asked answer ids) plus at least one filler id, got ", vocab);
-  const int64_t block = spec.asked + 2;
+                   used, " ids (query marker, ", p, "key_tokens, ", p, "value_tokens, ", p, "value_tokens^",
+                   p, "asked answer ids", spec.fused ? " and the fused pairs' key_tokens * value_tokens" : "",
+                   ") plus at least one filler id, got ", vocab);
+  const int64_t block = spec.asked + 2, width = spec.fused ? 1 : 2;
   const int64_t haystack = N + 1 - block * spec.queries;
-  IHA_CONFIG_CHECK(haystack >= 2 * spec.pairs, n.length, ": ", spec.pairs, " pairs and ", spec.queries,
-                   " queries need at least ", 2 * spec.pairs + block * spec.queries - 1, " tokens, got ", N);
+  IHA_CONFIG_CHECK(haystack >= width * spec.pairs, n.length, ": ", spec.pairs, " pairs and ", spec.queries,
+                   " queries need at least ", width * spec.pairs + block * spec.queries - 1, " tokens, got ", N);
   return std::make_shared<OrderedPairSource>(spec, vocab, N, seed);
 }
 

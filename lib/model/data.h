@@ -87,6 +87,7 @@ struct MultiKeySpec {
   int64_t value_tokens = 16;
   LossOn loss_on = LossOn::answer;
   int64_t asked = 2;  // the orderedpair task only: distinct keys a query asks
+  bool fused = false;  // the orderedpair task only: each pair is one token (below)
 };
 
 // Ordered-tuple retrieval (docs/experiments.md section 4.4): `pairs` (key, value) pairs as in
@@ -96,7 +97,9 @@ struct MultiKeySpec {
 // as base-value_tokens digits, v(k1) first. With A = 2 (the default): value_tokens * v(k1) +
 // v(k2), the ordered pair. One attention pattern averaging the retrieved values loses their
 // order; one pattern per asked key keeps it. The spec is MultiKeySpec's (the same data.* keys,
-// and data.asked).
+// and data.asked). With `fused` (data.fused), each pair is one token, id fused_base + key *
+// value_tokens + value after the answer ids, so a value is found by its own token's key part
+// in one attention step, without the previous-token step a two-token pair needs.
 // 2-hop composition: `chains` chains a -> b -> c over distinct entities, stated as 2-token
 // facts (a b), (b c) in shuffled order at random depths in filler; a query (QUERY, a, c)
 // asks for the entity two hops from a chain drawn uniformly (with replacement); c is the

@@ -146,7 +146,7 @@ const std::vector<std::pair<std::string, std::string>> kDataKeyKinds = {
     {"seed", "multikey, orderedpair and twohop"}, {"pairs", "multikey and orderedpair"},
     {"queries", "multikey, orderedpair and twohop"}, {"key_tokens", "multikey and orderedpair"},
     {"value_tokens", "multikey and orderedpair"}, {"loss_on", "multikey, orderedpair and twohop"},
-    {"asked", "orderedpair"}, {"chains", "twohop"}, {"entity_tokens", "twohop"},
+    {"asked", "orderedpair"}, {"fused", "orderedpair"}, {"chains", "twohop"}, {"entity_tokens", "twohop"},
     {"path", "hdf5"}, {"dataset", "hdf5"}};
 const std::vector<std::pair<std::string, std::string>> kEvalKeyKinds = {
     {"queries", "multikey, orderedpair and twohop"}, {"path", "hdf5"}};
@@ -169,7 +169,10 @@ void parse_data_section(const ConfigNode& data, RunConfig& c) {
     m.key_tokens = positive(data, "key_tokens", m.key_tokens);
     m.value_tokens = positive(data, "value_tokens", m.value_tokens);
     m.loss_on = parse_loss_on(data);
-    if (c.data.kind == "orderedpair") m.asked = positive(data, "asked", m.asked);
+    if (c.data.kind == "orderedpair") {
+      m.asked = positive(data, "asked", m.asked);
+      m.fused = data.get<bool>("fused", m.fused);
+    }
   } else if (c.data.kind == "twohop") {
     c.data.seed = static_cast<uint64_t>(non_negative(data, "seed", 1));
     TwoHopSpec& t = c.data.twohop;

@@ -28,6 +28,10 @@ task with 4 query blocks a training sequence, lr 3e-3 cosine to 3e-4, the candid
 GG d 16 and GGG d 16. With --calibrate, MHA(2) and MHA(4) on seed 921 only, then stop; the
 first candidate that passes the gate there has its gate pilot (seeds 931-933) and main runs
 (seeds 3001-3005) run without --calibrate.
+
+--design v4-c1 | v4-c2 is revision v4: v3's task with fused pairs (data.fused true, vocabulary
+192), two global blocks with d 8 or 16, calibrated on seed 924 as v3; gate pilot seeds
+941-943, main seeds 4001-4005.
 """
 import concurrent.futures
 import json
@@ -71,6 +75,15 @@ for _name, _pattern, _d in (("v3-c1", "GG", 8), ("v3-c2", "GG", 16), ("v3-c3", "
                       "seeds": "3001,3002,3003,3004,3005",
                       "models": [("mha-h2", 2, MHA), ("mha-h4", 4, MHA), ("iha-h2-p2", 2, [("model.P", "2")])],
                       "results": "patterns_%s_results.json" % _name.replace("-", "_")}
+# v4, section 4.4's "Revision v4" (registered before any of its runs): v3's task and training
+# with fused pairs (data.fused: each (key, value) pair one token, so a value is retrieved in one
+# attention step by its own token's key part), in two candidate sizes, calibrated as v3.
+V4_TASK = V3_TASK + [("data.fused", "true")]
+V4_TASK = [(k, "192" if k == "model.vocab_size" else v) for k, v in V4_TASK]
+for _name, _pattern, _d in (("v4-c1", "GG", 8), ("v4-c2", "GG", 16)):
+    DESIGNS[_name] = dict(DESIGNS["v3-c1"], task=V4_TASK, pattern=_pattern, d=_d, calibration_seeds="924",
+                          pilot_seeds="941,942,943", seeds="4001,4002,4003,4004,4005",
+                          results="patterns_%s_results.json" % _name.replace("-", "_"))
 
 
 def paired(xs, ys):

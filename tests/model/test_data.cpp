@@ -244,6 +244,60 @@ TEST(Synthetic, OrderedTupleAnswerIsTheTuple) {
   EXPECT_GT(answers.size(), 50u) << "the 64 ordered triples are all reachable";
 }
 
+// data.fused: each pair one token, fused_base + key * value_tokens + value, after the answer
+// ids; the query blocks and answers as without it.
+TEST(Synthetic, OrderedTupleWithFusedPairs) {
+  MultiKeySpec spec;
+  spec.pairs = 6;
+  spec.queries = 3;
+  spec.key_tokens = 16;
+  spec.value_tokens = 4;
+  spec.asked = 3;
+  spec.fused = true;
+  const int64_t N = 48, V = 160, answer_base = 1 + 16 + 4, fused_base = answer_base + 64;
+  auto src = make_orderedpair_source(spec, V, N, 9);
+  EXPECT_NE(src->describe().find(", fused)"), std::string::npos) << src->describe();
+  std::set<int32_t> fused_seen;
+  for (int64_t s = 0; s < 200; ++s) {
+    const Whole w = whole(*src, s);
+    const std::vector<int32_t> x = all_tokens(w);
+    const int64_t haystack = N + 1 - 5 * spec.queries;
+    std::map<int32_t, int32_t> value_of;  // key token id -> value index
+    for (int64_t p = 0; p < haystack; ++p) {
+      ASSERT_FALSE(x[p] >= 1 && x[p] < answer_base) << "no separate key or value token in the context, at " << p;
+      if (x[p] >= fused_base && x[p] < fused_base + 64) {
+        const int32_t key = 1 + (x[p] - fused_base) / 4;
+        EXPECT_EQ(value_of.count(key), 0u) << "keys are distinct, at " << p;
+        value_of[key] = (x[p] - fused_base) % 4;
+        fused_seen.insert(x[p]);
+      }
+    }
+    ASSERT_EQ(value_of.size(), 6u) << "sequence " << s;
+    for (int64_t j = 0; j < spec.queries; ++j) {
+      const int64_t p = haystack + 5 * j;
+      ASSERT_EQ(x[p], 0);
+      for (int i = 1; i <= 3; ++i) ASSERT_EQ(value_of.count(x[p + i]), 1u) << "an asked key is in the context";
+      EXPECT_EQ(x[p + 4], answer_base + 16 * value_of[x[p + 1]] + 4 * value_of[x[p + 2]] + value_of[x[p + 3]]);
+      EXPECT_EQ(w.answer[p + 3], 1);
+      EXPECT_EQ(w.targets[p + 3], x[p + 4]);
+    }
+    for (int64_t p = N - 1; p >= 0 && p >= haystack + 5 * spec.queries; --p)
+      EXPECT_GE(x[p], fused_base + 64) << "filler after the fused ids";
+  }
+  EXPECT_GT(fused_seen.size(), 60u) << "every (key, value) id is reachable";
+  // The fused ids count against the vocabulary; the pairs take one token each of the length.
+  const TaskNames cfg = task_config_names(false);
+  try {
+    make_orderedpair_source(spec, 149, N, 1, cfg);  // 1 + 16 + 4 + 64 + 64 = 149 ids, no filler
+    ADD_FAILURE() << "a vocabulary without a filler id accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 149 ids"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fused"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(make_orderedpair_source(spec, 150, 6 + 15 - 1, 1, cfg));  // 6 pairs, 3 blocks of 5
+  EXPECT_THROW(make_orderedpair_source(spec, 150, 6 + 15 - 2, 1, cfg), ConfigError);
+}
+
 TEST(Synthetic, TasksThatDoNotFitAreConfigErrors) {
   // Named as the configuration module names them (the config keys); see below for the default.
   const TaskNames cfg = task_config_names(false);
@@ -804,12 +858,19 @@ TEST(RunConfig, OrderedPairTakesTheMultikeyKeys) {
   c = test::run_config_from(base_yaml(), {"data.kind=orderedpair", "data.value_tokens=4", "data.pairs=3",
                                           "data.asked=3", "model.vocab_size=100"});
   EXPECT_NE(make_data_source(c, false)->describe().find("asked=3)"), std::string::npos);
-  // data.asked belongs to the orderedpair task: the multikey task does not read it.
-  try {
-    test::run_config_from(base_yaml(), {"data.asked=3"});
-    ADD_FAILURE() << "data.asked accepted for the multikey task";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("data.asked"), std::string::npos) << e.what();
+  c = test::run_config_from(base_yaml(), {"data.kind=orderedpair", "data.value_tokens=4", "data.pairs=3",
+                                          "data.fused=true", "model.vocab_size=100"});
+  EXPECT_TRUE(c.data.multikey.fused);
+  EXPECT_NE(make_data_source(c, false)->describe().find(", fused)"), std::string::npos);
+  // data.asked and data.fused belong to the orderedpair task: the multikey task does not read them.
+  for (const char* key : {"data.asked=3", "data.fused=true"}) {
+    try {
+      test::run_config_from(base_yaml(), {key});
+      ADD_FAILURE() << key << " accepted for the multikey task";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(key).substr(0, std::string(key).find('='))),
+                std::string::npos) << e.what();
+    }
   }
 }
 
