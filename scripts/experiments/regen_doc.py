@@ -433,6 +433,45 @@ def patterns_pilot(data, name="patterns_results", roles=("MHA(1)", "MHA(2)")):
                   "median", "best evaluation per seed"], rows)
 
 
+V3_CANDIDATES = (("v3-c1", "GG", 8), ("v3-c2", "GG", 16), ("v3-c3", "GGG", 16))
+V4_CANDIDATES = (("v4-c1", "GG", 8), ("v4-c2", "GG", 16))
+
+
+def patterns_calibration(data, candidates, seed):
+    """A section 4.4 revision's calibration: each candidate that ran, MHA(2) and MHA(4) on one seed."""
+    rows = []
+    for name, pattern, d_head in candidates:
+        path = os.path.join(data.folder, "patterns_%s_calibration.json" % name.replace("-", "_"))
+        if not os.path.exists(path):
+            rows.append([name, pattern, d_head, "not run", "", "", ""])
+            continue
+        d = data(os.path.basename(path)[:-5])
+        by = {x["model"]: x for x in d["pilot"]}
+        best = lambda m: "%.3f" % max(a for _, a in by[m]["curve"])
+        rows.append([name, pattern, d_head, "%.3f (best %s)" % (by["mha-h2"]["accuracy"], best("mha-h2")),
+                     "%.3f (best %s)" % (by["mha-h4"]["accuracy"], best("mha-h4")),
+                     "%d s" % round(d["stage_seconds"]), "**yes**" if d["gate"]["passed"] else "no"])
+    return table(["candidate", "blocks", "d", "MHA(2) final (seed %d)" % seed, "MHA(4) final (seed %d)" % seed,
+                  "stage time", "qualifies"], rows)
+
+
+def patterns_main(data, name):
+    """A section 4.4 design's main runs: final accuracy per seed, the paired differences, verdict."""
+    d = data(name)
+    if "comparison" not in d:
+        return table(["main runs"], [["not run: the gate did not pass" if not d["gate"]["passed"] else "not finished"]])
+    models = [m for m in ("mha-h2", "mha-h4", "iha-h2-p2") if any(x["model"] == m for x in d["runs"])]
+    by = {(x["model"], x["seed"]): x for x in d["runs"]}
+    rows = [[s] + ["%.3f" % by[(m, s)]["accuracy"] for m in models] for s in d["seeds"]]
+    c = d["comparison"]
+    for key, label in (("iha_minus_mha_h1", "IHA - MHA(2)"), ("iha_minus_mha_h2", "IHA - MHA(4)")):
+        x = c[key]
+        rows.append(["%s: mean +- se, 95%% interval" % label, pm(x["mean"], x["se"]),
+                     "[%+.3f, %+.3f]" % tuple(x["interval"]), ""])
+    rows.append(["verdict (declared rule)", "**%s**" % c["verdict"], "", ""])
+    return table(["seed"] + ["%s final accuracy" % m for m in models], rows)
+
+
 TABLES = {
     "ctx-accuracy": ctx_accuracy,
     "ctx-vs-none": ctx_vs_none,
@@ -465,6 +504,8 @@ TABLES = {
     "tts-main-summary": tts_main_summary,
     "patterns-pilot": patterns_pilot,
     "patterns-v2-pilot": lambda d: patterns_pilot(d, "patterns_v2_results", ("MHA(2)", "MHA(4)")),
+    "patterns-v3-calibration": lambda d: patterns_calibration(d, V3_CANDIDATES, 921),
+    "patterns-v4-calibration": lambda d: patterns_calibration(d, V4_CANDIDATES, 924),
 }
 
 
