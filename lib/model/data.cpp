@@ -171,45 +171,60 @@ class MultiKeySource final : public SyntheticSource {
 class OrderedPairSource final : public SyntheticSource {
  public:
   OrderedPairSource(const MultiKeySpec& spec, int64_t vocab, int64_t N, uint64_t seed)
-      : SyntheticSource(vocab, N, seed,
-                        1 + spec.key_tokens + spec.value_tokens + answer_ids(spec) +
-                            (spec.fused ? spec.key_tokens * spec.value_tokens : 0),
-                        spec.loss_on),
-        spec_(spec) {}
+      : SyntheticSource(vocab, N, seed, question_base(spec) + question_ids(spec), spec.loss_on), spec_(spec) {}
   std::string describe() const override {
     std::string d = describe_pairs("orderedpair", spec_);
     if (spec_.asked != 2) d.insert(d.size() - 1, ", asked=" + std::to_string(spec_.asked));
     if (spec_.fused) d.insert(d.size() - 1, ", fused");
+    if (spec_.question_token) d.insert(d.size() - 1, ", question_token");
     return d;
   }
-  // value_tokens^asked (the caller checked that it fits the vocabulary).
-  static int64_t answer_ids(const MultiKeySpec& spec) {
+  // The ids after the query marker, keys and values: value_tokens^asked answers, then the fused
+  // pairs' key_tokens * value_tokens (with fused), then the questions' key_tokens^asked (with
+  // question_token); the caller checked that they fit the vocabulary.
+  static int64_t power(int64_t base, int64_t exponent) {
     int64_t n = 1;
-    for (int64_t i = 0; i < spec.asked; ++i) n *= spec.value_tokens;
+    for (int64_t i = 0; i < exponent; ++i) n *= base;
     return n;
+  }
+  static int64_t answer_base(const MultiKeySpec& spec) { return 1 + spec.key_tokens + spec.value_tokens; }
+  static int64_t fused_base(const MultiKeySpec& spec) {
+    return answer_base(spec) + power(spec.value_tokens, spec.asked);
+  }
+  static int64_t question_base(const MultiKeySpec& spec) {
+    return fused_base(spec) + (spec.fused ? spec.key_tokens * spec.value_tokens : 0);
+  }
+  static int64_t question_ids(const MultiKeySpec& spec) {
+    return spec.question_token ? power(spec.key_tokens, spec.asked) : 0;
   }
 
  protected:
   Placement place(int64_t s) const override {
     Rng rng{hash3(seed_, 0x6f70616972ull, static_cast<uint64_t>(s)), 0};
     const int64_t k = spec_.pairs, q = spec_.queries, nv = spec_.value_tokens;
-    const int64_t key_base = 1, value_base = 1 + spec_.key_tokens, answer_base = value_base + nv;
-    const int64_t a = spec_.asked, block = a + 2;  // QUERY, a keys, the answer
+    const int64_t key_base = 1, answers = answer_base(spec_);
+    // A query block: QUERY, the a asked keys, the answer; or the question token, the answer.
+    const int64_t a = spec_.asked, block = spec_.question_token ? 2 : a + 2;
     const int64_t haystack = N_ + 1 - block * q;
     Placement pl;
-    const auto [keys, values] =
-        place_pairs(rng, spec_, haystack, pl, spec_.fused ? answer_base + answer_ids(spec_) : -1);
+    const auto [keys, values] = place_pairs(rng, spec_, haystack, pl, spec_.fused ? fused_base(spec_) : -1);
     for (int64_t j = 0; j < q; ++j) {
       const int64_t p = haystack + block * j;
       const std::vector<int64_t> asked = distinct_draw(rng, k, a);  // ordered: first, second, ...
-      pl.placed.emplace_back(p, kQueryToken);
-      int64_t answer = 0;
+      int64_t answer = 0, question = 0;
       for (int64_t i = 0; i < a; ++i) {
-        pl.placed.emplace_back(p + 1 + i, static_cast<int32_t>(key_base + keys[asked[i]]));
         answer = answer * nv + values[asked[i]];
+        question = question * spec_.key_tokens + keys[asked[i]];
       }
-      pl.placed.emplace_back(p + 1 + a, static_cast<int32_t>(answer_base + answer));
-      pl.answer_positions.push_back(p + 1 + a);
+      if (spec_.question_token) {
+        pl.placed.emplace_back(p, static_cast<int32_t>(question_base(spec_) + question));
+      } else {
+        pl.placed.emplace_back(p, kQueryToken);
+        for (int64_t i = 0; i < a; ++i)
+          pl.placed.emplace_back(p + 1 + i, static_cast<int32_t>(key_base + keys[asked[i]]));
+      }
+      pl.placed.emplace_back(p + block - 1, static_cast<int32_t>(answers + answer));
+      pl.answer_positions.push_back(p + block - 1);
     }
     finish(pl);
     return pl;
@@ -630,15 +645,20 @@ std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, i
   int64_t answers = 1;
   for (int64_t i = 0; i < spec.asked && answers < vocab; ++i)
     answers = answers > vocab / spec.value_tokens ? vocab : answers * spec.value_tokens;
-  // The fused pairs' ids, likewise counted only up to the vocabulary.
+  // The fused pairs' and the questions' ids, likewise counted only up to the vocabulary.
   const int64_t fused =
       !spec.fused ? 0 : spec.key_tokens > vocab / spec.value_tokens ? vocab : spec.key_tokens * spec.value_tokens;
-  const int64_t used = 1 + spec.key_tokens + spec.value_tokens + answers + fused;
-  IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the orderedpair task needs ", answers >= vocab ? "more than " : "",
-                   used, " ids (query marker, ", p, "key_tokens, ", p, "value_tokens, ", p, "value_tokens^",
-                   p, "asked answer ids", spec.fused ? " and the fused pairs' key_tokens * value_tokens" : "",
+  int64_t questions = spec.question_token ? 1 : 0;
+  for (int64_t i = 0; spec.question_token && i < spec.asked && questions < vocab; ++i)
+    questions = questions > vocab / spec.key_tokens ? vocab : questions * spec.key_tokens;
+  const int64_t used = 1 + spec.key_tokens + spec.value_tokens + answers + fused + questions;
+  IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the orderedpair task needs ",
+                   answers >= vocab || questions >= vocab ? "more than " : "", used, " ids (query marker, ", p,
+                   "key_tokens, ", p, "value_tokens, ", p, "value_tokens^", p, "asked answer ids",
+                   spec.fused ? ", the fused pairs' key_tokens * value_tokens" : "",
+                   spec.question_token ? ", the questions' key_tokens^asked" : "",
                    ") plus at least one filler id, got ", vocab);
-  const int64_t block = spec.asked + 2, width = spec.fused ? 1 : 2;
+  const int64_t block = spec.question_token ? 2 : spec.asked + 2, width = spec.fused ? 1 : 2;
   const int64_t haystack = N + 1 - block * spec.queries;
   IHA_CONFIG_CHECK(haystack >= width * spec.pairs, n.length, ": ", spec.pairs, " pairs and ", spec.queries,
                    " queries need at least ", width * spec.pairs + block * spec.queries - 1, " tokens, got ", N);

@@ -88,6 +88,7 @@ struct MultiKeySpec {
   LossOn loss_on = LossOn::answer;
   int64_t asked = 2;  // the orderedpair task only: distinct keys a query asks
   bool fused = false;  // the orderedpair task only: each pair is one token (below)
+  bool question_token = false;  // the orderedpair task only: a query is one token (below)
 };
 
 // Ordered-tuple retrieval (docs/experiments.md section 4.4): `pairs` (key, value) pairs as in
@@ -99,7 +100,11 @@ struct MultiKeySpec {
 // order; one pattern per asked key keeps it. The spec is MultiKeySpec's (the same data.* keys,
 // and data.asked). With `fused` (data.fused), each pair is one token, id fused_base + key *
 // value_tokens + value after the answer ids, so a value is found by its own token's key part
-// in one attention step, without the previous-token step a two-token pair needs.
+// in one attention step, without the previous-token step a two-token pair needs. With
+// `question_token` (data.question_token), a query block is (question, answer): one token,
+// question_base + the asked keys' indices read as base-key_tokens digits (k1 first), after the
+// fused ids (or the answers), so the answer is predicted at a token that names every asked key
+// and one attention layer can retrieve them all.
 // 2-hop composition: `chains` chains a -> b -> c over distinct entities, stated as 2-token
 // facts (a b), (b c) in shuffled order at random depths in filler; a query (QUERY, a, c)
 // asks for the entity two hops from a chain drawn uniformly (with replacement); c is the

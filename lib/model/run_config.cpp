@@ -146,7 +146,8 @@ const std::vector<std::pair<std::string, std::string>> kDataKeyKinds = {
     {"seed", "multikey, orderedpair and twohop"}, {"pairs", "multikey and orderedpair"},
     {"queries", "multikey, orderedpair and twohop"}, {"key_tokens", "multikey and orderedpair"},
     {"value_tokens", "multikey and orderedpair"}, {"loss_on", "multikey, orderedpair and twohop"},
-    {"asked", "orderedpair"}, {"fused", "orderedpair"}, {"chains", "twohop"}, {"entity_tokens", "twohop"},
+    {"asked", "orderedpair"}, {"fused", "orderedpair"}, {"question_token", "orderedpair"},
+    {"chains", "twohop"}, {"entity_tokens", "twohop"},
     {"path", "hdf5"}, {"dataset", "hdf5"}};
 const std::vector<std::pair<std::string, std::string>> kEvalKeyKinds = {
     {"queries", "multikey, orderedpair and twohop"}, {"path", "hdf5"}};
@@ -172,6 +173,7 @@ void parse_data_section(const ConfigNode& data, RunConfig& c) {
     if (c.data.kind == "orderedpair") {
       m.asked = positive(data, "asked", m.asked);
       m.fused = data.get<bool>("fused", m.fused);
+      m.question_token = data.get<bool>("question_token", m.question_token);
     }
   } else if (c.data.kind == "twohop") {
     c.data.seed = static_cast<uint64_t>(non_negative(data, "seed", 1));

@@ -32,6 +32,10 @@ first candidate that passes the gate there has its gate pilot (seeds 931-933) an
 --design v4-c1 | v4-c2 is revision v4: v3's task with fused pairs (data.fused true, vocabulary
 192), two global blocks with d 8 or 16, calibrated on seed 924 as v3; gate pilot seeds
 941-943, main seeds 4001-4005.
+
+--design v5-c1 | v5-c2 is revision v5: one global block (d 8 or 4); a query is one question
+token naming the 3 asked keys, fused pairs, key_tokens = pairs = 6, vocabulary 384; calibrated
+on seed 925 as v3; gate pilot seeds 951-953, main seeds 5001-5005.
 """
 import concurrent.futures
 import json
@@ -83,6 +87,17 @@ V4_TASK = [(k, "192" if k == "model.vocab_size" else v) for k, v in V4_TASK]
 for _name, _pattern, _d in (("v4-c1", "GG", 8), ("v4-c2", "GG", 16)):
     DESIGNS[_name] = dict(DESIGNS["v3-c1"], task=V4_TASK, pattern=_pattern, d=_d, calibration_seeds="924",
                           pilot_seeds="941,942,943", seeds="4001,4002,4003,4004,4005",
+                          results="patterns_%s_results.json" % _name.replace("-", "_"))
+# v5, section 4.4's "Revision v5" (registered before any of its runs): one attention layer, so
+# every asked value must be retrieved by one layer's patterns at the answer position. A query
+# is one question token naming the three asked keys (data.question_token), the pairs are fused,
+# and every key is in every context (key_tokens = pairs = 6). Calibrated as v3.
+V5_TASK = [("data.kind", "orderedpair"), ("data.asked", "3"), ("data.pairs", "6"), ("data.key_tokens", "6"),
+           ("data.value_tokens", "4"), ("data.queries", "4"), ("data.fused", "true"),
+           ("data.question_token", "true"), ("model.vocab_size", "384")]
+for _name, _d in (("v5-c1", 8), ("v5-c2", 4)):
+    DESIGNS[_name] = dict(DESIGNS["v3-c1"], task=V5_TASK, pattern="G", d=_d, calibration_seeds="925",
+                          pilot_seeds="951,952,953", seeds="5001,5002,5003,5004,5005",
                           results="patterns_%s_results.json" % _name.replace("-", "_"))
 
 

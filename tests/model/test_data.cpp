@@ -298,6 +298,59 @@ TEST(Synthetic, OrderedTupleWithFusedPairs) {
   EXPECT_THROW(make_orderedpair_source(spec, 150, 6 + 15 - 2, 1, cfg), ConfigError);
 }
 
+// data.question_token with fused pairs: a query block is (question, answer), the question one
+// token naming the asked keys as base-key_tokens digits after the fused ids; with key_tokens =
+// pairs every key is in every context.
+TEST(Synthetic, OrderedTupleWithQuestionToken) {
+  MultiKeySpec spec;
+  spec.pairs = 6;
+  spec.queries = 3;
+  spec.key_tokens = 6;
+  spec.value_tokens = 4;
+  spec.asked = 3;
+  spec.fused = true;
+  spec.question_token = true;
+  const int64_t N = 32, V = 320, answer_base = 1 + 6 + 4, fused_base = answer_base + 64;
+  const int64_t question_base = fused_base + 24, filler_base = question_base + 216;
+  auto src = make_orderedpair_source(spec, V, N, 3);
+  EXPECT_NE(src->describe().find(", fused, question_token)"), std::string::npos) << src->describe();
+  std::set<int32_t> questions;
+  for (int64_t s = 0; s < 600; ++s) {
+    const Whole w = whole(*src, s);
+    const std::vector<int32_t> x = all_tokens(w);
+    const int64_t haystack = N + 1 - 2 * spec.queries;
+    std::map<int32_t, int32_t> value_of;  // key index -> value index
+    for (int64_t p = 0; p < haystack; ++p) {
+      ASSERT_TRUE(x[p] >= filler_base || (x[p] >= fused_base && x[p] < question_base)) << "at " << p;
+      if (x[p] < question_base) value_of[(x[p] - fused_base) / 4] = (x[p] - fused_base) % 4;
+    }
+    ASSERT_EQ(value_of.size(), 6u) << "every key once, sequence " << s;
+    for (int64_t j = 0; j < spec.queries; ++j) {
+      const int64_t p = haystack + 2 * j;
+      ASSERT_TRUE(x[p] >= question_base && x[p] < filler_base) << "a question token at " << p;
+      const int32_t qi = x[p] - static_cast<int32_t>(question_base);
+      const int32_t k1 = qi / 36, k2 = qi / 6 % 6, k3 = qi % 6;
+      ASSERT_TRUE(k1 != k2 && k1 != k3 && k2 != k3) << "the asked keys are distinct";
+      EXPECT_EQ(x[p + 1], answer_base + 16 * value_of[k1] + 4 * value_of[k2] + value_of[k3]);
+      EXPECT_EQ(w.answer[p], 1);
+      EXPECT_EQ(w.targets[p], x[p + 1]);
+      if (p > 0) EXPECT_EQ(w.targets[p - 1], -1) << "only answers are targets";
+      questions.insert(x[p]);
+    }
+  }
+  EXPECT_EQ(questions.size(), 120u) << "every ordered triple of 6 distinct keys is asked";
+  const TaskNames cfg = task_config_names(false);
+  try {
+    make_orderedpair_source(spec, 315, N, 1, cfg);  // 1 + 6 + 4 + 64 + 24 + 216 ids, no filler
+    ADD_FAILURE() << "a vocabulary without a filler id accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 315 ids"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("questions"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(make_orderedpair_source(spec, 316, 6 + 6 - 1, 1, cfg));  // 6 pairs, 3 blocks of 2
+  EXPECT_THROW(make_orderedpair_source(spec, 316, 6 + 6 - 2, 1, cfg), ConfigError);
+}
+
 TEST(Synthetic, TasksThatDoNotFitAreConfigErrors) {
   // Named as the configuration module names them (the config keys); see below for the default.
   const TaskNames cfg = task_config_names(false);
@@ -862,8 +915,13 @@ TEST(RunConfig, OrderedPairTakesTheMultikeyKeys) {
                                           "data.fused=true", "model.vocab_size=100"});
   EXPECT_TRUE(c.data.multikey.fused);
   EXPECT_NE(make_data_source(c, false)->describe().find(", fused)"), std::string::npos);
-  // data.asked and data.fused belong to the orderedpair task: the multikey task does not read them.
-  for (const char* key : {"data.asked=3", "data.fused=true"}) {
+  c = test::run_config_from(base_yaml(), {"data.kind=orderedpair", "data.value_tokens=4", "data.pairs=3",
+                                          "data.question_token=true", "model.vocab_size=4200"});
+  EXPECT_TRUE(c.data.multikey.question_token);
+  EXPECT_NE(make_data_source(c, false)->describe().find(", question_token)"), std::string::npos);
+  // data.asked, fused and question_token belong to the orderedpair task: the multikey task does
+  // not read them.
+  for (const char* key : {"data.asked=3", "data.fused=true", "data.question_token=true"}) {
     try {
       test::run_config_from(base_yaml(), {key});
       ADD_FAILURE() << key << " accepted for the multikey task";
