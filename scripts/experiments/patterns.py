@@ -36,6 +36,10 @@ first candidate that passes the gate there has its gate pilot (seeds 931-933) an
 --design v5-c1 | v5-c2 is revision v5: one global block (d 8 or 4); a query is one question
 token naming the 3 asked keys, fused pairs, key_tokens = pairs = 6, vocabulary 384; calibrated
 on seed 925 as v3; gate pilot seeds 951-953, main seeds 5001-5005.
+
+--design v6 is revision v6: v5-c2 (one global block, d 4) with a graded gate (MHA(4) median at
+least 0.90 and MHA(2) median at least 0.15 below it); gate pilot seeds 961-963, main seeds
+6001-6005; the verdict rule unchanged.
 """
 import concurrent.futures
 import json
@@ -99,6 +103,12 @@ for _name, _d in (("v5-c1", 8), ("v5-c2", 4)):
     DESIGNS[_name] = dict(DESIGNS["v3-c1"], task=V5_TASK, pattern="G", d=_d, calibration_seeds="925",
                           pilot_seeds="951,952,953", seeds="5001,5002,5003,5004,5005",
                           results="patterns_%s_results.json" % _name.replace("-", "_"))
+# v6, section 4.4's "Revision v6" (registered before any of its runs): v5-c2's task and models
+# (one global block, d 4) with a graded gate: MHA(2H) median at least --succeeds-above and
+# MHA(H) median at least --gap below it, where v1-v5 asked MHA(H) to fail outright.
+DESIGNS["v6"] = dict(DESIGNS["v5-c2"], pilot_seeds="961,962,963", seeds="6001,6002,6003,6004,6005",
+                     gap=0.15, results="patterns_v6_results.json")
+del DESIGNS["v6"]["calibration_seeds"]  # v6 is chosen from v5-c2's calibration (seed 925)
 
 
 def paired(xs, ys):
@@ -151,6 +161,8 @@ def main():
         a.pilot_seeds, a.seeds, a.steps, a.batch = "901", "1001,1002", 4, 4
         a.pilot_eval_every, a.pilot_sequences, a.eval_sequences = 2, 8, 8
         a.fails_below, a.succeeds_above = 1.0, 0.0  # the gate passes: the smoke run reaches the main runs
+        if "gap" in design:
+            design = dict(design, gap=-1.0)
     pilot_seeds = [int(s) for s in a.pilot_seeds.split(",")]
     seeds = [int(s) for s in a.seeds.split(",")]
     r = expkit.Runner(a.build, a.out, force=a.smoke)
@@ -186,8 +198,11 @@ def main():
     out["pilot"] = in_parallel([(m, s, a.pilot_eval_every, a.pilot_sequences) for m in MODELS[:2] for s in pilot_seeds])
     med = {m[0]: statistics.median(x["accuracy"] for x in out["pilot"] if x["model"] == m[0]) for m in MODELS[:2]}
     # The gate's keys name the roles (MHA(H) fails, MHA(2H) succeeds) as v1 first wrote them.
-    out["gate"] = {"median_final": med, "mha_h1_fails": med[h1] <= a.fails_below,
-                   "mha_h2_succeeds": med[h2] >= a.succeeds_above}
+    # v6's graded gate: MHA(H) "fails" when its median is at least design["gap"] below MHA(2H)'s.
+    fails = med[h1] <= med[h2] - design["gap"] if "gap" in design else med[h1] <= a.fails_below
+    out["gate"] = {"median_final": med, "mha_h1_fails": fails, "mha_h2_succeeds": med[h2] >= a.succeeds_above}
+    if "gap" in design:
+        out["gate"]["gap"] = design["gap"]
     out["gate"]["passed"] = out["gate"]["mha_h1_fails"] and out["gate"]["mha_h2_succeeds"]
     out["stopped_after"] = a.stop_after  # PARTIAL when "pilot": the main runs were not started
     if out["gate"]["passed"] and a.stop_after != "pilot":

@@ -435,6 +435,7 @@ def patterns_pilot(data, name="patterns_results", roles=("MHA(1)", "MHA(2)")):
 
 V3_CANDIDATES = (("v3-c1", "GG", 8), ("v3-c2", "GG", 16), ("v3-c3", "GGG", 16))
 V4_CANDIDATES = (("v4-c1", "GG", 8), ("v4-c2", "GG", 16))
+V5_CANDIDATES = (("v5-c1", "G", 8), ("v5-c2", "G", 4))
 
 
 def patterns_calibration(data, candidates, seed):
@@ -506,6 +507,7 @@ TABLES = {
     "patterns-v2-pilot": lambda d: patterns_pilot(d, "patterns_v2_results", ("MHA(2)", "MHA(4)")),
     "patterns-v3-calibration": lambda d: patterns_calibration(d, V3_CANDIDATES, 921),
     "patterns-v4-calibration": lambda d: patterns_calibration(d, V4_CANDIDATES, 924),
+    "patterns-v5-calibration": lambda d: patterns_calibration(d, V5_CANDIDATES, 925),
 }
 
 
