@@ -427,7 +427,8 @@ def patterns_pilot(data, name="patterns_results", roles=("MHA(1)", "MHA(2)")):
         rows.append([model, runs[0]["params"], ", ".join("%.3f" % x["accuracy"] for x in runs),
                      "%.3f" % d["gate"]["median_final"][model], ", ".join("%.3f" % b for b in best)])
     g = d["gate"]
-    rows.append(["gate", "", "%s fails: %s; %s succeeds: %s" % (roles[0], g["mha_h1_fails"], roles[1], g["mha_h2_succeeds"]),
+    fails = "%s fails" % roles[0] if "gap" not in g else "%s at least %.2f below %s" % (roles[0], g["gap"], roles[1])
+    rows.append(["gate", "", "%s: %s; %s succeeds: %s" % (fails, g["mha_h1_fails"], roles[1], g["mha_h2_succeeds"]),
                  "passed" if g["passed"] else "not passed", ""])
     return table(["model", "parameters", "final accuracy per pilot seed (%d steps)" % d["steps"],
                   "median", "best evaluation per seed"], rows)
@@ -508,6 +509,8 @@ TABLES = {
     "patterns-v3-calibration": lambda d: patterns_calibration(d, V3_CANDIDATES, 921),
     "patterns-v4-calibration": lambda d: patterns_calibration(d, V4_CANDIDATES, 924),
     "patterns-v5-calibration": lambda d: patterns_calibration(d, V5_CANDIDATES, 925),
+    "patterns-v6-pilot": lambda d: patterns_pilot(d, "patterns_v6_results", ("MHA(2)", "MHA(4)")),
+    "patterns-v6-main": lambda d: patterns_main(d, "patterns_v6_results"),
 }
 
 
