@@ -244,6 +244,21 @@ TEST(Synthetic, OrderedTupleAnswerIsTheTuple) {
   EXPECT_GT(answers.size(), 50u) << "the 64 ordered triples are all reachable";
 }
 
+// The orderedpair task's limits at their edges: `used` ids leave no filler id (a ConfigError
+// that counts them and names `part`), one more fits; `min_len` tokens fit, one fewer does not.
+void expect_orderedpair_limits(const MultiKeySpec& spec, int64_t used, int64_t min_len, const std::string& part) {
+  const TaskNames cfg = task_config_names(false);
+  try {
+    make_orderedpair_source(spec, used, min_len, 1, cfg);
+    ADD_FAILURE() << "a vocabulary without a filler id accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs " + std::to_string(used) + " ids"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(make_orderedpair_source(spec, used + 1, min_len, 1, cfg));
+  EXPECT_THROW(make_orderedpair_source(spec, used + 1, min_len - 1, 1, cfg), ConfigError);
+}
+
 // data.fused: each pair one token, fused_base + key * value_tokens + value, after the answer
 // ids; the query blocks and answers as without it.
 TEST(Synthetic, OrderedTupleWithFusedPairs) {
@@ -285,17 +300,9 @@ TEST(Synthetic, OrderedTupleWithFusedPairs) {
       EXPECT_GE(x[p], fused_base + 64) << "filler after the fused ids";
   }
   EXPECT_GT(fused_seen.size(), 60u) << "every (key, value) id is reachable";
-  // The fused ids count against the vocabulary; the pairs take one token each of the length.
-  const TaskNames cfg = task_config_names(false);
-  try {
-    make_orderedpair_source(spec, 149, N, 1, cfg);  // 1 + 16 + 4 + 64 + 64 = 149 ids, no filler
-    ADD_FAILURE() << "a vocabulary without a filler id accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("needs 149 ids"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("fused"), std::string::npos) << e.what();
-  }
-  EXPECT_NO_THROW(make_orderedpair_source(spec, 150, 6 + 15 - 1, 1, cfg));  // 6 pairs, 3 blocks of 5
-  EXPECT_THROW(make_orderedpair_source(spec, 150, 6 + 15 - 2, 1, cfg), ConfigError);
+  // The fused ids count against the vocabulary (1 + 16 + 4 + 64 + 64); the pairs take one token
+  // each of the length (6 pairs, 3 blocks of 5).
+  expect_orderedpair_limits(spec, 149, 6 + 15 - 1, "fused");
 }
 
 // data.question_token with fused pairs: a query block is (question, answer), the question one
@@ -339,16 +346,8 @@ TEST(Synthetic, OrderedTupleWithQuestionToken) {
     }
   }
   EXPECT_EQ(questions.size(), 120u) << "every ordered triple of 6 distinct keys is asked";
-  const TaskNames cfg = task_config_names(false);
-  try {
-    make_orderedpair_source(spec, 315, N, 1, cfg);  // 1 + 6 + 4 + 64 + 24 + 216 ids, no filler
-    ADD_FAILURE() << "a vocabulary without a filler id accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("needs 315 ids"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("questions"), std::string::npos) << e.what();
-  }
-  EXPECT_NO_THROW(make_orderedpair_source(spec, 316, 6 + 6 - 1, 1, cfg));  // 6 pairs, 3 blocks of 2
-  EXPECT_THROW(make_orderedpair_source(spec, 316, 6 + 6 - 2, 1, cfg), ConfigError);
+  // 1 + 6 + 4 + 64 + 24 + 216 ids; 6 pairs, 3 blocks of 2.
+  expect_orderedpair_limits(spec, 315, 6 + 6 - 1, "questions");
 }
 
 TEST(Synthetic, TasksThatDoNotFitAreConfigErrors) {
