@@ -136,7 +136,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--lr", default=None, help="default: the design's (v1, v2: 1e-3, constant)")
     ap.add_argument("--calibrate", action="store_true",
-                    help="v3: MHA(H) and MHA(2H) on the design's calibration seed only, then stop")
+                    help="v3-v5: MHA(H) and MHA(2H) on the design's calibration seed only, then stop")
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--pilot-eval-every", type=int, default=100)
