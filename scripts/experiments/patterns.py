@@ -127,6 +127,45 @@ def verdict(vs_h1, vs_h2):
     return "open"
 
 
+LR_CHECK_RATES = ("1.0e-3", "1.0e-2")  # each cosine to a tenth; 3e-3 is the main runs' rate
+
+
+def lr_check(a, design, models, seeds, in_parallel, r, out, t_start):
+    """Section 4.4's learning-rate check of v6 (post hoc to its verdict, registered before these
+    runs): the three models at LR_CHECK_RATES on the first 3 main seeds; with the main runs' 3e-3
+    (read from the main results.json in --out), each arm's best rate by mean final accuracy, and
+    IHA - MHA(2), IHA - MHA(4) paired per seed at the arms' best rates (95% interval, t at 2 df)."""
+    h1, h2, iha = (m[0] for m in models)
+    out["rates"] = [a.lr] + list(LR_CHECK_RATES)
+    out["runs"] = in_parallel([(m, s, 0, a.eval_sequences, lr) for lr in LR_CHECK_RATES for s in seeds
+                               for m in models])
+    main_path = os.path.join(r.out, "results.json")
+    with open(main_path) as f:
+        main_runs = [dict(x, lr=a.lr) for x in json.load(f)["runs"] if x["seed"] in seeds]
+    acc = {}  # (model, lr) -> accuracies in seed order
+    for x in main_runs + out["runs"]:
+        acc.setdefault((x["model"], x["lr"]), {})[x["seed"]] = x["accuracy"]
+    table = {m[0]: {lr: [acc[(m[0], lr)][s] for s in seeds] for lr in out["rates"]} for m in models}
+    best = {m: max(out["rates"], key=lambda lr: statistics.mean(table[m][lr])) for m in table}
+    out["accuracy"], out["best_rate"] = table, best
+    out["iha_minus_mha_h1"] = paired(table[iha][best[iha]], table[h1][best[h1]])
+    out["iha_minus_mha_h2"] = paired(table[iha][best[iha]], table[h2][best[h2]])
+    out["commands"] = r.command_record()
+    out["stage_seconds"] = sum(x["seconds"] or 0 for x in out["runs"])
+    out["wall_seconds"] = time.time() - t_start
+    with open(os.path.join(r.out, "lr_check.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    for m in table:
+        print("%s: %s; best %s" % (m, ", ".join("%s %.3f" % (lr, statistics.mean(v)) for lr, v in table[m].items()),
+                                   best[m]))
+    print("at the best rates: %s - %s %+.3f +- %.3f; - %s %+.3f +- %.3f" % (
+        iha, h1, out["iha_minus_mha_h1"]["mean"], out["iha_minus_mha_h1"]["se"], h2,
+        out["iha_minus_mha_h2"]["mean"], out["iha_minus_mha_h2"]["se"]))
+    if a.figures:
+        expkit.copy_outputs(r.out, a.figures, [("lr_check.json", "patterns_v6_lr_check.json")])
+    return 0
+
+
 def main():
     ap = expkit.experiment_args(__doc__, "patterns")
     ap.add_argument("--jobs", type=int, default=1)
@@ -137,6 +176,8 @@ def main():
     ap.add_argument("--lr", default=None, help="default: the design's (v1, v2: 1e-3, constant)")
     ap.add_argument("--calibrate", action="store_true",
                     help="v3-v5: MHA(H) and MHA(2H) on the design's calibration seed only, then stop")
+    ap.add_argument("--lr-check", action="store_true",
+                    help="v6 only: section 4.4's learning-rate check (post hoc, registered before its runs)")
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--pilot-eval-every", type=int, default=100)
@@ -157,6 +198,10 @@ def main():
     a.lr = a.lr or design.get("lr", "1.0e-3")
     min_lr = design.get("min_lr", a.lr)
     a.seeds = a.seeds or design["seeds"]
+    if a.lr_check:
+        if a.design != "v6":
+            ap.error("--lr-check: only with --design v6")
+        a.seeds = ",".join(a.seeds.split(",")[:3])  # the first 3 main seeds
     if a.smoke:
         a.pilot_seeds, a.seeds, a.steps, a.batch = "901", "1001,1002", 4, 4
         a.pilot_eval_every, a.pilot_sequences, a.eval_sequences = 2, 8, 8
@@ -169,21 +214,22 @@ def main():
     t_start = time.time()
 
     def run(job):
-        model, seed, every, sequences = job
-        name = "%s-s%d" % (model[0], seed)
+        model, seed, every, sequences = job[:4]
+        lr, lo = (job[4], "%.1e" % (float(job[4]) / 10)) if len(job) > 4 else (a.lr, min_lr)
+        name = "%s-s%d" % (model[0], seed) if len(job) < 5 else "%s-lr%s-s%d" % (model[0], lr, seed)
         d = os.path.join(r.out, name)
         r.stage(name, "train", "configs/demo.yaml", [
             ("mesh.sp", "1"), ("sequence.length", str(a.length)), ("model.layers", str(len(design["pattern"]))),
             ("model.pattern", design["pattern"]), ("model.H", str(model[1])), ("model.d", str(design["d"])),
-            ("train.steps", str(a.steps)), ("optim.lr", a.lr),
-            ("optim.min_lr", min_lr), ("optim.warmup_steps", "1" if a.smoke else "30"),
+            ("train.steps", str(a.steps)), ("optim.lr", lr),
+            ("optim.min_lr", lo), ("optim.warmup_steps", "1" if a.smoke else "30"),
             ("train.batch_size", str(a.batch)), ("train.micro_batch", str(a.batch)), ("train.seed", str(seed)),
             ("data.seed", str(seed)), ("eval.every", str(every)), ("eval.sequences", str(sequences)),
             ("logging.every", "100"), ("checkpoint.dir", os.path.join(d, "ck")), ("checkpoint.every", "0"),
             ("logging.jsonl", os.path.join(d, "log.jsonl"))] + TASK + model[2])
         ev = [e for e in expkit.read_jsonl(os.path.join(d, "log.jsonl")) if e.get("event") == "eval"]
         st = expkit.start_event(d)
-        return {"model": model[0], "seed": seed, "accuracy": ev[-1]["answer_accuracy"], "answers": ev[-1]["answers"],
+        return {"model": model[0], "seed": seed, "lr": lr, "accuracy": ev[-1]["answer_accuracy"], "answers": ev[-1]["answers"],
                 "curve": [(e["step"], e["answer_accuracy"]) for e in ev], "params": st["params"],
                 "flops_per_step": st["flops_per_step"], "seconds": r.seconds(name)}
 
@@ -195,6 +241,8 @@ def main():
            "steps": a.steps, "lr": a.lr, "min_lr": min_lr,
            "pilot_seeds": pilot_seeds, "seeds": seeds}
     h1, h2, iha = (m[0] for m in MODELS)
+    if a.lr_check:
+        return lr_check(a, design, MODELS, seeds, in_parallel, r, out, t_start)
     out["pilot"] = in_parallel([(m, s, a.pilot_eval_every, a.pilot_sequences) for m in MODELS[:2] for s in pilot_seeds])
     med = {m[0]: statistics.median(x["accuracy"] for x in out["pilot"] if x["model"] == m[0]) for m in MODELS[:2]}
     # The gate's keys name the roles (MHA(H) fails, MHA(2H) succeeds) as v1 first wrote them.
