@@ -434,6 +434,22 @@ def patterns_pilot(data, name="patterns_results", roles=("MHA(1)", "MHA(2)")):
                   "median", "best evaluation per seed"], rows)
 
 
+def patterns_lr_check(data):
+    """Section 4.4 v6's learning-rate check: each arm's final accuracy per rate (seeds 6001-6003),
+    its best rate, and the paired differences at the best rates."""
+    d = data("patterns_v6_lr_check")
+    rows = []
+    for model, by_rate in d["accuracy"].items():
+        rows.append([model] + ["%.3f (%s)" % (sum(v) / len(v), ", ".join("%.3f" % x for x in v))
+                               for v in (by_rate[r] for r in d["rates"])] + [d["best_rate"][model]])
+    for key, label in (("iha_minus_mha_h1", "IHA - MHA(2)"), ("iha_minus_mha_h2", "IHA - MHA(4)")):
+        x = d[key]
+        rows.append(["%s at the best rates" % label, pm(x["mean"], x["se"]),
+                     "[%+.3f, %+.3f] (95%%, t at %d df)" % (x["interval"][0], x["interval"][1], len(x["diffs"]) - 1),
+                     "", ""])
+    return table(["model"] + ["lr %s: mean (per seed)" % r for r in d["rates"]] + ["best rate"], rows)
+
+
 V3_CANDIDATES = (("v3-c1", "GG", 8), ("v3-c2", "GG", 16), ("v3-c3", "GGG", 16))
 V4_CANDIDATES = (("v4-c1", "GG", 8), ("v4-c2", "GG", 16))
 V5_CANDIDATES = (("v5-c1", "G", 8), ("v5-c2", "G", 4))
@@ -511,6 +527,7 @@ TABLES = {
     "patterns-v5-calibration": lambda d: patterns_calibration(d, V5_CANDIDATES, 925),
     "patterns-v6-pilot": lambda d: patterns_pilot(d, "patterns_v6_results", ("MHA(2)", "MHA(4)")),
     "patterns-v6-main": lambda d: patterns_main(d, "patterns_v6_results"),
+    "patterns-v6-lr-check": patterns_lr_check,
 }
 
 
