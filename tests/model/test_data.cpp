@@ -259,16 +259,22 @@ void expect_orderedpair_limits(const MultiKeySpec& spec, int64_t used, int64_t m
   EXPECT_THROW(make_orderedpair_source(spec, used + 1, min_len - 1, 1, cfg), ConfigError);
 }
 
-// data.fused: each pair one token, fused_base + key * value_tokens + value, after the answer
-// ids; the query blocks and answers as without it.
-TEST(Synthetic, OrderedTupleWithFusedPairs) {
+// The fused-pair tasks of the tests below: 6 pairs, 4 values, 3 asked keys, 3 queries.
+MultiKeySpec fused_triples(int64_t key_tokens) {
   MultiKeySpec spec;
   spec.pairs = 6;
   spec.queries = 3;
-  spec.key_tokens = 16;
+  spec.key_tokens = key_tokens;
   spec.value_tokens = 4;
   spec.asked = 3;
   spec.fused = true;
+  return spec;
+}
+
+// data.fused: each pair one token, fused_base + key * value_tokens + value, after the answer
+// ids; the query blocks and answers as without it.
+TEST(Synthetic, OrderedTupleWithFusedPairs) {
+  const MultiKeySpec spec = fused_triples(16);
   const int64_t N = 48, V = 160, answer_base = 1 + 16 + 4, fused_base = answer_base + 64;
   auto src = make_orderedpair_source(spec, V, N, 9);
   EXPECT_NE(src->describe().find(", fused)"), std::string::npos) << src->describe();
@@ -309,13 +315,7 @@ TEST(Synthetic, OrderedTupleWithFusedPairs) {
 // token naming the asked keys as base-key_tokens digits after the fused ids; with key_tokens =
 // pairs every key is in every context.
 TEST(Synthetic, OrderedTupleWithQuestionToken) {
-  MultiKeySpec spec;
-  spec.pairs = 6;
-  spec.queries = 3;
-  spec.key_tokens = 6;
-  spec.value_tokens = 4;
-  spec.asked = 3;
-  spec.fused = true;
+  MultiKeySpec spec = fused_triples(6);
   spec.question_token = true;
   const int64_t N = 32, V = 320, answer_base = 1 + 6 + 4, fused_base = answer_base + 64;
   const int64_t question_base = fused_base + 24, filler_base = question_base + 216;
