@@ -65,6 +65,13 @@ void mask_tile(const MaskSpec& m, const int64_t* qp, int64_t r0, int64_t rows, c
   }
 }
 
+template <class T>
+bool any_nan(const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] != x[i]) return true;
+  return false;
+}
+
 void check_args(int64_t d, int64_t nq, int64_t nk, const FlashTiles& t) {
   IHA_CHECK(d >= 1 && nq >= 0 && nk >= 0, "flash attention: bad sizes d=", d, " nq=", nq, " nk=", nk);
   IHA_CHECK(t.q >= 1 && t.k >= 1, "flash attention: tile sizes must be >= 1, got ", t.q, "x", t.k);
@@ -315,11 +322,19 @@ FlashStats flash_forward(const MaskSpec& mask, int64_t d, const T* q, const int6
       for (int64_t r = 0; r < b.nr; ++r) {
         T* sr = sb + r * lds;
         const int64_t ri = b.r0 - i0 + r;
-        const T mx = max_of(sr, b.nc, row_max[ri]);
-        if (mx == neg_inf<T>()) {  // row sees nothing yet: contributes zeros
-          std::fill(sr, sr + b.nc, T(0));
-          continue;
+        T mx = max_of(sr, b.nc, row_max[ri]);  // NaN entries are skipped here
+        if (mx == neg_inf<T>()) {
+          // Every entry is -inf (masked), or NaN (a NaN query or key, whose max_of skipped
+          // it): a NaN score makes the row NaN, as in IEEE arithmetic; a masked row contributes
+          // zeros. Rare (rows that see nothing in this block), so the scan costs nothing.
+          if (!any_nan(sr, b.nc)) {
+            std::fill(sr, sr + b.nc, T(0));
+            continue;
+          }
+          mx = std::numeric_limits<T>::quiet_NaN();
         }
+        // A NaN score among finite ones makes exp_shift_sum's sum NaN, and a +inf score
+        // exp(inf - inf) = NaN: the row's sum and output become NaN, as in the reference.
         // exp(0) = 1 exactly: a row whose maximum did not move (most rows of most blocks)
         // skips the scalar exp.
         const T rescale = row_max[ri] == neg_inf<T>() ? T(0) : row_max[ri] == mx ? T(1) : std::exp(row_max[ri] - mx);
@@ -340,7 +355,7 @@ FlashStats flash_forward(const MaskSpec& mask, int64_t d, const T* q, const int6
 
     for (int64_t r = 0; r < rows; ++r) {
       T* ar = acc + r * d;
-      if (row_sum[r] > T(0)) {
+      if (row_max[r] != neg_inf<T>()) {  // the row saw a key (its sum is >= 1, or NaN)
         const T inv = T(1) / row_sum[r];
         for (int64_t c = 0; c < d; ++c) ar[c] *= inv;
         lse[i0 + r] = row_max[r] + std::log(row_sum[r]);
@@ -405,6 +420,20 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
       const T l = lse[b.r0 + r];
       if (l == neg_inf<T>()) {  // the row sees no key anywhere: no gradient flows
         std::fill(ar, ar + nc, T(0));
+        continue;
+      }
+      if (l != l) {
+        // A NaN row (a NaN or +inf score): its probabilities are NaN on the keys it sees and
+        // 0 on the masked ones of a partial block, so the NaN reaches exactly the gradients
+        // of the keys the row sees (exp(-inf - NaN) would be NaN for masked ones too).
+        if (fused) {
+          std::fill(ar, ar + nc, l);
+        } else {
+          const auto [kb0, ke0] = key_range(mask, k_pos + b.c0, nc, q_pos[b.r0 + r], q_pos[b.r0 + r],
+                                            segment_start(mask, b.r0 + r));
+          std::fill(ar, ar + nc, T(0));
+          if (kb0 < ke0) std::fill(ar + kb0, ar + ke0, l);
+        }
         continue;
       }
       if (!fused) exp_shift(ar, nc, l);

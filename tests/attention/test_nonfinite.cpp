@@ -1,0 +1,184 @@
+// IEEE semantics of the flash kernels (issue 43): a NaN or Inf in Q, K or V reaches the
+// outputs and gradients as in a float64 reference that follows IEEE arithmetic over the
+// visible pairs (numpy's or PyTorch's softmax: a NaN score makes its row NaN, a +inf score
+// makes exp(inf - inf) = NaN, a -inf score is a weight of 0). Rows that see no non-finite
+// value are unaffected.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "attention/flash.h"
+#include "core/rng.h"
+
+namespace iha {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// IEEE float64 reference over visible pairs only. max propagates NaN (np.max); a row that
+// sees no key: o = 0, lse = -inf, no gradient.
+struct Ref {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+
+double ieee_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? kNaN : std::max(a, b); }
+
+Ref ieee_reference(const MaskSpec& m, int64_t d, const std::vector<double>& q, const std::vector<double>& k,
+                   const std::vector<double>& v, const std::vector<double>& g, int64_t n) {
+  Ref r;
+  r.o.assign(n * d, 0);
+  r.lse.assign(n, -kInf);
+  r.dq.assign(n * d, 0);
+  r.dk.assign(n * d, 0);
+  r.dv.assign(n * d, 0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> s(n), a(n);
+  for (int64_t i = 0; i < n; ++i) {
+    double mx = -kInf;
+    bool any = false;
+    for (int64_t j = 0; j < n; ++j) {
+      if (!key_visible(m, i, j)) continue;
+      double acc = 0;
+      for (int64_t c = 0; c < d; ++c) acc += q[i * d + c] * k[j * d + c];
+      s[j] = acc * scale;
+      mx = any ? ieee_max(mx, s[j]) : s[j];
+      any = true;
+    }
+    if (!any || mx == -kInf) continue;
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j)
+      if (key_visible(m, i, j)) sum += std::exp(s[j] - mx);
+    for (int64_t j = 0; j < n; ++j) {
+      if (!key_visible(m, i, j)) continue;
+      a[j] = std::exp(s[j] - mx) / sum;
+      for (int64_t c = 0; c < d; ++c) r.o[i * d + c] += a[j] * v[j * d + c];
+    }
+    r.lse[i] = mx + std::log(sum);
+    double drow = 0;
+    for (int64_t c = 0; c < d; ++c) drow += g[i * d + c] * r.o[i * d + c];
+    for (int64_t j = 0; j < n; ++j) {
+      if (!key_visible(m, i, j)) continue;
+      double gv = 0;
+      for (int64_t c = 0; c < d; ++c) gv += g[i * d + c] * v[j * d + c];
+      const double ds = a[j] * (gv - drow);
+      for (int64_t c = 0; c < d; ++c) {
+        r.dv[j * d + c] += a[j] * g[i * d + c];
+        r.dq[i * d + c] += ds * k[j * d + c] * scale;
+        r.dk[j * d + c] += ds * q[i * d + c] * scale;
+      }
+    }
+  }
+  return r;
+}
+
+// Where the reference is not finite the kernel must not be finite either; where both are
+// finite they agree to tau (normwise over those elements). exact: the kernel is not finite
+// only where the reference is not (outputs and lse: rows are independent there).
+template <class T>
+::testing::AssertionResult ieee_agrees(const std::vector<T>& got, const std::vector<double>& ref, double tau,
+                                       bool exact, const std::string& what) {
+  double diff = 0, mref = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double x = static_cast<double>(got[i]), y = ref[i];
+    if (!std::isfinite(y) && std::isfinite(x))
+      return ::testing::AssertionFailure() << what << "[" << i << "] = " << x << ", reference " << y;
+    if (exact && std::isfinite(y) != std::isfinite(x))
+      return ::testing::AssertionFailure() << what << "[" << i << "] = " << x << ", reference " << y;
+    if (std::isnan(y) != std::isnan(x) && exact)
+      return ::testing::AssertionFailure() << what << "[" << i << "] = " << x << ", reference " << y;
+    if (std::isfinite(y) && std::isfinite(x)) {
+      diff = std::max(diff, std::fabs(x - y));
+      mref = std::max(mref, std::fabs(y));
+    }
+  }
+  if (diff > tau * std::max(mref, 1e-300))
+    return ::testing::AssertionFailure() << what << ": max diff " << diff << " > " << tau << " * " << mref;
+  return ::testing::AssertionSuccess();
+}
+
+enum class Where { q_row, q_elem, k_nan, k_pinf, k_ninf, v_nan, v_inf };
+const char* where_name(Where w) {
+  switch (w) {
+    case Where::q_row: return "NaN query row";
+    case Where::q_elem: return "one NaN in a query";
+    case Where::k_nan: return "NaN in a key";
+    case Where::k_pinf: return "+inf in a key";
+    case Where::k_ninf: return "-inf in a key";
+    case Where::v_nan: return "NaN in a value";
+    case Where::v_inf: return "+inf in a value";
+  }
+  return "?";
+}
+
+template <class T>
+void check_case(Where w, MaskKind mk, int64_t P, int64_t W, int64_t d, FlashTiles tiles) {
+  const int64_t n = 23 * P;
+  const MaskSpec mask{mk, P, W};
+  std::vector<double> q(n * d), k(n * d), v(n * d), g(n * d);
+  for (int64_t i = 0; i < n * d; ++i) {
+    q[i] = normal01(77, 1, i);
+    k[i] = normal01(77, 2, i);
+    v[i] = normal01(77, 3, i);
+    g[i] = normal01(77, 4, i);
+  }
+  const int64_t row = 9, col = 3;  // a row in the middle: rows before it must stay finite
+  switch (w) {
+    case Where::q_row: for (int64_t c = 0; c < d; ++c) q[row * d + c] = kNaN; break;
+    case Where::q_elem: q[row * d + col] = kNaN; break;
+    case Where::k_nan: k[row * d + col] = kNaN; break;
+    case Where::k_pinf: k[row * d + col] = kInf; break;
+    case Where::k_ninf: k[row * d + col] = -kInf; break;
+    case Where::v_nan: v[row * d + col] = kNaN; break;
+    case Where::v_inf: v[row * d + col] = kInf; break;
+  }
+  const Ref ref = ieee_reference(mask, d, q, k, v, g, n);
+  std::vector<int64_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+  const std::vector<T> qt(q.begin(), q.end()), kt(k.begin(), k.end()), vt(v.begin(), v.end()), gt(g.begin(), g.end());
+  std::vector<T> o(n * d), lse(n), drow(n), dq(n * d, 0), dk(n * d, 0), dv(n * d, 0);
+  flash_forward<T>(mask, d, qt.data(), pos.data(), n, kt.data(), vt.data(), pos.data(), n, o.data(), lse.data(), tiles);
+  flash_drow<T>(o.data(), gt.data(), n, d, drow.data());
+  flash_backward<T>(mask, d, qt.data(), pos.data(), n, kt.data(), vt.data(), pos.data(), n, gt.data(), lse.data(),
+                    drow.data(), dq.data(), dk.data(), dv.data(), tiles);
+  const double tau = std::is_same_v<T, float> ? 2e-5 : 1e-11;
+  const std::string what = std::string(where_name(w)) + " " + mask_name(mk) + " P=" + std::to_string(P) +
+                           " W=" + std::to_string(W) + " d=" + std::to_string(d) + " tiles " +
+                           std::to_string(tiles.q) + "x" + std::to_string(tiles.k) + " " +
+                           (std::is_same_v<T, float> ? "float" : "double") + ": ";
+  // A non-finite value makes a row non-finite in the reference: the test is only meaningful
+  // if some rows are.
+  bool some = false;
+  for (double x : ref.o) some = some || !std::isfinite(x);
+  ASSERT_TRUE(some) << what << "the reference has no non-finite output";
+  // A NaN or Inf in V is multiplied by 0 for keys a row cannot see inside a diagonal strip
+  // (0 * NaN = NaN): more rows may be NaN than in the reference, never fewer.
+  const bool v_case = w == Where::v_nan || w == Where::v_inf;
+  EXPECT_TRUE(ieee_agrees(o, ref.o, tau, !v_case, what + "o"));
+  EXPECT_TRUE(ieee_agrees(lse, ref.lse, tau, true, what + "lse"));
+  EXPECT_TRUE(ieee_agrees(dq, ref.dq, tau, false, what + "dq"));
+  EXPECT_TRUE(ieee_agrees(dk, ref.dk, tau, false, what + "dk"));
+  EXPECT_TRUE(ieee_agrees(dv, ref.dv, tau, false, what + "dv"));
+  // Rows before the first one that sees the non-finite value stay exactly as without it.
+  for (int64_t i = 0; i < std::min<int64_t>(row, n); ++i)
+    if (std::isfinite(ref.lse[i])) EXPECT_TRUE(std::isfinite(static_cast<double>(lse[i]))) << what << "row " << i;
+}
+
+TEST(FlashNonFinite, NaNAndInfReachOutputsAndGradientsAsInTheReference) {
+  for (Where w : {Where::q_row, Where::q_elem, Where::k_nan, Where::k_pinf, Where::k_ninf, Where::v_nan, Where::v_inf})
+    for (MaskKind mk : {MaskKind::flat_causal, MaskKind::token_causal})
+      for (int64_t P : {1, 2})
+        for (int64_t W : {int64_t(0), int64_t(5)})
+          for (int64_t d : {int64_t(6), int64_t(32)})
+            for (FlashTiles t : {FlashTiles{}, FlashTiles{4, 7}}) {
+              check_case<float>(w, mk, P, W, d, t);
+              check_case<double>(w, mk, P, W, d, t);
+            }
+}
+
+}  // namespace
+}  // namespace iha
