@@ -60,7 +60,7 @@ struct Args {
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  IHA_CONFIG_CHECK(argc >= 2, "missing command (train, finetune or eval)");
+  IHA_CONFIG_CHECK(argc >= 2, "missing command (train, finetune, eval, sweep or check)");
   const std::string cmd = argv[1];
   bool help = cmd == "help";
   for (int i = 1; i < argc; ++i) help = help || !std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h");
@@ -486,6 +486,12 @@ int main(int argc, char** argv) {
         check_mesh_fits_world(cfg.mesh, world->size());
         cfg.model.resolve_window(cfg.seq_len, std::nullopt);
         check_mesh_fits_model(cfg);
+        // What train checks before its first step: the step count, and the data sources as
+        // the trainer builds them (a task that does not fit the vocabulary or the sequence;
+        // a token file is opened and read, never written).
+        IHA_CONFIG_CHECK(cfg.steps >= 1, "config key 'train.steps': training needs >= 1 step, got ", cfg.steps);
+        make_data_source(cfg, false);
+        make_data_source(cfg, true);
       }
     });
     if (args.mode == Mode::check) {
