@@ -6,14 +6,21 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "attention/layer.h"
+#include "core/config_size.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "parallel/layout.h"
@@ -23,6 +30,7 @@
 #include "ringattn/ringattn.h"
 #if IHA_HAVE_CUDA
 #include <cuda_runtime.h>
+#include <pybind11/numpy.h>
 
 #include "attention/backend_cuda.h"
 #include "core/cuda_device.h"
@@ -120,7 +128,8 @@ Arg borrow(py::handle obj, const std::string& name, std::optional<iha::Device> w
                         " bits; expected float32 or float64");
   a.dtype = t.dtype.bits == 64 ? iha::DType::f64 : iha::DType::f32;
   a.shape.assign(t.shape, t.shape + t.ndim);
-  if (t.strides != nullptr) {
+  // An empty tensor has no element to misplace: any strides will do (torch gives odd ones).
+  if (t.strides != nullptr && iha::shape_numel(a.shape) != 0) {
     int64_t expect = 1;
     for (int i = t.ndim - 1; i >= 0; --i) {
       if (t.shape[i] != 1 && t.strides[i] != expect)
@@ -144,6 +153,59 @@ void expect_dtype(const Arg& a, iha::DType want) {
 }
 
 iha::Tensor view(const Arg& a) { return iha::Tensor::view(a.data, a.shape, a.dtype, a.device); }
+
+// ---- sizes: every product of arguments checked (core/config_size.h: an overflow is a
+// ConfigError, a ValueError here, naming the argument), and what a call would allocate refused
+// up front when it exceeds the memory this process can get.
+const iha::FieldNames kArguments{"argument", "", {{"kv_heads", "Hkv"}}};
+using Size = iha::ConfigSize;
+Size arg_size(int64_t v, const std::string& name) { return Size(v, kArguments, name); }
+
+// Bytes this process can still get: MemAvailable, bounded by a cgroup v2 memory.max.
+int64_t available_memory() {
+  int64_t avail = INT64_MAX;
+  std::ifstream mi("/proc/meminfo");
+  for (std::string line; std::getline(mi, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      std::istringstream is(line.substr(13));
+      int64_t kib = 0;
+      if (is >> kib) avail = kib * 1024;
+    }
+  }
+  if (avail == INT64_MAX) {  // no /proc/meminfo: the physical memory
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) avail = static_cast<int64_t>(pages) * page;
+  }
+  std::ifstream cg("/sys/fs/cgroup/memory.max");
+  std::string limit;
+  if (cg >> limit && limit != "max") {
+    try {
+      int64_t used = 0;
+      std::ifstream cur("/sys/fs/cgroup/memory.current");
+      cur >> used;
+      avail = std::min<int64_t>(avail, std::stoll(limit) - used);
+    } catch (...) {
+    }
+  }
+  return avail;
+}
+
+std::string gib(int64_t bytes) {
+  std::ostringstream os;
+  os.precision(3);
+  os << static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return os.str();
+}
+
+// Refuses `need` (a lower bound of what `what` allocates) when it exceeds the memory
+// available, naming the argument with the largest share.
+void check_fits_memory(const Size& need, const std::string& what) {
+  const int64_t avail = available_memory();
+  if (need.value() > avail)
+    throw py::value_error(std::string("argument '") + need.key() + "': " + what + " needs at least " +
+                          gib(need.value()) + " (" + need.expr() + " bytes), more than the " + gib(avail) +
+                          " this process can get");
+}
 
 iha::SegmentStarts segments_from(const py::object& o) {
   if (o.is_none()) return {};
@@ -206,6 +268,61 @@ std::shared_ptr<const iha::Backend> backend_for(iha::Device device, iha::DType d
 #endif
 }
 
+std::string named(const std::string& arg, const std::function<std::string()>& parse) {
+  try {
+    return parse();
+  } catch (const iha::Error& e) {
+    throw py::value_error("argument '" + arg + "': " + e.what());
+  }
+}
+
+// Every local check of a Core's arguments, before anything is built or exchanged (iha.torch
+// runs it on every rank and agrees on the verdict before the collective construction):
+// the config, N, sizes (checked products; the RoPE tables and token lists the core allocates
+// must fit in the memory available), dtype, device (and its backend), layout, scheme, the
+// head ranks against the communicator size (comm_size 0: no communicator).
+struct CoreArgs {
+  iha::DType dtype;
+  iha::Device device;
+  iha::LayoutKind layout;
+};
+CoreArgs check_core_args(const iha::LayerConfig& cfg, int64_t N, const std::string& dtype, const std::string& layout,
+                         const std::string& scheme, int64_t head_ranks, int64_t ring_pieces, const std::string& device,
+                         int64_t comm_size) {
+  cfg.validate(kArguments);
+  if (N < 1) throw py::value_error("argument 'N': the sequence length must be >= 1, got " + std::to_string(N));
+  CoreArgs out;
+  out.dtype = iha::parse_dtype(dtype);
+  if (out.dtype != iha::DType::f32 && out.dtype != iha::DType::f64)
+    throw py::value_error("argument 'dtype': expected float32 or float64, got " + dtype);
+  if (device != "cpu" && device != "cuda")
+    throw py::value_error("argument 'device': expected 'cpu' or 'cuda', got '" + device + "'");
+  out.device = device == "cuda" ? iha::Device::cuda : iha::Device::cpu;
+  // RoPE tables (cos and sin of N*P positions, d/2 each, in float64 at most) and the token
+  // lists (several int64 per token): what building the core allocates, at least.
+  const Size n = arg_size(N, "N"), P = arg_size(cfg.P, "P"), d = arg_size(cfg.d, "d");
+  check_fits_memory(n * P * d * Size(8) + n * Size(32), "a core of N tokens");
+  named("layout", [&] { out.layout = iha::parse_layout(layout); return std::string(); });
+  named("scheme", [&] { iha::parse_scheme(scheme); return std::string(); });
+  if (comm_size > 0) {
+    if (head_ranks < 1 || comm_size % head_ranks != 0)
+      throw py::value_error("argument 'head_ranks': " + std::to_string(head_ranks) +
+                            " does not divide the communicator size " + std::to_string(comm_size));
+    if (ring_pieces < 1)
+      throw py::value_error("argument 'ring_pieces': must be >= 1, got " + std::to_string(ring_pieces));
+  }
+  return out;
+}
+
+// What one forward (backward: twice that) allocates for a batch of B sequences of n local
+// tokens, at least: the mixed and rotated q, k, v, the output before the collapse (H + 2 Hkv
+// + H rows of n*P*d) and the row log-sum-exps.
+Size pass_bytes(const iha::LayerConfig& cfg, int64_t B, int64_t n, int64_t elem) {
+  const Size b = arg_size(B, "q"), nn = arg_size(n, "N"), P = arg_size(cfg.P, "P"), d = arg_size(cfg.d, "d");
+  const Size rows = arg_size(cfg.H, "H") * Size(2) + arg_size(cfg.kv_heads(), "kv_heads") * Size(2);
+  return b * nn * P * (rows * d * Size(elem) + arg_size(cfg.H, "H") * Size(8));
+}
+
 // One attention core of either dtype: local, sequence-parallel (ring for global layers, halo
 // for window layers) or head x sequence parallel (Ulysses, 2D), on the CPU or (float32) on
 // the CUDA backend, reading and writing the callers' tensors on that device in place.
@@ -215,16 +332,12 @@ class Core {
        const std::string& layout, const std::string& scheme, int64_t head_ranks, int64_t ring_pieces,
        const std::string& device)
       : cfg_(cfg), N_(N) {
-    cfg_.validate();
-    if (N < 1) throw py::value_error("argument 'N': the sequence length must be >= 1, got " + std::to_string(N));
-    dtype_ = iha::parse_dtype(dtype);
-    if (dtype_ != iha::DType::f32 && dtype_ != iha::DType::f64)
-      throw py::value_error("argument 'dtype': expected float32 or float64, got " + dtype);
-    if (device != "cpu" && device != "cuda")
-      throw py::value_error("argument 'device': expected 'cpu' or 'cuda', got '" + device + "'");
-    device_ = device == "cuda" ? iha::Device::cuda : iha::Device::cpu;
+    const CoreArgs args = check_core_args(cfg_, N, dtype, layout, scheme, head_ranks, ring_pieces, device,
+                                          comm == nullptr ? 0 : comm->c->size());
+    dtype_ = args.dtype;
+    device_ = args.device;
     const auto be = backend_for(device_, dtype_);
-    kind_ = iha::parse_layout(layout);
+    kind_ = args.layout;
     if (comm == nullptr) {
       tokens_.resize(N);
       for (int64_t n = 0; n < N; ++n) tokens_[n] = n;
@@ -275,6 +388,18 @@ class Core {
     tokens_ = parts.at(static_cast<size_t>(part));
   }
 
+  // Every local check of a forward call (no computing, no exchange): what forward checks
+  // before it starts, for iha.torch's agreement across ranks.
+  void check_forward(py::handle q, py::handle k, py::handle v, py::handle aq, py::handle ak, py::handle av,
+                     py::handle c, const py::object& segments, bool backward) {
+    Arg aq_, ak_, av_, c_;
+    Arg q_ = take(q, "q"), k_ = take(k, "k"), v_ = take(v, "v");
+    const int64_t B = check_qkv(q_, k_, v_);
+    mix_args(aq, ak, av, c, aq_, ak_, av_, c_);
+    check_segments(segments_from(segments), B, N_);
+    check_pass_memory(B, backward);
+  }
+
   std::shared_ptr<CoreCacheHandle> forward(py::handle q, py::handle k, py::handle v, py::handle aq, py::handle ak,
                                            py::handle av, py::handle c, py::handle out, const py::object& segments) {
     Arg aq_, ak_, av_, c_;
@@ -284,6 +409,7 @@ class Core {
     expect_dtype(o_, dtype_);
     mix_args(aq, ak, av, c, aq_, ak_, av_, c_);
     auto seg = segments_from(segments);
+    check_pass_memory(B, false);
     auto h = std::make_shared<CoreCacheHandle>();
     h->B = B;
     if (c64_) run_forward(*c64_, B, q_, k_, v_, aq_, ak_, av_, c_, o_, seg, *h);
@@ -330,6 +456,12 @@ class Core {
  private:
   Arg take(py::handle obj, const std::string& name) const { return borrow(obj, name, device_); }
 
+  void check_pass_memory(int64_t B, bool backward) const {
+    const Size need = pass_bytes(cfg_, B, local_tokens(), dtype_ == iha::DType::f64 ? 8 : 4) *
+                      Size(backward ? 2 : 1);
+    if (device_ == iha::Device::cpu) check_fits_memory(need, backward ? "the backward pass" : "the forward pass");
+  }
+
   int64_t check_qkv(const Arg& q, const Arg& k, const Arg& v) const {
     if (q.shape.size() != 3) arg_error("q", "has shape " + iha::shape_str(q.shape) + "; expected [B, n_local, H*d]");
     const int64_t B = q.shape[0], n = local_tokens();
@@ -371,6 +503,7 @@ class Core {
     core.set_segments(seg);
     auto w = mix_weights<T>(aq, ak, av, c);
     h.cache = core.make_cache();
+    if (B == 0) return;  // an empty batch (on every rank: iha.torch agreed on B): nothing to compute
     py::gil_scoped_release nogil;
     core.forward(w, B, static_cast<const T*>(q.data), static_cast<const T*>(k.data), static_cast<const T*>(v.data),
                  static_cast<T*>(out.data), *h.cache);
@@ -384,6 +517,10 @@ class Core {
                     const Arg& dk, const Arg& dv, const Arg& daq, const Arg& dak, const Arg& dav, const Arg& dc) {
     auto w = mix_weights<T>(aq, ak, av, c);
     auto grads = mix_weights<T>(daq, dak, dav, dc);
+    if (h.B == 0) {  // an empty batch: no gradient (the caller's tensors are zero or empty)
+      h.cache.reset();
+      return;
+    }
     {
       py::gil_scoped_release nogil;
       core.backward(w, h.B, static_cast<const T*>(q.data), static_cast<const T*>(k.data),
@@ -484,24 +621,206 @@ py::dict layer_run(const iha::LayerConfig& cfg, const py::dict& weights, py::han
   return out;
 }
 
+// A field of a Python value, typed: a TypeError naming the field, never pybind's "Unable to
+// cast". Numbers: int or float (not bool, not str); integers: int (not bool, not float).
+std::string type_name(py::handle v) { return py::str(v.get_type().attr("__name__")); }
+double number_field(py::handle v, const std::string& field) {
+  if (PyBool_Check(v.ptr()) || !(PyFloat_Check(v.ptr()) || PyLong_Check(v.ptr()) || py::hasattr(v, "__float__")) ||
+      PyUnicode_Check(v.ptr()))
+    throw py::type_error("argument '" + field + "': expected a number, got " + type_name(v) + " " +
+                         std::string(py::repr(v)));
+  return v.cast<double>();
+}
+int64_t int_field(py::handle v, const std::string& field) {
+  if (PyBool_Check(v.ptr()) || !py::hasattr(v, "__index__"))
+    throw py::type_error("argument '" + field + "': expected an integer, got " + type_name(v) + " " +
+                         std::string(py::repr(v)));
+  try {
+    return py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr())).cast<int64_t>();
+  } catch (const py::cast_error&) {
+    throw py::value_error("argument '" + field + "': " + std::string(py::repr(v)) + " does not fit in 64 bits");
+  }
+}
+std::string str_field(py::handle v, const std::string& field) {
+  if (!PyUnicode_Check(v.ptr()))
+    throw py::type_error("argument '" + field + "': expected a str, got " + type_name(v) + " " +
+                         std::string(py::repr(v)));
+  return v.cast<std::string>();
+}
+
 iha::RopeScaling rope_scaling_from(const py::dict& d) {
   iha::RopeScaling r;
   for (auto item : d) {
     const std::string k = py::str(item.first);
+    const std::string f = "rope_scaling." + k;
     py::handle v = item.second;
-    if (k == "type") r.type = iha::parse_rope_scaling_type(v.cast<std::string>(), "argument 'rope_scaling.type'");
-    else if (k == "factor") r.factor = v.cast<double>();
-    else if (k == "original_length") r.original_length = v.cast<int64_t>();
-    else if (k == "beta_fast") r.beta_fast = v.cast<double>();
-    else if (k == "beta_slow") r.beta_slow = v.cast<double>();
-    else if (k == "ramp") r.ramp = iha::parse_yarn_ramp(v.cast<std::string>(), "argument 'rope_scaling.ramp'");
-    else if (k == "low_freq_factor") r.low_freq_factor = v.cast<double>();
-    else if (k == "high_freq_factor") r.high_freq_factor = v.cast<double>();
+    if (k == "type") r.type = iha::parse_rope_scaling_type(str_field(v, f), "argument '" + f + "'");
+    else if (k == "factor") r.factor = number_field(v, f);
+    else if (k == "original_length") r.original_length = int_field(v, f);
+    else if (k == "beta_fast") r.beta_fast = number_field(v, f);
+    else if (k == "beta_slow") r.beta_slow = number_field(v, f);
+    else if (k == "ramp") r.ramp = iha::parse_yarn_ramp(str_field(v, f), "argument '" + f + "'");
+    else if (k == "low_freq_factor") r.low_freq_factor = number_field(v, f);
+    else if (k == "high_freq_factor") r.high_freq_factor = number_field(v, f);
     else throw py::value_error("argument 'rope_scaling': unknown key '" + k + "'");
   }
   r.validate(iha::FieldNames{"argument", "rope_scaling.", {}});
   return r;
 }
+
+iha::LayerConfig make_layer_config(int64_t D, int64_t H, int64_t P, int64_t d, int64_t Hkv, const std::string& kind,
+                                   const std::string& collapse, const std::string& mask, int64_t window_virtual,
+                                   bool rope, double rope_base, double rope_scale, const py::object& rope_scaling) {
+  iha::LayerConfig c;
+  c.D = D, c.H = H, c.P = P, c.Hkv = Hkv;
+  c.d = d > 0 ? d : (H > 0 ? D / H : 0);
+  if (kind != "iha" && kind != "mha")
+    throw py::value_error("argument 'kind': expected 'iha' or 'mha', got '" + kind + "'");
+  c.mixing = kind == "iha";
+  c.collapse = iha::parse_collapse(collapse, kArguments("collapse"));
+  c.mask = iha::parse_mask(mask, kArguments("mask"));
+  c.window_virtual = window_virtual;
+  c.rope = rope, c.rope_base = rope_base, c.rope_scale = rope_scale;
+  if (!rope_scaling.is_none()) {
+    if (!py::isinstance<py::dict>(rope_scaling))
+      throw py::type_error("argument 'rope_scaling': expected a dict (or None), got " + type_name(rope_scaling));
+    c.rope_scaling = rope_scaling_from(rope_scaling.cast<py::dict>());
+  }
+  c.validate(kArguments);
+  return c;
+}
+
+// The config as the keyword arguments that rebuild it (pickling, copying, agreement).
+py::dict layer_config_state(const iha::LayerConfig& c) {
+  py::dict st;
+  st["D"] = c.D, st["H"] = c.H, st["P"] = c.P, st["d"] = c.d, st["Hkv"] = c.kv_heads();
+  st["kind"] = c.mixing ? "iha" : "mha";
+  st["collapse"] = iha::collapse_name(c.collapse);
+  st["mask"] = iha::mask_name(c.mask);
+  st["window_virtual"] = c.window_virtual;
+  st["rope"] = c.rope, st["rope_base"] = c.rope_base, st["rope_scale"] = c.rope_scale;
+  const auto& r = c.rope_scaling;
+  if (r.on()) {
+    py::dict rs;
+    rs["type"] = iha::rope_scaling_type_name(r.type);
+    rs["factor"] = r.factor;
+    rs["original_length"] = r.original_length;
+    rs["beta_fast"] = r.beta_fast;
+    rs["beta_slow"] = r.beta_slow;
+    rs["ramp"] = iha::yarn_ramp_name(r.ramp);
+    rs["low_freq_factor"] = r.low_freq_factor;
+    rs["high_freq_factor"] = r.high_freq_factor;
+    st["rope_scaling"] = rs;
+  } else {
+    st["rope_scaling"] = py::none();
+  }
+  return st;
+}
+
+iha::LayerConfig layer_config_from_state(const py::dict& st) {
+  auto get = [&](const char* k) -> py::object {
+    if (!st.contains(k)) throw py::value_error(std::string("LayerConfig state: missing '") + k + "'");
+    return st[k];
+  };
+  return make_layer_config(int_field(get("D"), "D"), int_field(get("H"), "H"), int_field(get("P"), "P"),
+                           int_field(get("d"), "d"), int_field(get("Hkv"), "Hkv"), str_field(get("kind"), "kind"),
+                           str_field(get("collapse"), "collapse"), str_field(get("mask"), "mask"),
+                           int_field(get("window_virtual"), "window_virtual"), get("rope").cast<bool>(),
+                           number_field(get("rope_base"), "rope_base"), number_field(get("rope_scale"), "rope_scale"),
+                           get("rope_scaling"));
+}
+
+#if IHA_HAVE_CUDA
+// ---- a test-only producer of CUDA tensors (DLPack), so the CUDA route's tests run on a GPU
+// machine without a CUDA build of torch (tests/python/test_cuda_dlpack.py). It owns a
+// cudaMalloc'd row-major float32/float64 buffer on the current device, copies from and to host
+// numpy arrays, and exports itself through __dlpack__ / __dlpack_device__ like torch does.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw py::value_error(std::string("TestDeviceArray: ") + what + ": " + cudaGetErrorString(e));
+}
+
+class TestDeviceArray {
+ public:
+  TestDeviceArray(std::vector<int64_t> shape, int bits) : shape_(std::move(shape)), bits_(bits) {
+    if (bits != 32 && bits != 64) throw py::value_error("TestDeviceArray: dtype must be float32 or float64");
+    for (int64_t s : shape_)
+      if (s < 0) throw py::value_error("TestDeviceArray: negative dimension");
+    cuda_ok(cudaGetDevice(&device_), "cudaGetDevice");
+    buf_ = std::make_shared<DeviceBuffer>();
+    if (bytes() > 0) cuda_ok(cudaMalloc(&buf_->ptr, bytes()), "cudaMalloc");
+    if (bytes() > 0) cuda_ok(cudaMemset(buf_->ptr, 0, bytes()), "cudaMemset");
+  }
+  static TestDeviceArray from_host(const py::array& a) {
+    const bool f64 = a.dtype().is(py::dtype::of<double>());
+    if (!f64 && !a.dtype().is(py::dtype::of<float>()))
+      throw py::value_error("TestDeviceArray.from_host: expected a float32 or float64 array");
+    py::array c = py::array::ensure(a, py::array::c_style);
+    TestDeviceArray out(std::vector<int64_t>(c.shape(), c.shape() + c.ndim()), f64 ? 64 : 32);
+    if (out.bytes() > 0) cuda_ok(cudaMemcpy(out.buf_->ptr, c.data(), out.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    return out;
+  }
+  py::array to_host() const {
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    py::array out = bits_ == 64 ? py::array(py::dtype::of<double>(), shape_) : py::array(py::dtype::of<float>(), shape_);
+    if (bytes() > 0) cuda_ok(cudaMemcpy(out.mutable_data(), buf_->ptr, bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return out;
+  }
+  // DLPack: a capsule "dltensor" whose deleter keeps the buffer alive until the consumer (or
+  // the capsule, if never consumed) lets go. The copies in and out are synchronous, and the
+  // library synchronises before it returns, so the stream argument needs no work here.
+  py::object dlpack(const py::object& /*stream*/) const {
+    struct Ctx {
+      std::shared_ptr<DeviceBuffer> keep;
+      std::vector<int64_t> shape;
+      DLManagedTensor m;
+    };
+    auto* ctx = new Ctx{buf_, shape_, {}};
+    DLTensor& t = ctx->m.dl_tensor;
+    t.data = buf_->ptr;
+    t.device = {2, device_};
+    t.ndim = static_cast<int32_t>(shape_.size());
+    t.dtype = {2, static_cast<uint8_t>(bits_), 1};
+    t.shape = ctx->shape.data();
+    t.strides = nullptr;  // compact row-major
+    t.byte_offset = 0;
+    ctx->m.manager_ctx = ctx;
+    ctx->m.deleter = [](DLManagedTensor* self) { delete static_cast<Ctx*>(self->manager_ctx); };
+    PyObject* cap = PyCapsule_New(&ctx->m, "dltensor", [](PyObject* o) {
+      if (PyCapsule_IsValid(o, "dltensor")) {  // never consumed: the capsule owns the tensor
+        auto* mt = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(o, "dltensor"));
+        mt->deleter(mt);
+      }
+    });
+    if (cap == nullptr) {
+      delete ctx;
+      throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::object>(cap);
+  }
+  py::tuple dlpack_device() const { return py::make_tuple(2, device_); }
+  uintptr_t ptr() const { return reinterpret_cast<uintptr_t>(buf_->ptr); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  std::string dtype() const { return bits_ == 64 ? "float64" : "float32"; }
+
+ private:
+  size_t bytes() const {
+    size_t n = static_cast<size_t>(bits_ / 8);
+    for (int64_t s : shape_) n *= static_cast<size_t>(s);
+    return n;
+  }
+  std::vector<int64_t> shape_;
+  int bits_ = 32;
+  int device_ = 0;
+  std::shared_ptr<DeviceBuffer> buf_;
+};
+#endif
 
 }  // namespace
 
@@ -510,6 +829,21 @@ PYBIND11_MODULE(_iha, m) {
 #if IHA_HAVE_CUDA
   m.attr("cuda_built") = true;
   m.def("cuda_device_count", [] { return iha::cuda_device_count(); }, "Visible CUDA devices (0 without a driver).");
+  py::class_<TestDeviceArray>(m, "TestDeviceArray",
+                              "Test only: a CUDA buffer exported through DLPack (the CUDA route's tests without torch).")
+      .def(py::init([](std::vector<int64_t> shape, const std::string& dtype) {
+             if (dtype != "float32" && dtype != "float64")
+               throw py::value_error("argument 'dtype': expected 'float32' or 'float64', got '" + dtype + "'");
+             return TestDeviceArray(std::move(shape), dtype == "float64" ? 64 : 32);
+           }),
+           py::arg("shape"), py::arg("dtype") = "float32", "Zeros of this shape on the current CUDA device.")
+      .def_static("from_host", &TestDeviceArray::from_host, py::arg("array"))
+      .def("to_host", &TestDeviceArray::to_host)
+      .def("__dlpack__", &TestDeviceArray::dlpack, py::arg("stream") = py::none())
+      .def("__dlpack_device__", &TestDeviceArray::dlpack_device)
+      .def_property_readonly("ptr", &TestDeviceArray::ptr)
+      .def_property_readonly("shape", &TestDeviceArray::shape)
+      .def_property_readonly("dtype", &TestDeviceArray::dtype);
 #else
   m.attr("cuda_built") = false;
   m.def("cuda_device_count", [] { return 0; }, "Visible CUDA devices: 0 (built without the CUDA backend).");
@@ -519,29 +853,41 @@ PYBIND11_MODULE(_iha, m) {
   py::register_exception<iha::Error>(m, "Error", PyExc_RuntimeError);
   py::register_exception<iha::ConfigError>(m, "ConfigError", PyExc_ValueError);
 
+  // Arguments are taken as Python objects and converted by field: a wrong type is a TypeError
+  // naming the argument (pybind's own conversion names none).
   py::class_<iha::LayerConfig>(m, "LayerConfig")
-      .def(py::init([](int64_t D, int64_t H, int64_t P, int64_t d, int64_t Hkv, const std::string& kind,
-                       const std::string& collapse, const std::string& mask, int64_t window_virtual, bool rope,
-                       double rope_base, double rope_scale, const py::object& rope_scaling) {
-             iha::LayerConfig c;
-             c.D = D, c.H = H, c.P = P, c.Hkv = Hkv;
-             c.d = d > 0 ? d : (H > 0 ? D / H : 0);
-             if (kind != "iha" && kind != "mha")
-               throw py::value_error("argument 'kind': expected 'iha' or 'mha', got '" + kind + "'");
-             c.mixing = kind == "iha";
-             const iha::FieldNames arguments{"argument", "", {{"kv_heads", "Hkv"}}};
-             c.collapse = iha::parse_collapse(collapse, arguments("collapse"));
-             c.mask = iha::parse_mask(mask, arguments("mask"));
-             c.window_virtual = window_virtual;
-             c.rope = rope, c.rope_base = rope_base, c.rope_scale = rope_scale;
-             if (!rope_scaling.is_none()) c.rope_scaling = rope_scaling_from(rope_scaling.cast<py::dict>());
-             c.validate(arguments);
-             return c;
+      .def(py::init([](py::handle D, py::handle H, py::handle P, py::handle d, py::handle Hkv, py::handle kind,
+                       py::handle collapse, py::handle mask, py::handle window_virtual, py::handle rope,
+                       py::handle rope_base, py::handle rope_scale, const py::object& rope_scaling) {
+             if (!PyBool_Check(rope.ptr()))
+               throw py::type_error("argument 'rope': expected a bool, got " + type_name(rope));
+             return make_layer_config(int_field(D, "D"), int_field(H, "H"), int_field(P, "P"), int_field(d, "d"),
+                                      int_field(Hkv, "Hkv"), str_field(kind, "kind"), str_field(collapse, "collapse"),
+                                      str_field(mask, "mask"), int_field(window_virtual, "window_virtual"),
+                                      rope.cast<bool>(), number_field(rope_base, "rope_base"),
+                                      number_field(rope_scale, "rope_scale"), rope_scaling);
            }),
            py::arg("D"), py::arg("H"), py::arg("P") = 1, py::arg("d") = 0, py::arg("Hkv") = 0,
            py::arg("kind") = "iha", py::arg("collapse") = "global", py::arg("mask") = "flat_causal",
            py::arg("window_virtual") = 0, py::arg("rope") = true, py::arg("rope_base") = 500000.0,
            py::arg("rope_scale") = 1.0, py::arg("rope_scaling") = py::none())
+      // Pickling and copy.deepcopy (IhaAttention holds one): the state is the keyword arguments.
+      .def(py::pickle([](const iha::LayerConfig& c) { return layer_config_state(c); },
+                      [](const py::dict& st) { return layer_config_from_state(st); }))
+      .def("state", &layer_config_state, "The keyword arguments that rebuild this config (plain Python data).")
+      .def("__eq__", [](const iha::LayerConfig& a, const iha::LayerConfig& b) {
+        return layer_config_state(a).equal(layer_config_state(b));
+      })
+      .def("__hash__", [](const iha::LayerConfig& c) { return py::hash(py::repr(layer_config_state(c))); })
+      .def("__repr__", [](const iha::LayerConfig& c) {
+        std::string out = "LayerConfig(";
+        bool first = true;
+        for (auto item : layer_config_state(c)) {
+          out += (first ? "" : ", ") + std::string(py::str(item.first)) + "=" + std::string(py::repr(item.second));
+          first = false;
+        }
+        return out + ")";
+      })
       .def_readonly("D", &iha::LayerConfig::D)
       .def_readonly("H", &iha::LayerConfig::H)
       .def_readonly("d", &iha::LayerConfig::d)
@@ -597,12 +943,24 @@ PYBIND11_MODULE(_iha, m) {
       .def_property_readonly("dtype", &Core::dtype)
       .def_property_readonly("device", &Core::device)
       .def("set_token_map", &Core::set_token_map, py::arg("parts"))
+      .def("check_forward", &Core::check_forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("aq"),
+           py::arg("ak"), py::arg("av"), py::arg("c"), py::arg("segments") = py::none(), py::arg("backward") = false,
+           "Every local check of forward (and with backward=True, of the memory backward needs); computes nothing.")
       .def("forward", &Core::forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("aq"), py::arg("ak"),
            py::arg("av"), py::arg("c"), py::arg("out"), py::arg("segments") = py::none())
       .def("backward", &Core::backward, py::arg("cache"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("dout"),
            py::arg("aq"), py::arg("ak"), py::arg("av"), py::arg("c"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
            py::arg("daq"), py::arg("dak"), py::arg("dav"), py::arg("dc"))
       .def("reduce_gradients", &Core::reduce_gradients, py::arg("grads"));
+
+  m.def("check_core_args", [](const iha::LayerConfig& cfg, int64_t N, const std::string& dtype,
+                              const std::string& layout, const std::string& scheme, int64_t head_ranks,
+                              int64_t ring_pieces, const std::string& device, int64_t comm_size) {
+    const CoreArgs a = check_core_args(cfg, N, dtype, layout, scheme, head_ranks, ring_pieces, device, comm_size);
+    backend_for(a.device, a.dtype);
+  }, py::arg("config"), py::arg("N"), py::arg("dtype"), py::arg("layout"), py::arg("scheme"), py::arg("head_ranks"),
+     py::arg("ring_pieces"), py::arg("device"), py::arg("comm_size"),
+     "Every local check of Core's arguments (sizes and memory included); builds and exchanges nothing.");
 
   m.def("layer_forward_backward", [](const iha::LayerConfig& cfg, const py::dict& weights, py::handle x, py::handle dz,
                                      const py::object& segments) {
@@ -631,10 +989,26 @@ PYBIND11_MODULE(_iha, m) {
   m.def("layout_tokens", [](const std::string& kind, int64_t N, int64_t S, int64_t T, int64_t s, int64_t t) {
     if (N < 1 || S < 1 || T < 1) throw py::value_error("layout_tokens: N, S and T must be >= 1");
     if (s < 0 || s >= S || t < 0 || t >= T) throw py::value_error("layout_tokens: index out of range");
-    return iha::replica_token_map(iha::parse_layout(kind), N, S, T)[s * T + t];
+    check_fits_memory(arg_size(N, "N") * Size(16), "the token map of N tokens");
+    const auto k = iha::parse_layout(named("kind", [&] { return kind; }));
+    return iha::replica_token_map(k, N, S, T)[s * T + t];
   }, py::arg("kind"), py::arg("N"), py::arg("S"), py::arg("T") = 1, py::arg("s") = 0, py::arg("t") = 0);
   m.def("balanced_parts", [](int64_t N, int64_t R, int64_t P, int64_t window_virtual, bool token_causal,
                              const iha::SegmentStarts& starts) {
+    if (N < 1) throw py::value_error("argument 'N': the sequence length must be >= 1, got " + std::to_string(N));
+    if (R < 1) throw py::value_error("argument 'R': the rank count must be >= 1, got " + std::to_string(R));
+    if (P < 1) throw py::value_error("argument 'P': must be >= 1, got " + std::to_string(P));
+    if (window_virtual < 0)
+      throw py::value_error("argument 'window_virtual': must be >= 0 (0: a global layer), got " +
+                            std::to_string(window_virtual));
+    (arg_size(N, "N") * arg_size(P, "P")).value();
+    check_fits_memory(arg_size(N, "N") * Size(16), "the token map of N tokens");
+    // Each sequence's document starts: ascending, the first 0, all inside [0, N).
+    try {
+      iha::check_segment_starts(starts, static_cast<int64_t>(starts.size()), N, "argument 'segments'");
+    } catch (const iha::Error& e) {
+      throw py::value_error(e.what());
+    }
     iha::PairCost cost;
     cost.P = P, cost.window = window_virtual, cost.token_causal = token_causal;
     return iha::balanced_tokens(N, R, {cost}, starts);
