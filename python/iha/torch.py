@@ -62,6 +62,8 @@ def _int_arg(name, v, minimum=None):
         raise TypeError(f"argument '{name}': expected an integer, got {type(v).__name__} {v!r}") from None
     if minimum is not None and i < minimum:
         raise ValueError(f"argument '{name}': must be >= {minimum}, got {i}")
+    if not -2 ** 63 <= i < 2 ** 63:
+        raise ValueError(f"argument '{name}': {i} does not fit in 64 bits")
     return i
 
 
@@ -449,9 +451,9 @@ class IhaAttention(torch.nn.Module):
             except TypeError:  # not JSON-able: the checks below name it
                 seg_d = cu_d = None
             _agree.state_for(self._comm).agree("IhaAttention.forward", [
+                ("dtype", "the module's dtype", str(self._dtype)),
                 ("x", "the batch size B", None if xt is None or xt.dim() < 1 else int(xt.shape[0])),
                 ("x", "the input dtype", None if xt is None else str(xt.dtype)),
-                ("dtype", "the module's dtype", str(self._dtype)),
                 ("device", "the module's device type", self.wq.device.type),
                 ("N", "the sequence length N", N if error is None else None),
                 ("segments", "the document starts", seg_d),
@@ -466,12 +468,13 @@ class IhaAttention(torch.nn.Module):
         core = self.core(N)
         if token_map is not None:
             core.set_token_map(token_map)
-        B, n, _ = x.shape
-        q = (x.reshape(B * n, -1) @ self.wq).reshape(B, n, -1)
-        k = (x.reshape(B * n, -1) @ self.wk).reshape(B, n, -1)
-        v = (x.reshape(B * n, -1) @ self.wv).reshape(B, n, -1)
+        B, n, D = x.shape   # explicit sizes: an empty batch has no -1 to infer
+        x2 = x.reshape(B * n, D)
+        q = (x2 @ self.wq).reshape(B, n, self.wq.shape[1])
+        k = (x2 @ self.wk).reshape(B, n, self.wk.shape[1])
+        v = (x2 @ self.wv).reshape(B, n, self.wv.shape[1])
         o = iha_attention(q, k, v, self.aq, self.ak, self.av, self.c, core, segments=segments, cu_seqlens=cu_seqlens)
-        return (o.reshape(B * n, -1) @ self.wo).reshape(B, n, -1)
+        return (o.reshape(B * n, self.wo.shape[0]) @ self.wo).reshape(B, n, D)
 
     def reduce_gradients(self, N):
         """Sums this layer's parameter gradients over the ranks that share its sequences (after
