@@ -7,7 +7,11 @@
 #      against the CPU float64 run and checkpoint interchange; the NCCL communicator;
 #   3. the whole-layer and whole-step benchmark at 16k and 64k context (bench_model.txt);
 #   4. the attention benchmark (TFLOP/s on visible pairs next to cuBLAS, bench.txt);
-#   5. if compute-sanitizer is installed, a few kernel tests under memcheck and racecheck.
+#   5. if compute-sanitizer is installed, a few kernel tests under memcheck and racecheck;
+#   6. (also with --fast) the Python package's CUDA route, where the build has the package:
+#      tests/python/test_cuda_dlpack.py (the CUDA core through _iha's test-only DLPack producer,
+#      no torch needed: numpy, and mpi4py for 2 ranks) and the torch CUDA tests (they skip,
+#      exit 77, without a CUDA build of torch).
 # With --fast (first argument) the run fits in under 8 minutes on one GPU, build excluded (it
 # is incremental: a cached build-gpu/ costs seconds): the backend conformance suite, the GPU
 # layer and model tests, one short training run against the CPU float64 losses (5 steps, one
@@ -78,8 +82,24 @@ if [ $? -ne 0 ]; then
   exit 1
 fi
 
+# The Python package (docs/python.md): built where CMake found Python's headers and pybind11.
+python_ok=0
+if grep -q '^IHA_PYTHON:BOOL=ON' build-gpu/CMakeCache.txt 2>/dev/null; then
+  step build-python 300 "$out/build-python.log" cmake --build build-gpu -j "$jobs" --target _iha && python_ok=1
+else
+  note "SKIP  python: the package is not configured here (needs python3-dev and pybind11-dev)"
+fi
+python_tests() {
+  [ $python_ok -eq 1 ] || return 0
+  step python-cuda 240 "$out/ctest-python.log" \
+    ctest --test-dir build-gpu -R 'python_cuda_dlpack|python_torch_cuda|python_torch_parallel_cuda' \
+          --no-tests=error --output-on-failure --timeout 200 --output-junit "$out/ctest-python.xml"
+  grep -E "Test +#|tests passed|\*\*\*" "$out/ctest-python.log" | tail -12 >> "$summary"
+}
+
 if [ $fast -eq 1 ]; then
   t_fast=$(date +%s)
+  python_tests
   step conformance 60 "$out/conformance.log" build-gpu/tests/backend/test_backend_ops
   grep -E "PASSED|FAILED|SKIPPED" "$out/conformance.log" | tail -20 >> "$summary"
   step layer-model 150 "$out/layer-model.log" build-gpu/tests/cuda/test_cuda_model \
@@ -125,6 +145,7 @@ if command -v compute-sanitizer >/dev/null; then
 else
   note "SKIP  compute-sanitizer not installed"
 fi
+python_tests
 
 note "total $(( $(date +%s) - start ))s, status $status"
 exit $status
