@@ -1,9 +1,18 @@
 """IHA models in transformers (DESIGN.md section 14): a model whose attention is the library
 (iha.torch) is written as a Hugging Face directory (iha.hf.save_dir), loaded with
 AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True), and must give the library's
-logits (float32, 1e-5 normwise); greedy generate() with the cache must give the tokens of argmax
-over full forward passes; load_dir must give back every tensor exactly. P = 1, 2, 3; MHA and
-GQA; window and global layers; RoPE scaling methods."""
+logits (float32, 1e-5 normwise), also with attention split into small query blocks; its RoPE
+frequencies must be the config's (transformers 5 builds the model on the meta device); greedy
+generate() with the cache must give the tokens of argmax over full forward passes for 64 new
+tokens (past every window), each step after the prompt running the model on one new token;
+the cache is taken however it is passed (the model's own, a legacy tuple, `cache=` or
+`past_key_values=`, an empty transformers Cache); save_pretrained writes a directory that
+reloads (the code files copied); float32, bfloat16 and float16 loads and device_map="cpu";
+load_dir gives back every tensor exactly. P = 1, 2, 3; MHA and GQA; window and global layers;
+RoPE scaling methods. Runs on every transformers the project supports (docs/python.md): CTest
+runs it with the Debian set (torch 1.13, transformers 4.49) and the newest PyPI set
+(python/requirements-newest.txt)."""
+import json
 import os
 import shutil
 import sys
@@ -11,6 +20,8 @@ import tempfile
 import unittest
 
 import torch
+import transformers
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference  # noqa: E402
@@ -29,6 +40,56 @@ CASES = [
          scaling={"type": "linear", "factor": 2.0}, mask="token_causal"),
 ]
 V, D, F = 48, 32, 64
+# transformers 5 names the load dtype `dtype` and the cache `cache`; 4.x `torch_dtype` and
+# `past_key_values`.
+DTYPE_KW = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+CACHE_KW = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+# generate() imports torch.distributed.fsdp unless synced_gpus is given, which Debian's torch
+# 1.13 cannot import under Python 3.11 (docs/python.md).
+GEN = dict(do_sample=False, pad_token_id=0, synced_gpus=False)
+NEW_TOKENS = 64
+
+
+def load(path, **kw):
+    return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, **kw).eval()
+
+
+def model_cache(out):
+    return getattr(out, CACHE_KW)
+
+
+class StepRecorder:
+    """Records how many tokens each forward call of an HF IHA model runs (a hook on its embedding)."""
+
+    def __init__(self, hf):
+        self.lengths = []
+        self.handle = hf.get_input_embeddings().register_forward_hook(
+            lambda mod, args, out: self.lengths.append(args[0].shape[1]))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def check_generate(test, hf, prompt, new_tokens=NEW_TOKENS, use_cache=True):
+    """Greedy generate(): the tokens of argmax over full passes (one pass over the result: its
+    logits at position i depend on tokens 0..i only), and with the cache each step after the
+    prompt runs one new token. Returns the generated ids."""
+    with torch.no_grad(), StepRecorder(hf) as rec:
+        gen = hf.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=use_cache, **GEN)
+    T = prompt.shape[1]
+    test.assertEqual(gen.shape[1], T + new_tokens)
+    if use_cache:
+        test.assertEqual(rec.lengths, [T] + [1] * (new_tokens - 1), "generate's forward calls (tokens each)")
+    else:
+        test.assertEqual(rec.lengths, list(range(T, T + new_tokens)), "generate's forward calls (tokens each)")
+    with torch.no_grad():
+        full = hf(input_ids=gen).logits
+    want = full[:, T - 1:-1].argmax(-1)
+    test.assertTrue(torch.equal(gen[:, T:], want), f"generate {gen[:, T:].tolist()} vs full passes {want.tolist()}")
+    return gen
 
 
 class LibModel(torch.nn.Module):
@@ -103,50 +164,157 @@ class LibModel(torch.nn.Module):
 
 
 class HfModelTest(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp()
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp()
+        cls.ids = torch.randint(0, V, (2, 23), generator=torch.Generator().manual_seed(5))
+        cls.dirs = {}
+        for case in CASES:
+            lib = LibModel(case)
+            out = os.path.join(cls.tmp, case["name"])
+            iha.hf.save_dir(out, lib.hf_config(), lib.hf_tensors())
+            cls.dirs[case["name"]] = (lib, out)
 
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def test_transformers_equals_library(self):
-        ids = torch.randint(0, V, (2, 23), generator=torch.Generator().manual_seed(5))
         for case in CASES:
             with self.subTest(case=case["name"]):
-                lib = LibModel(case)
-                out = os.path.join(self.tmp, case["name"])
-                iha.hf.save_dir(out, lib.hf_config(), lib.hf_tensors())
-                hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+                lib, out = self.dirs[case["name"]]
+                hf = load(out)
                 self.assertEqual(type(hf).__name__, "IhaForCausalLM")
+                # RoPE frequencies: the config's (transformers 5 builds the model on the meta device;
+                # a buffer left to it held uninitialised memory), by tests/python/reference.py.
+                for i, layer in enumerate(hf.model.layers):
+                    a = layer.self_attn
+                    f = a.freqs(torch.device("cpu")) if callable(a.freqs) else a.freqs
+                    want, _ = reference.rope_frequencies(lib.attn[i].config)
+                    self.assertTrue(torch.allclose(f.to(torch.float64), want, rtol=1e-15, atol=0), f"layer {i}: {f} vs {want}")
                 with torch.no_grad():
-                    want = lib(ids)
-                    got = hf(input_ids=ids).logits
-                ok, err, scale = reference.close(got, want, 1e-5)
-                self.assertTrue(ok, f"logits: max|a-b| = {err:.3e}, max|b| = {scale:.3e}")
+                    want = lib(self.ids)
+                    got = hf(input_ids=self.ids).logits
+                    ok, err, scale = reference.close(got, want, 1e-5)
+                    self.assertTrue(ok, f"logits: max|a-b| = {err:.3e}, max|b| = {scale:.3e}")
+                    # Attention one query block (P rows) at a time: the same logits.
+                    for layer in hf.model.layers:
+                        layer.self_attn.block_elements = 1
+                    got_blocked = hf(input_ids=self.ids).logits
+                ok, err, scale = reference.close(got_blocked, want, 1e-5)
+                self.assertTrue(ok, f"blocked logits: max|a-b| = {err:.3e}, max|b| = {scale:.3e}")
 
-                # Greedy decoding with the cache equals argmax over full forward passes.
-                prompt = ids[:1, :5]
+    def test_generate_uses_the_cache(self):
+        for case in CASES:
+            with self.subTest(case=case["name"]):
+                lib, out = self.dirs[case["name"]]
+                hf = load(out)
+                windows = [w for w in lib.hf_config()["window_virtual"] if w]
+                self.assertGreater(NEW_TOKENS * case["P"], max(windows, default=0))
+                gen = check_generate(self, hf, self.ids[:1, :5])
+                # The generated tokens' logits equal the library's too.
                 with torch.no_grad():
-                    # synced_gpus given: otherwise generate() imports torch.distributed.fsdp, which
-                    # Debian's torch 1.13 cannot import under Python 3.11 (docs/python.md).
-                    gen = hf.generate(prompt, max_new_tokens=12, do_sample=False, use_cache=True,
-                                      pad_token_id=0, synced_gpus=False)
-                    seq = prompt
-                    for _ in range(12):
-                        nxt = hf(input_ids=seq).logits[:, -1].argmax(-1, keepdim=True)
-                        seq = torch.cat([seq, nxt], dim=1)
-                self.assertTrue(torch.equal(gen, seq), f"generate {gen.tolist()} vs full passes {seq.tolist()}")
+                    ok, err, scale = reference.close(hf(input_ids=gen).logits, lib(gen), 1e-5)
+                self.assertTrue(ok, f"logits after generate: max|a-b| = {err:.3e}, max|b| = {scale:.3e}")
+                if case["name"] == "P2_gqa_window_yarn":
+                    # Without the cache every step reruns the sequence, and gives the same tokens.
+                    gen2 = check_generate(self, hf, self.ids[:1, :5], new_tokens=12, use_cache=False)
+                    self.assertTrue(torch.equal(gen2, gen[:, :gen2.shape[1]]))
+                    # A batch of two prompts.
+                    check_generate(self, hf, self.ids[:, :7], new_tokens=16)
 
-                # The window layers' caches keep only what later queries can see.
+    def test_cache_forms(self):
+        """The cache continues a sequence however it is passed; window layers keep Wv - 1 positions."""
+        for case in CASES:
+            with self.subTest(case=case["name"]):
+                lib, out = self.dirs[case["name"]]
+                hf = load(out)
+                ids = self.ids
                 with torch.no_grad():
-                    past = hf(input_ids=ids[:1], use_cache=True).past_key_values
-                for layer, wv in zip(past, lib.hf_config()["window_virtual"]):
-                    if wv:
-                        self.assertEqual(layer[0].shape[2], wv - 1)
-                    else:
-                        self.assertGreaterEqual(layer[0].shape[2], 23)
+                    full = hf(input_ids=ids).logits
+                    first = hf(input_ids=ids[:, :9], use_cache=True)
+                    cache = model_cache(first)
+                    self.assertIsNotNone(cache)
+                    legacy = cache.to_legacy_cache()
+                    for layer, wv, kind in zip(legacy, lib.hf_config()["window_virtual"], case["kinds"]):
+                        if wv:
+                            self.assertEqual(layer[0].shape[2], wv - 1)
+                        else:
+                            self.assertEqual(layer[0].shape[2], 9 * (case["P"] if kind == "iha" else 1))
+                    for kw in ("cache", "past_key_values"):
+                        for form, past in (("legacy tuple", legacy), ("the model's cache", None)):
+                            if past is None:  # a fresh copy of the model's own cache (it is extended in place)
+                                past = model_cache(hf(input_ids=ids[:, :9], use_cache=True))
+                            rest = hf(input_ids=ids[:, 9:], use_cache=True, **{kw: past})
+                            got = torch.cat([first.logits, rest.logits], dim=1)
+                            ok, err, scale = reference.close(got, full, 1e-6)
+                            self.assertTrue(ok, f"{kw}= {form}: max|a-b| = {err:.3e}, max|b| = {scale:.3e}")
+                            self.assertEqual(model_cache(rest).get_seq_length(), 23)
+                    # An empty transformers Cache (what generate() makes) is no cache.
+                    from transformers import DynamicCache
+                    got = hf(input_ids=ids, use_cache=True, **{CACHE_KW: DynamicCache()}).logits
+                    self.assertTrue(torch.equal(got, full))
+                    # logits_to_keep: the last n positions only.
+                    if "logits_to_keep" in hf.forward.__code__.co_varnames:
+                        ok, err, scale = reference.close(hf(input_ids=ids, logits_to_keep=3).logits, full[:, -3:], 1e-6)
+                        self.assertTrue(ok, f"logits_to_keep: max|a-b| = {err:.3e}")
 
-                # load_dir gives back every tensor exactly.
+    def test_save_pretrained_round_trip(self):
+        case, (lib, out) = CASES[1], self.dirs[CASES[1]["name"]]
+        hf = load(out)
+        again = os.path.join(self.tmp, "saved-again")
+        hf.save_pretrained(again)
+        for name in ("config.json", "configuration_iha.py", "modeling_iha.py"):
+            self.assertTrue(os.path.exists(os.path.join(again, name)), f"save_pretrained did not write {name}")
+        with open(os.path.join(again, "config.json")) as f:
+            auto_map = json.load(f)["auto_map"]
+        self.assertEqual(auto_map["AutoModelForCausalLM"].split(".")[-1], "IhaForCausalLM")
+        self.assertEqual(auto_map["AutoConfig"].split(".")[-1], "IhaConfig")
+        hf2 = load(again)
+        with torch.no_grad():
+            self.assertTrue(torch.equal(hf2(input_ids=self.ids).logits, hf(input_ids=self.ids).logits))
+        self.assertEqual(hf2.config.pseudo_heads, case["P"])
+
+    def test_dtypes_and_device_map(self):
+        """bfloat16 and float16 loads compute (norms and softmax in float32) close to float32;
+        device_map="cpu" (built on the meta device by accelerate or transformers 5) gives the
+        float32 logits exactly."""
+        case, (lib, out) = CASES[1], self.dirs[CASES[1]["name"]]
+        hf = load(out)
+        with torch.no_grad():
+            want = hf(input_ids=self.ids).logits
+            got = load(out, device_map="cpu")(input_ids=self.ids).logits
+        self.assertTrue(torch.equal(got, want))
+        half_matmul = True
+        try:
+            torch.ones(2, 2, dtype=torch.float16) @ torch.ones(2, 2, dtype=torch.float16)
+        except RuntimeError as e:  # torch 1.13 has no float16 matmul on the CPU
+            half_matmul = False
+            print(f"float16: this torch ({torch.__version__}) cannot compute it on the CPU ({e}); load only",
+                  file=sys.stderr)
+        # Normwise bounds against float32 (measured: bfloat16 3.2e-2 with torch 1.13, whose CPU
+        # bfloat16 matmuls round more, 1e-2 to 3e-2 with torch 2.x; float16 below 5e-3).
+        for dtype, tau in ((torch.bfloat16, 6e-2), (torch.float16, 1e-2)):
+            with self.subTest(dtype=str(dtype)):
+                m = load(out, **{DTYPE_KW: dtype})
+                self.assertEqual(m.lm_head.weight.dtype, dtype)
+                if dtype == torch.float16 and not half_matmul:
+                    continue
+                with torch.no_grad():
+                    got = m(input_ids=self.ids).logits
+                    converted = load(out).to(dtype)(input_ids=self.ids).logits
+                self.assertTrue(torch.isfinite(got).all())
+                self.assertTrue(torch.equal(got, converted))
+                ok, err, scale = reference.close(got, want, tau)
+                print(f"{dtype} vs float32: logits normwise error {err / scale:.2e}", file=sys.stderr)
+                self.assertTrue(ok, f"{dtype} vs float32: max|a-b| = {err:.3e}, max|b| = {scale:.3e}")
+                gen = m.generate(self.ids[:1, :5], max_new_tokens=8, **GEN)
+                self.assertEqual(gen.shape[1], 13)
+
+    def test_load_dir(self):
+        for case in CASES:
+            with self.subTest(case=case["name"]):
+                lib, out = self.dirs[case["name"]]
                 cfg, tensors = iha.hf.load_dir(out)
                 self.assertEqual(cfg, lib.hf_config())
                 want_t = lib.hf_tensors()
@@ -155,16 +323,21 @@ class HfModelTest(unittest.TestCase):
                     self.assertTrue(torch.equal(tensors[k], want_t[k]), k)
 
     def test_bad_directory(self):
-        with self.assertRaises(ValueError) as cm:
-            iha.hf.load_dir(self.tmp)
-        self.assertIn("config.json", str(cm.exception))
-        lib = LibModel(CASES[0])
-        out = os.path.join(self.tmp, "m")
-        iha.hf.save_dir(out, lib.hf_config(), lib.hf_tensors())
-        with self.assertRaises(ValueError) as cm:
+        tmp = tempfile.mkdtemp()
+        try:
+            with self.assertRaises(ValueError) as cm:
+                iha.hf.load_dir(tmp)
+            self.assertIn("config.json", str(cm.exception))
+            lib = LibModel(CASES[0])
+            out = os.path.join(tmp, "m")
             iha.hf.save_dir(out, lib.hf_config(), lib.hf_tensors())
-        self.assertIn("exists", str(cm.exception))
+            with self.assertRaises(ValueError) as cm:
+                iha.hf.save_dir(out, lib.hf_config(), lib.hf_tensors())
+            self.assertIn("exists", str(cm.exception))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}", file=sys.stderr)
     unittest.main()

@@ -5,6 +5,8 @@ from transformers import PretrainedConfig
 
 class IhaConfig(PretrainedConfig):
     model_type = "iha"
+    # save_pretrained copies this file and names it in auto_map, however the config was made.
+    _auto_class = "AutoConfig"
 
     def __init__(self, vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=None, head_dim=None, pseudo_heads=1,

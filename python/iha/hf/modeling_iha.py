@@ -2,6 +2,18 @@
 from the design document; it does not use the IHA library. Pre-norm blocks:
 x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)); logits = RMSNorm(x) lm_head.
 
+Supported: transformers 4.49 (torch 1.13) to 5.x (docs/python.md). Written so that nothing
+depends on how a release builds or loads the model or hands over the cache:
+- RoPE frequencies are computed from the config on first use (float64, per device), never kept
+  in a buffer: transformers 5 builds models on the meta device and fills only what the
+  checkpoint holds, so a non-persistent buffer would stay uninitialised.
+- The cache is this file's IhaCache, however transformers passes it (`cache=` in 5.x,
+  `past_key_values=` before; an empty Cache object that generate() made is taken as no cache;
+  a legacy tuple of per-layer tuples is accepted too). The output carries it under the field the
+  release reads back.
+- Attention runs over blocks of queries (each block's scores only: no [T P, T P] matrix), so a
+  long prompt needs memory linear in its length.
+
 Decoding with the cache: token n's P pseudo-queries, keys and values are mixed and rotated at
 virtual positions n*P + j as in training; a layer's cache holds the rotated pseudo-keys and the
 pseudo-values of earlier tokens (every one for a global layer; the last Wv - 1 virtual positions,
@@ -14,11 +26,14 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_iha import IhaConfig
 
+# transformers 5.x names the cache `cache` (argument and output field); 4.x `past_key_values`.
+_CACHE_FIELD = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
+
 
 def rope_frequencies(cfg, P):
-    """Angular frequency of each rotate-half pair i in [0, d/2) (float64) and the logit multiplier
-    of a layer with P pseudo-heads (DESIGN.md section 11; M = original_length * P virtual
-    positions)."""
+    """Angular frequency of each rotate-half pair i in [0, d/2) (float64, on the CPU) and the
+    logit multiplier of a layer with P pseudo-heads (DESIGN.md section 11; M = original_length * P
+    virtual positions)."""
     d, base = cfg.head_dim, float(cfg.rope_theta)
     rs = cfg.iha_rope_scaling
     kind = rs.get("type", "none")
@@ -26,7 +41,7 @@ def rope_frequencies(cfg, P):
     M = float(rs.get("original_length", 0)) * P
     if kind == "ntk":
         base = base * s ** (d / (d - 2))
-    i = torch.arange(d // 2, dtype=torch.float64)
+    i = torch.arange(d // 2, dtype=torch.float64, device="cpu")
     f = base ** (-2.0 * i / d)
     mult = 1.0
     if kind == "linear":
@@ -57,6 +72,112 @@ def rope_frequencies(cfg, P):
     return f, mult
 
 
+def _compute_dtype(dtype):
+    """Norms, scores and softmax run in float32 for bfloat16/float16 models, else in the model's dtype."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+class IhaCache:
+    """The decoding cache: per layer the rotated pseudo-keys and pseudo-values [B, Hkv, L, d] of
+    virtual positions [start, start + L), and the number of tokens seen. Updated in place by the
+    model (as transformers' DynamicCache is). `cache[i]` is layer i's legacy tuple
+    (keys, values, start, tokens seen)."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, num_layers=0):
+        self.keys = [None] * num_layers
+        self.values = [None] * num_layers
+        self.starts = [0] * num_layers
+        self.lengths = [0] * num_layers
+        self.seen = 0
+
+    @classmethod
+    def from_legacy_cache(cls, past):
+        c = cls(len(past))
+        for i, (k, v, start, seen) in enumerate(past):
+            c.keys[i], c.values[i], c.starts[i], c.lengths[i] = k.clone(), v.clone(), int(start), k.shape[2]
+            c.seen = int(seen)
+        return c
+
+    def layer(self, i):
+        n = self.lengths[i]
+        if self.keys[i] is None:
+            return None, None, self.starts[i]
+        return self.keys[i][:, :, :n], self.values[i][:, :, :n], self.starts[i]
+
+    def append(self, i, k, v, keep_last):
+        """Adds k, v [B, Hkv, m, d] after layer i's positions; keeps only the last keep_last
+        positions (None: all). Returns the keys and values a query of this step can see (the
+        held ones and the new ones) and their first virtual position."""
+        old_k, old_v, start = self.layer(i)
+        if old_k is None:
+            all_k, all_v = k, v
+            if keep_last is None:  # global: grow in place from here on
+                self.keys[i], self.values[i], self.lengths[i] = k.clone(), v.clone(), k.shape[2]
+        elif keep_last is None:
+            n, m = self.lengths[i], k.shape[2]
+            buf_k, buf_v = self.keys[i], self.values[i]
+            if n + m > buf_k.shape[2] or buf_k.dtype != k.dtype or buf_k.device != k.device:
+                cap = max(2 * buf_k.shape[2], n + m)
+                new_k = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
+                new_v = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
+                new_k[:, :, :n], new_v[:, :, :n] = buf_k[:, :, :n], buf_v[:, :, :n]
+                buf_k, buf_v = self.keys[i], self.values[i] = new_k, new_v
+            buf_k[:, :, n:n + m], buf_v[:, :, n:n + m] = k, v
+            self.lengths[i] = n + m
+            all_k, all_v = buf_k[:, :, :n + m], buf_v[:, :, :n + m]
+        else:
+            all_k, all_v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
+        if keep_last is not None:
+            L = all_k.shape[2]
+            cut = max(0, L - keep_last)
+            self.keys[i], self.values[i] = all_k[:, :, cut:].clone(), all_v[:, :, cut:].clone()
+            self.lengths[i] = L - cut
+            self.starts[i] = start + cut
+        return all_k, all_v, start
+
+    def get_seq_length(self, layer_idx=0):
+        """Tokens seen (not virtual positions)."""
+        return self.seen
+
+    def __len__(self):
+        return len(self.keys)
+
+    def __getitem__(self, i):
+        k, v, start = self.layer(i)
+        return k, v, start, self.seen
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def to_legacy_cache(self):
+        return tuple(self)
+
+    def reorder_cache(self, beam_idx):
+        for i in range(len(self)):
+            if self.keys[i] is not None:
+                idx = beam_idx.to(self.keys[i].device)
+                self.keys[i] = self.keys[i].index_select(0, idx)
+                self.values[i] = self.values[i].index_select(0, idx)
+        return self
+
+
+def _as_iha_cache(past, num_layers):
+    """The cache to continue from: None, an IhaCache, a legacy tuple, or a transformers Cache that
+    generate() made and nothing has filled yet (taken as none)."""
+    if past is None or isinstance(past, IhaCache):
+        return past
+    if isinstance(past, (tuple, list)):
+        return IhaCache.from_legacy_cache(past) if len(past) else None
+    seq = getattr(past, "get_seq_length", None)
+    if seq is not None and seq() == 0:
+        return None
+    raise ValueError(f"IhaForCausalLM: a cache of type {type(past).__name__} holding tokens; "
+                     "pass the IhaCache the model returned (or None)")
+
+
 class IhaRMSNorm(torch.nn.Module):
     def __init__(self, D, eps):
         super().__init__()
@@ -64,16 +185,23 @@ class IhaRMSNorm(torch.nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        h = x.to(_compute_dtype(x.dtype))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return h.to(x.dtype) * self.weight
 
 
 class IhaAttention(torch.nn.Module):
+    # Scores of one query block hold at most this many elements (B H rows x keys): 128 MiB in
+    # float32. Instances may set their own (the tests make it small to cross block edges).
+    block_elements = 1 << 25
+
     def __init__(self, cfg, layer):
         super().__init__()
         D, H, G, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.mixing = cfg.attention_kinds[layer] == "iha"
         P = cfg.pseudo_heads if self.mixing else 1
         self.H, self.G, self.d, self.P = H, G, d, P
+        self.layer_idx = layer
         self.Wv = int(cfg.window_virtual[layer])
         self.token_causal = cfg.mask == "token_causal"
         self.rope = bool(cfg.rope)
@@ -88,23 +216,79 @@ class IhaAttention(torch.nn.Module):
             self.ak = torch.nn.Parameter(torch.zeros(G, G, P))
             self.av = torch.nn.Parameter(torch.zeros(G, G, P))
             self.c = torch.nn.Parameter(torch.zeros(H, H * P if self.global_collapse else P))
-        freqs, mult = rope_frequencies(cfg, P)
-        self.register_buffer("freqs", freqs, persistent=False)
-        self.scale = mult / math.sqrt(d)
+        # RoPE: computed from the config when first needed (no buffer: see the file's docstring).
+        self._rope_cfg = cfg
+        self._freqs = {}
+        self.scale = rope_frequencies(cfg, P)[1] / math.sqrt(d)
+
+    def init_weights(self, std):
+        """Section 1's initialisation (identity mixing, collapse 1/P) and normal projections."""
+        with torch.no_grad():
+            for w in (self.wq, self.wk, self.wv, self.wo):
+                w.normal_(0.0, std)
+            if self.mixing:
+                H, G, P = self.H, self.G, self.P
+                for a, n in ((self.aq, H), (self.ak, G), (self.av, G)):
+                    a.zero_()
+                    a[torch.arange(n), torch.arange(n)] = 1.0
+                if self.global_collapse:
+                    self.c.copy_(torch.eye(H).repeat_interleave(P, dim=1) / P)
+                else:
+                    self.c.fill_(1.0 / P)
+
+    def freqs(self, device):
+        f = self._freqs.get(device)
+        if f is None:
+            f = rope_frequencies(self._rope_cfg, self.P)[0]
+            f = self._freqs[device] = f if device.type in ("cpu", "mps") else f.to(device)
+        return f
 
     def rotate(self, x, pos):
-        ang = pos.to(torch.float64)[:, None] * self.freqs[None, :]
-        cos, sin = torch.cos(ang).to(x.dtype), torch.sin(ang).to(x.dtype)
+        """x [B, h, len(pos), d] rotated at virtual positions pos (angles in float64)."""
+        f = self.freqs(pos.device)
+        ang = pos.to(f.device, torch.float64)[:, None] * f[None, :]
+        cos, sin = torch.cos(ang).to(x.device, x.dtype), torch.sin(ang).to(x.device, x.dtype)
         h = self.d // 2
         a, b = x[..., :h], x[..., h:]
         return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
-    def forward(self, x, past=None):
-        """x [B, T, D], the tokens after the `past` ones (past: (keys, values, first virtual
-        position held, tokens seen) or None) -> (out [B, T, D], new past)."""
+    def attend(self, Qv, K, V, q0, k0):
+        """Qv [B, H, Tq, d] at virtual positions q0.., K, V [B, G, Tk, d] at k0..: the causal
+        (flat or token-causal), windowed softmax attention, one block of queries at a time."""
+        B, H, Tq, d = Qv.shape
+        G, P = self.G, self.P
+        grp = H // G
+        cd = _compute_dtype(Qv.dtype)
+        Qv, K, V = Qv.to(cd), K.to(cd), V.to(cd)
+        out = Qv.new_empty(B, H, Tq, d)
+        # Rows per block: a multiple of P (a token's pseudo-queries stay together), bounded by the budget.
+        bq = max(P, (int(self.block_elements) // max(1, B * H * K.shape[2])) // P * P)
+        for s in range(0, Tq, bq):
+            e = min(Tq, s + bq)
+            qs, qe = q0 + s, q0 + e                           # virtual positions of these queries
+            # Keys: from the window's first (or the cache's first) to the block's last query;
+            # blocks end on token boundaries, so token-causal masks need no key beyond qe.
+            ks = max(k0, qs - self.Wv + 1) if self.Wv > 0 else k0
+            ke = min(k0 + K.shape[2], qe)
+            Kb, Vb = K[:, :, ks - k0:ke - k0], V[:, :, ks - k0:ke - k0]
+            q = Qv[:, :, s:e].reshape(B, G, grp * (e - s), d)   # head h = g grp + r uses key/value head g
+            S = (q @ Kb.transpose(-1, -2)) * self.scale           # [B, G, grp (e-s), ke-ks]
+            t = torch.arange(qs, qe, device=Qv.device)[:, None]
+            tk = torch.arange(ks, ke, device=Qv.device)[None, :]
+            visible = (tk // P <= t // P) if self.token_causal else (tk <= t)
+            if self.Wv > 0:
+                visible = visible & (t - tk < self.Wv)
+            S = S.view(B, G, grp, e - s, ke - ks).masked_fill(~visible, float("-inf"))
+            A = torch.softmax(S, dim=-1).view(B, G, grp * (e - s), ke - ks)
+            out[:, :, s:e] = (A @ Vb).view(B, H, e - s, d)
+        return out
+
+    def forward(self, x, cache=None):
+        """x [B, T, D], the tokens after those `cache` (an IhaCache, or None) has seen ->
+        out [B, T, D]; the cache is extended in place."""
         B, T, _ = x.shape
         H, G, d, P = self.H, self.G, self.d, self.P
-        n0 = past[3] if past is not None else 0
+        n0 = cache.seen if cache is not None else 0
         Q = (x @ self.wq).reshape(B, T, H, d)
         K = (x @ self.wk).reshape(B, T, G, d)
         V = (x @ self.wv).reshape(B, T, G, d)
@@ -114,22 +298,17 @@ class IhaAttention(torch.nn.Module):
             Vv = torch.einsum("btmc,mgj->bgtjc", V, self.av).reshape(B, G, T * P, d)
         else:
             Qv, Kv, Vv = Q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2)
-        qpos = torch.arange(n0 * P, (n0 + T) * P, device=x.device)
+        q0 = n0 * P
         if self.rope:
+            qpos = torch.arange(q0, q0 + T * P, device=x.device)
             Qv, Kv = self.rotate(Qv, qpos), self.rotate(Kv, qpos)
-        if past is not None:
-            Kall, Vall, k0 = torch.cat([past[0], Kv], dim=2), torch.cat([past[1], Vv], dim=2), past[2]
+        # What later queries can see: everything (global), the last Wv - 1 positions (window).
+        keep = (self.Wv - 1) if self.Wv > 0 else None
+        if cache is not None:
+            Kall, Vall, k0 = cache.append(self.layer_idx, Kv, Vv, keep)
         else:
-            Kall, Vall, k0 = Kv, Vv, 0
-        kpos = torch.arange(k0, k0 + Kall.shape[2], device=x.device)
-        t, tk = qpos[:, None], kpos[None, :]
-        visible = (tk // P <= t // P) if self.token_causal else (tk <= t)
-        if self.Wv > 0:
-            visible = visible & (t - tk < self.Wv)
-        grp = H // G
-        S = Qv @ Kall.repeat_interleave(grp, dim=1).transpose(-1, -2) * self.scale
-        S = S.masked_fill(~visible, float("-inf"))
-        Ov = torch.softmax(S, dim=-1) @ Vall.repeat_interleave(grp, dim=1)     # [B, H, T*P, d]
+            Kall, Vall, k0 = Kv, Vv, q0
+        Ov = self.attend(Qv, Kall, Vall, q0, k0).to(x.dtype)                  # [B, H, T*P, d]
         Y = Ov.reshape(B, H, T, P, d)                                          # Y[h][j][n] = Ov[n*P + j]
         if not self.mixing:
             O = Y[:, :, :, 0].transpose(1, 2)
@@ -137,12 +316,7 @@ class IhaAttention(torch.nn.Module):
             O = torch.einsum("hgj,bgtjc->bthc", self.c.reshape(H, H, P), Y)
         else:
             O = torch.einsum("hj,bhtjc->bthc", self.c, Y)
-        out = O.reshape(B, T, H * d) @ self.wo
-        # What later queries can see: everything (global), the last Wv - 1 positions (window).
-        end = k0 + Kall.shape[2]
-        keep_from = max(k0, end - (self.Wv - 1)) if self.Wv > 0 else k0
-        cut = keep_from - k0
-        return out, (Kall[:, :, cut:], Vall[:, :, cut:], keep_from, n0 + T)
+        return O.reshape(B, T, H * d) @ self.wo
 
 
 class IhaMLP(torch.nn.Module):
@@ -165,19 +339,28 @@ class IhaDecoderLayer(torch.nn.Module):
         self.post_attention_layernorm = IhaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = IhaMLP(cfg)
 
-    def forward(self, x, past=None):
-        a, past = self.self_attn(self.input_layernorm(x), past)
-        x = x + a
-        return x + self.mlp(self.post_attention_layernorm(x)), past
+    def forward(self, x, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class IhaPreTrainedModel(PreTrainedModel):
     config_class = IhaConfig
     base_model_prefix = "model"
     _no_split_modules = ["IhaDecoderLayer"]
+    _supports_cache_class = False  # transformers 4.x: the model keeps its own cache (IhaCache)
 
     def _init_weights(self, module):
-        pass  # weights come from the checkpoint
+        """For tensors a checkpoint does not hold (the export writes every one)."""
+        std = 0.02
+        if isinstance(module, IhaAttention):
+            module.init_weights(std)
+        elif isinstance(module, IhaRMSNorm):
+            with torch.no_grad():
+                module.weight.fill_(1.0)
+        elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            with torch.no_grad():
+                module.weight.normal_(0.0, std)
 
 
 class IhaModel(IhaPreTrainedModel):
@@ -188,17 +371,23 @@ class IhaModel(IhaPreTrainedModel):
         self.norm = IhaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_init()
 
-    def forward(self, input_ids, past_key_values=None):
-        x = self.embed_tokens(input_ids)
-        new = []
-        for i, layer in enumerate(self.layers):
-            x, p = layer(x, past_key_values[i] if past_key_values is not None else None)
-            new.append(p)
-        return self.norm(x), tuple(new)
+    def forward(self, input_ids=None, cache=None, use_cache=False, inputs_embeds=None):
+        """-> (hidden states [B, T, D], the cache: the one given, extended, or a new one when
+        use_cache, else None)."""
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if cache is None and use_cache:
+            cache = IhaCache(len(self.layers))
+        for layer in self.layers:
+            x = layer(x, cache)
+        if cache is not None:
+            cache.seen += x.shape[1]
+        return self.norm(x), cache
 
 
 class IhaForCausalLM(IhaPreTrainedModel, GenerationMixin):
-    _supports_cache_class = False
+    # save_pretrained copies configuration_iha.py and modeling_iha.py and writes auto_map, also
+    # for a model not loaded through the Auto classes.
+    _auto_class = "AutoModelForCausalLM"
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -212,20 +401,47 @@ class IhaForCausalLM(IhaPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.lm_head
 
-    def forward(self, input_ids=None, past_key_values=None, labels=None, use_cache=None, attention_mask=None,
-                return_dict=True, **kwargs):
+    def forward(self, input_ids=None, past_key_values=None, cache=None, attention_mask=None, labels=None,
+                use_cache=None, inputs_embeds=None, logits_to_keep=0, return_dict=True, **kwargs):
+        """The tokens after those the cache has seen. `cache` (transformers 5) or
+        `past_key_values` (4.x): an IhaCache, a legacy tuple of per-layer tuples, None, or the empty
+        Cache generate() makes. logits_to_keep: n > 0 computes the logits of the last n tokens only.
+        position_ids and cache_position are not needed (positions follow the cache) and ignored."""
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("IhaForCausalLM: padded batches are not supported (attention_mask has zeros)")
-        h, cache = self.model(input_ids, past_key_values)
+        past = _as_iha_cache(cache if cache is not None else past_key_values, len(self.model.layers))
+        if use_cache is None:
+            use_cache = past is not None or bool(getattr(self.config, "use_cache", False))
+        h, new_cache = self.model(input_ids, past, use_cache=use_cache, inputs_embeds=inputs_embeds)
+        if isinstance(logits_to_keep, torch.Tensor):
+            h = h[:, logits_to_keep]                     # the positions it lists
+        elif int(logits_to_keep) > 0:
+            h = h[:, -int(logits_to_keep):]
         logits = self.lm_head(h)
         loss = None
         if labels is not None:
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                                      labels[:, 1:].reshape(-1))
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache if use_cache else None)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: new_cache if use_cache else None})
+        return out if return_dict is not False else out.to_tuple()
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, **kwargs):
-        if past_key_values is not None:
-            input_ids = input_ids[:, past_key_values[0][3]:]  # the tokens the cache has not seen
-        return {"input_ids": input_ids, "past_key_values": past_key_values, "use_cache": True,
-                "attention_mask": attention_mask}
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, cache=None, attention_mask=None,
+                                      inputs_embeds=None, use_cache=True, **kwargs):
+        """Only the tokens the cache has not seen (one a step after the prompt)."""
+        given = cache if cache is not None else past_key_values
+        past = _as_iha_cache(given, len(self.model.layers)) if use_cache is not False else None
+        inputs = {"use_cache": use_cache is not False, "attention_mask": attention_mask}
+        if past is not None:
+            inputs["input_ids"] = input_ids[:, past.seen:]
+        elif inputs_embeds is not None:
+            inputs["inputs_embeds"] = inputs_embeds
+        else:
+            inputs["input_ids"] = input_ids
+        inputs["cache" if cache is not None or _CACHE_FIELD == "cache" else "past_key_values"] = past
+        if "logits_to_keep" in kwargs:
+            inputs["logits_to_keep"] = kwargs["logits_to_keep"]
+        return inputs
+
+    @staticmethod
+    def _reorder_cache(past, beam_idx):
+        return past.reorder_cache(beam_idx)
