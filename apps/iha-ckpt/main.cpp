@@ -129,22 +129,38 @@ int verify(int* argc, char*** argv, const std::string& dir) {
   return rc;
 }
 
+// A wrong command line: the line naming what is wrong, then the usage, exit 2.
+int bad_usage(const std::string& what) {
+  std::fprintf(stderr, "iha-ckpt: error: %s\n", what.c_str());
+  return usage();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return usage(true);
-  if (argc < 3) return usage();
-  const std::string cmd = argv[1], dir = argv[2];
+  if (argc < 2) return bad_usage("missing command (inspect or verify)");
+  const std::string cmd = argv[1];
+  if (cmd != "inspect" && cmd != "verify")
+    return bad_usage("unknown command '" + cmd + "' (expected inspect or verify)");
+  if (argc < 3) return bad_usage(cmd + ": missing DIR");
+  const std::string dir = argv[2];
   std::string meta_key;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
-    if (cmd == "inspect" && a == "--meta" && i + 1 < argc) meta_key = argv[++i];
-    else return usage();
+    if (cmd == "inspect" && a == "--meta") {
+      if (i + 1 >= argc) return bad_usage("option --meta needs a KEY");
+      meta_key = argv[++i];
+    } else if (!a.empty() && a[0] == '-') {
+      return bad_usage(cmd + ": unknown option '" + a + "'");
+    } else {
+      return bad_usage(cmd + ": unexpected argument '" + a + "' (one DIR only)");
+    }
   }
   try {
     if (cmd == "inspect") return inspect(dir, meta_key);
-    if (cmd == "verify") return verify(&argc, &argv, dir);
+    return verify(&argc, &argv, dir);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "iha-ckpt: %s\n", e.what());
     return 2;
@@ -152,5 +168,4 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "iha-ckpt: %s\n", iha::error_text(e).c_str());
     return 1;
   }
-  return usage();
 }

@@ -42,21 +42,63 @@ void save_checkpoint(const ModelConfig& m, int64_t context, const std::string& d
   ck.save(root);
 }
 
-// The output is a new checkpoint root: absent or an empty directory. The input directory itself
-// (also as DIR/. or through a symbolic link) or any directory already holding files would get
-// a checkpoint written among files that are not its own.
-void check_import_output(const std::string& hf_dir, const std::string& out_root) {
+// Whether `inner` is `outer` or lies inside it (both absolute and normal).
+bool within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin();
+  for (auto o = outer.begin(); o != outer.end(); ++o, ++i) {
+    if (o->empty()) continue;  // a trailing separator
+    if (i == inner.end() || *i != *o) return false;
+  }
+  return true;
+}
+
+// A path as the file system resolves it: absolute, with '.', '..' and the symbolic links of
+// its existing part resolved.
+fs::path real_path(const std::string& p) {
   std::error_code ec;
-  const fs::file_status st = fs::status(out_root, ec);
-  if (!fs::exists(st)) return;
-  IHA_CONFIG_CHECK(fs::is_directory(st), "output '", out_root, "' exists and is not a directory");
-  IHA_CONFIG_CHECK(!fs::equivalent(hf_dir, out_root, ec), "output '", out_root, "' is the input directory '",
-                   hf_dir, "': the checkpoint needs a directory of its own");
-  IHA_CONFIG_CHECK(fs::is_empty(out_root, ec) && !ec, "output '", out_root, "' is a directory that is not empty "
-                   "and holds no checkpoint: name a new or empty directory");
+  fs::path r = fs::weakly_canonical(fs::absolute(p), ec);
+  if (ec) r = fs::absolute(p).lexically_normal();
+  // weakly_canonical keeps a trailing separator of a path that ends in one.
+  if (!r.has_filename() && r.has_parent_path() && r != r.root_path()) r = r.parent_path();
+  return r;
+}
+
+// A checkpoint root: iha-train's `latest` or `lock` in it, files (or a link), never
+// directories (the system's /run is not a run record).
+bool is_checkpoint_root(const fs::path& dir) {
+  std::error_code ec;
+  for (const char* name : {"latest", "lock"}) {
+    const fs::file_status st = fs::symlink_status(dir / name, ec);
+    if (fs::exists(st) && !fs::is_directory(st)) return true;
+  }
+  return false;
 }
 
 }  // namespace
+
+// One output policy for every import and export (docs/reliability.md): the output is a new
+// directory or an empty one, never its own input (DIR, DIR/., a link to it) nor a path inside
+// it, and never inside a checkpoint root, whose keep-last, recovery or next save could delete
+// it, or among whose files it would write. Checked before anything is written.
+void check_output_directory(const std::string& out, const std::string& input, const std::string& input_what) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(out, ec);
+  if (fs::exists(st)) {
+    IHA_CONFIG_CHECK(fs::is_directory(st), "output '", out, "' exists and is not a directory");
+    IHA_CONFIG_CHECK(!fs::equivalent(input, out, ec), "output '", out, "' is the ", input_what, " '", input,
+                     "': the output needs a directory of its own");
+    IHA_CONFIG_CHECK(fs::is_empty(out, ec) && !ec, "output '", out, "' already exists and is not empty: name a "
+                     "new or empty directory");
+  }
+  const fs::path o = real_path(out), in = real_path(input);
+  IHA_CONFIG_CHECK(!within(o, in), "output '", out, "' is ", o == in ? "" : "inside ", "the ", input_what, " '",
+                   input, "': name a directory outside it");
+  for (fs::path p = o.parent_path(); !p.empty(); p = p.parent_path()) {
+    IHA_CONFIG_CHECK(!is_checkpoint_root(p), "output '", out, "' is inside the checkpoint root '", p.string(),
+                     "' (its keep-last and recovery manage that directory): name a directory outside it");
+    if (p == p.root_path()) break;
+  }
+}
 
 std::string model_yaml(const ModelConfig& m) {
   std::ostringstream os;
@@ -100,6 +142,7 @@ std::string import_iha_directory(const ImportOptions& a, std::shared_ptr<Communi
   IhaDirectory dir = read_iha_directory(a.hf_dir);
   ModelConfig& m = dir.model;
   IHA_CONFIG_CHECK(!has_checkpoint(a.out_root), "output '", a.out_root, "' already holds a checkpoint");
+  check_output_directory(a.out_root, a.hf_dir, "input directory");
   const HfWeights weights(a.hf_dir);
   ModelConfig resolved = m;
   resolved.resolve_window(dir.context, std::nullopt);
@@ -112,7 +155,7 @@ std::string import_iha_directory(const ImportOptions& a, std::shared_ptr<Communi
       << "# The architecture of the checkpoint in this directory (iha-convert import " << a.hf_dir
       << "): a fine-tune config (finetune.from: " << a.out_root << ") must carry this section.\n"
       << model_yaml(m);
-  return "imported " + a.hf_dir + " (" + m.describe() + ") into " + a.out_root;
+  return "imported " + a.hf_dir + " (" + resolved.describe() + ") into " + a.out_root;
 }
 
 }  // namespace
@@ -131,7 +174,7 @@ std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator
                    a.dtype, "'");
   m.validate();
   IHA_CONFIG_CHECK(!has_checkpoint(a.out_root), "output '", a.out_root, "' already holds a checkpoint");
-  check_import_output(a.hf_dir, a.out_root);
+  check_output_directory(a.out_root, a.hf_dir, "input directory");
   const HfWeights weights(a.hf_dir);
   const int64_t context = std::min(hf.max_positions, kRecordedContextCap);
   ModelConfig resolved = m;
@@ -153,7 +196,10 @@ std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator
 std::string export_hf_model(const std::string& checkpoint, const std::string& out_dir,
                             std::shared_ptr<Communicator> world) {
   const CheckpointModel ck = inspect_train_checkpoint(*world, checkpoint, "argument CHECKPOINT");
-  IHA_CONFIG_CHECK(!fs::exists(out_dir), "output directory '", out_dir, "' already exists");
+  // Never into the checkpoint or its root (`export ck ck/step_6/hf`: the next run's keep-last
+  // would delete the export with step_6).
+  check_output_directory(out_dir, checkpoint, "checkpoint");
+  check_output_directory(out_dir, ck.dir, "checkpoint");
   const auto layout = make_param_layout(ck.model);
   Checkpointer reader(world);
   std::vector<Tensor> tensors;

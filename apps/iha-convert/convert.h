@@ -4,7 +4,7 @@
 // written unless every input was read and checked; ConfigError names the file, tensor or field.
 // Threads: one thread; collective over `world` (one rank).
 // defines: iha::convert::ImportOptions, iha::convert::model_yaml, iha::convert::import_hf_model,
-//          iha::convert::export_hf_model
+//          iha::convert::export_hf_model, iha::convert::check_output_directory
 #pragma once
 
 #include <memory>
@@ -22,6 +22,10 @@ struct ImportOptions {
   std::string dtype = "float32";
 };
 
+// The one output policy of import and export: `out` absent or an empty directory, neither
+// `input` (named `input_what` in messages) nor inside it, nor inside a checkpoint root (a
+// directory holding `latest` or `lock`). ConfigError otherwise; writes nothing.
+void check_output_directory(const std::string& out, const std::string& input, const std::string& input_what);
 // The `model:` section of an iha-train config for this architecture.
 std::string model_yaml(const ModelConfig& m);
 

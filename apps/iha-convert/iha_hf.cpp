@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -129,6 +130,54 @@ bool is_iha_directory(const std::string& dir) {
   return j.is_object() && j.contains("model_type") && j["model_type"] == "iha";
 }
 
+namespace {
+
+// Typed reads of config.json's fields: a missing field or one of another JSON type is a
+// ConfigError naming the file and the field (never the JSON library's bare type_error).
+class IhaFields {
+ public:
+  explicit IhaFields(std::string where) : where_(std::move(where)) {}
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw ConfigError(where_ + ", field '" + key + "': " + what);
+  }
+  const json& need(const json& j, const std::string& key, const std::string& shown) const {
+    if (!j.contains(key) || j.at(key).is_null()) fail(shown, "required but missing");
+    return j.at(key);
+  }
+  int64_t integer(const json& v, const std::string& key) const {
+    if (!v.is_number_integer()) fail(key, "expected an integer, got " + v.dump());
+    return v.get<int64_t>();
+  }
+  double number(const json& v, const std::string& key) const {
+    if (!v.is_number()) fail(key, "expected a number, got " + v.dump());
+    return v.get<double>();
+  }
+  bool boolean(const json& v, const std::string& key) const {
+    if (!v.is_boolean()) fail(key, "expected true or false, got " + v.dump());
+    return v.get<bool>();
+  }
+  std::string string(const json& v, const std::string& key) const {
+    if (!v.is_string()) fail(key, "expected a string, got " + v.dump());
+    return v.get<std::string>();
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  std::string where_;
+};
+
+// The context an IHA directory without iha_context (one iha.hf.save_dir wrote) records:
+// informational, as for a Llama import (convert.cpp).
+constexpr int64_t kDefaultContext = 2048;
+
+}  // namespace
+
+// The directory's per-layer fields (attention_kinds, window_virtual) are what transformers
+// runs; iha-convert export adds the model's own settings (iha_pattern, iha_window_virtual,
+// iha_global_kind, iha_window_kind, iha_context), which iha.hf.save_dir does not write. The
+// per-layer fields decide; the iha_* fields, where present, must agree with them (a directory
+// whose fields disagree describes two models, and the checkpoint would not be the one
+// transformers runs).
 IhaDirectory read_iha_directory(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
   IHA_CONFIG_CHECK(fs::exists(path), "model directory '", dir, "': no config.json");
@@ -141,49 +190,135 @@ IhaDirectory read_iha_directory(const std::string& dir) {
       throw ConfigError("config file '" + path + "': malformed JSON: " + e.what());
     }
   }
-  auto get = [&](const char* key) -> const json& {
-    IHA_CONFIG_CHECK(j.contains(key), "config file '", path, "': missing field '", key, "'");
-    return j.at(key);
-  };
+  IHA_CONFIG_CHECK(j.is_object(), "config file '", path, "': expected a JSON object");
+  const IhaFields f("config file '" + path + "'");
+  const auto need = [&](const char* key) -> const json& { return f.need(j, key, key); };
+  const auto integer = [&](const char* key) { return f.integer(need(key), key); };
+  const auto number = [&](const char* key) { return f.number(need(key), key); };
+  const auto string = [&](const char* key) { return f.string(need(key), key); };
   IhaDirectory out;
   ModelConfig& m = out.model;
   try {
-    m.vocab = get("vocab_size").get<int64_t>();
-    m.D = get("hidden_size").get<int64_t>();
-    m.H = get("num_attention_heads").get<int64_t>();
-    m.kv_heads = get("num_key_value_heads").get<int64_t>();
-    m.d = get("head_dim").get<int64_t>();
-    m.P = get("pseudo_heads").get<int64_t>();
-    m.layers = get("num_hidden_layers").get<int64_t>();
-    m.ffn = get("intermediate_size").get<int64_t>();
-    m.pattern = get("iha_pattern").get<std::string>();
-    m.global_kind = parse_global_kind(get("iha_global_kind").get<std::string>(), "iha_global_kind");
-    m.window_kind = parse_global_kind(get("iha_window_kind").get<std::string>(), "iha_window_kind");
-    m.collapse = parse_collapse(get("collapse").get<std::string>(), "field 'collapse'");
-    m.mask = parse_mask(get("mask").get<std::string>(), "field 'mask'");
-    m.rope = get("rope").get<bool>();
-    m.rope_base = get("rope_theta").get<double>();
-    m.rope_scale = get("rope_scale").get<double>();
-    m.norm_eps = get("rms_norm_eps").get<double>();
-    const json& r = get("iha_rope_scaling");
+    m.vocab = integer("vocab_size");
+    m.D = integer("hidden_size");
+    m.H = integer("num_attention_heads");
+    m.kv_heads = integer("num_key_value_heads");
+    m.d = integer("head_dim");
+    m.P = integer("pseudo_heads");
+    m.layers = integer("num_hidden_layers");
+    m.ffn = integer("intermediate_size");
+    m.collapse = parse_collapse(string("collapse"), "field 'collapse'");
+    m.mask = parse_mask(string("mask"), "field 'mask'");
+    m.rope = f.boolean(need("rope"), "rope");
+    m.rope_base = number("rope_theta");
+    m.rope_scale = number("rope_scale");
+    m.norm_eps = number("rms_norm_eps");
+    const json& r = need("iha_rope_scaling");
+    if (!r.is_object()) f.fail("iha_rope_scaling", "expected an object, got " + r.dump());
     RopeScaling& rs = m.rope_scaling;
-    rs.type = parse_rope_scaling_type(r.at("type").get<std::string>(), "field 'iha_rope_scaling.type'");
-    if (rs.on()) {
-      rs.factor = r.at("factor").get<double>();
-      rs.original_length = r.at("original_length").get<int64_t>();
-      rs.beta_fast = r.at("beta_fast").get<double>();
-      rs.beta_slow = r.at("beta_slow").get<double>();
-      rs.ramp = parse_yarn_ramp(r.at("ramp").get<std::string>(), "field 'iha_rope_scaling.ramp'");
-      rs.low_freq_factor = r.at("low_freq_factor").get<double>();
-      rs.high_freq_factor = r.at("high_freq_factor").get<double>();
+    const auto sub = [&](const char* key) -> std::pair<const json*, std::string> {
+      const std::string shown = std::string("iha_rope_scaling.") + key;
+      return {&f.need(r, key, shown), shown};
+    };
+    {
+      const auto [v, k] = sub("type");
+      rs.type = parse_rope_scaling_type(f.string(*v, k), "field '" + k + "'");
     }
-    const int64_t wv = get("iha_window_virtual").get<int64_t>();
-    if (m.has_window_blocks()) m.window.window_virtual = wv;
-    out.context = get("iha_context").get<int64_t>();
+    if (rs.on()) {
+      // Fields a writer may leave out keep the library's defaults (validated below).
+      const auto opt_number = [&](const char* key, double& x) {
+        if (r.contains(key) && !r.at(key).is_null()) x = f.number(r.at(key), std::string("iha_rope_scaling.") + key);
+      };
+      const auto [fv, fk] = sub("factor");
+      rs.factor = f.number(*fv, fk);
+      if (r.contains("original_length") && !r.at("original_length").is_null())
+        rs.original_length = f.integer(r.at("original_length"), "iha_rope_scaling.original_length");
+      opt_number("beta_fast", rs.beta_fast);
+      opt_number("beta_slow", rs.beta_slow);
+      opt_number("low_freq_factor", rs.low_freq_factor);
+      opt_number("high_freq_factor", rs.high_freq_factor);
+      if (r.contains("ramp") && !r.at("ramp").is_null())
+        rs.ramp = parse_yarn_ramp(f.string(r.at("ramp"), "iha_rope_scaling.ramp"), "field 'iha_rope_scaling.ramp'");
+    }
+
+    // The layers: kinds and windows, one entry a layer.
+    IHA_CONFIG_CHECK(m.layers >= 1, "field 'num_hidden_layers': must be >= 1, got ", m.layers);
+    IHA_CONFIG_CHECK(m.P >= 1, "field 'pseudo_heads': must be >= 1, got ", m.P);
+    const json& kinds = need("attention_kinds");
+    const json& windows = need("window_virtual");
+    for (const auto& [v, key] : {std::pair<const json*, const char*>{&kinds, "attention_kinds"}, {&windows, "window_virtual"}})
+      if (!v->is_array() || static_cast<int64_t>(v->size()) != m.layers)
+        f.fail(key, "expected a list of num_hidden_layers = " + std::to_string(m.layers) + " entries, got " +
+                        (v->is_array() ? std::to_string(v->size()) + " entries" : v->dump()));
+    std::string pattern;
+    std::optional<GlobalKind> gkind, wkind;
+    std::vector<GlobalKind> kind_of(static_cast<size_t>(m.layers));
+    std::vector<int64_t> window_of(static_cast<size_t>(m.layers));
+    for (int64_t i = 0; i < m.layers; ++i) {
+      const std::string ki = "attention_kinds[" + std::to_string(i) + "]", wi = "window_virtual[" + std::to_string(i) + "]";
+      kind_of[i] = parse_global_kind(f.string(kinds[i], ki), ki.c_str());
+      window_of[i] = f.integer(windows[i], wi);
+      IHA_CONFIG_CHECK(window_of[i] >= 0, "field '", wi, "': must be >= 0 (0: a global layer), got ", window_of[i]);
+      const bool window = window_of[i] > 0;
+      pattern += window ? 'L' : 'G';
+      std::optional<GlobalKind>& k = window ? wkind : gkind;
+      if (!k) k = kind_of[i];
+      IHA_CONFIG_CHECK(*k == kind_of[i], "field '", ki, "': '", global_kind_name(kind_of[i]), "' but an earlier ",
+                       window ? "window" : "global", " layer is '", global_kind_name(*k),
+                       "' (one model has one kind of window layer and one of global layer)");
+    }
+    const auto kind_field = [&](const char* key, const std::optional<GlobalKind>& derived, GlobalKind& target) {
+      if (j.contains(key) && !j.at(key).is_null()) {
+        const GlobalKind given = parse_global_kind(f.string(j.at(key), key), key);
+        IHA_CONFIG_CHECK(!derived || *derived == given, "field '", key, "': '", global_kind_name(given),
+                         "' but attention_kinds gives '", global_kind_name(*derived), "' for those layers");
+        target = given;
+      } else if (derived) {
+        target = *derived;
+      }
+    };
+    kind_field("iha_global_kind", gkind, m.global_kind);
+    kind_field("iha_window_kind", wkind, m.window_kind);
+    // The window Wv in virtual tokens: an IHA window layer holds it; an MHA one ceil(Wv / P).
+    std::optional<int64_t> wv;
+    if (j.contains("iha_window_virtual") && !j.at("iha_window_virtual").is_null()) {
+      const int64_t given = f.integer(j.at("iha_window_virtual"), "iha_window_virtual");
+      if (wkind) wv = given;
+    }
+    for (int64_t i = 0; i < m.layers && !wv; ++i)
+      if (window_of[i] > 0) wv = kind_of[i] == GlobalKind::iha ? window_of[i] : window_of[i] * m.P;
+    for (int64_t i = 0; i < m.layers; ++i) {
+      if (window_of[i] == 0) continue;
+      const int64_t expect = kind_of[i] == GlobalKind::iha ? *wv : (*wv + m.P - 1) / m.P;
+      if (window_of[i] != expect)
+        f.fail("window_virtual[" + std::to_string(i) + "]",
+               std::to_string(window_of[i]) + " disagrees with the window of the model's other fields (Wv = " +
+                   std::to_string(*wv) + " virtual tokens" +
+                   (kind_of[i] == GlobalKind::mha ? ", " + std::to_string(expect) + " tokens for an mha layer" : "") +
+                   (j.contains("iha_window_virtual") ? ", field 'iha_window_virtual'" : "") + ")");
+    }
+    // The model's own settings, where written, must say the same.
+    if (j.contains("iha_pattern") && !j.at("iha_pattern").is_null()) {
+      const std::string given = f.string(j.at("iha_pattern"), "iha_pattern");
+      IHA_CONFIG_CHECK(!given.empty(), "field 'iha_pattern': must not be empty");
+      for (int64_t i = 0; i < m.layers; ++i)
+        IHA_CONFIG_CHECK(given[static_cast<size_t>(i) % given.size()] == pattern[i], "field 'iha_pattern': '", given,
+                         "' makes layer ", i, " a ", pattern[i] == 'L' ? "global" : "window", " layer but window_virtual[",
+                         i, "] = ", window_of[i]);
+      m.pattern = given;
+    } else {
+      m.pattern = pattern;
+    }
+    if (wv) m.window.window_virtual = *wv;
+    out.context = j.contains("iha_context") && !j.at("iha_context").is_null()
+                      ? f.integer(j.at("iha_context"), "iha_context")
+                      : std::max<int64_t>(kDefaultContext, wv ? (*wv + m.P - 1) / m.P : 1);
   } catch (const json::exception& e) {
     throw ConfigError("config file '" + path + "': " + e.what());
   } catch (const ConfigError& e) {
-    throw ConfigError("config file '" + path + "': " + e.what());
+    const std::string what = e.what();
+    if (what.rfind(f.where(), 0) == 0) throw;  // already names the file
+    throw ConfigError(f.where() + ": " + what);
   }
   try {
     m.validate(hf_field_names("iha_rope_scaling", true));

@@ -45,6 +45,7 @@ int dispatch(int argc, char** argv, std::shared_ptr<Communicator> world) {
     std::cout << kUsage;
     return 0;
   }
+  IHA_CONFIG_CHECK(cmd == "import" || cmd == "export", "unknown command '", cmd, "' (expected import or export)");
   IHA_CONFIG_CHECK(world->size() == 1, "iha-convert runs as one process, got ", world->size(), " ranks");
   std::vector<std::string> pos;
   ImportOptions a;
@@ -67,14 +68,21 @@ int dispatch(int argc, char** argv, std::shared_ptr<Communicator> world) {
       } else {
         a.dtype = v;
       }
-    } else if (s.rfind("--", 0) == 0) {
+    } else if (s.size() > 1 && s[0] == '-') {
       throw ConfigError("unknown option '" + s + "'");
     } else {
       pos.push_back(s);
     }
   }
+  // The operands, each named: what is missing, what is one too many.
+  const auto operands = [&](const char* first, const char* second) {
+    IHA_CONFIG_CHECK(pos.size() >= 1, cmd, ": missing ", first, " and ", second);
+    IHA_CONFIG_CHECK(pos.size() >= 2, cmd, ": missing ", second, " (after ", first, " '", pos[0], "')");
+    IHA_CONFIG_CHECK(pos.size() == 2, cmd, ": unexpected argument '", pos[2], "' (", cmd, " takes ", first, " and ",
+                     second, ")");
+  };
   if (cmd == "import") {
-    IHA_CONFIG_CHECK(pos.size() == 2, "import needs HF_DIR and OUT_ROOT");
+    operands("HF_DIR", "OUT_ROOT");
     a.hf_dir = pos[0];
     a.out_root = pos[1];
     const std::string done = import_hf_model(a, world);
@@ -82,7 +90,7 @@ int dispatch(int argc, char** argv, std::shared_ptr<Communicator> world) {
     return 0;
   }
   if (cmd == "export") {
-    IHA_CONFIG_CHECK(pos.size() == 2, "export needs CHECKPOINT and HF_DIR");
+    operands("CHECKPOINT", "HF_DIR");
     const std::string done = export_hf_model(pos[0], pos[1], world);
     std::cout << "iha-convert: " << done << "\n";
     return 0;

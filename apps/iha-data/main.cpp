@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <sstream>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -331,6 +332,20 @@ int64_t integer_option(const std::string& name, const char* value) {
   throw iha::ConfigError("option " + name + " needs an integer, got '" + value + "'");
 }
 
+// A wrong command line: named, then the usage (exit 2).
+struct UsageError : iha::ConfigError {
+  using iha::ConfigError::ConfigError;
+};
+
+template <class... A>
+void usage_check(bool ok, const A&... parts) {
+  if (ok) return;
+  std::ostringstream os;
+  (os << ... << parts);
+  throw UsageError(os.str());
+}
+#define USAGE_CHECK(cond, ...) usage_check(static_cast<bool>(cond), __VA_ARGS__)
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -343,12 +358,14 @@ int main(int argc, char** argv) {
   try {
     Options o;
     bool jsonl = false, separated = false;
+    std::vector<std::string> given;  // the options on the command line
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       const bool valued = a == "--dataset" || a == "--seq-len" || a == "--separator" || a == "--spm" ||
                           a == "--vocab-size" || a == "--model-type";
+      if (valued || a == "--jsonl") given.push_back(a);
       if (valued) {
-        IHA_CONFIG_CHECK(i + 1 < argc, "option ", a, " needs a value");
+        USAGE_CHECK(i + 1 < argc, "option ", a, " needs a value");
         const char* v = argv[++i];
         if (a == "--dataset") o.dataset = v;
         if (a == "--seq-len") o.seq_len = integer_option(a, v);
@@ -358,24 +375,45 @@ int main(int argc, char** argv) {
         if (a == "--separator") {
           o.separator = v;
           separated = true;
-          IHA_CONFIG_CHECK(!o.separator.empty(), "option --separator needs a non-empty string");
+          USAGE_CHECK(!o.separator.empty(), "option --separator needs a non-empty string");
         }
       } else if (a == "--jsonl") {
         jsonl = true;
       } else if (a.size() > 1 && a[0] == '-') {
-        throw iha::ConfigError("unknown option '" + a + "'");
+        throw UsageError("unknown option '" + a + "'");
       } else {
         o.pos.push_back(a);
       }
     }
-    IHA_CONFIG_CHECK(o.seq_len >= 1, "option --seq-len must be >= 1");
-    IHA_CONFIG_CHECK(!(jsonl && separated), "options --jsonl and --separator exclude each other");
+    USAGE_CHECK(o.seq_len >= 1, "option --seq-len must be >= 1");
+    USAGE_CHECK(!(jsonl && separated), "options --jsonl and --separator exclude each other");
     o.split = jsonl ? Split::jsonl : separated ? Split::separator : Split::file;
-    const std::string cmd = o.pos.empty() ? "" : o.pos[0];
-    if (cmd == "text" && o.pos.size() >= 3) return text_to_tokens(o);
-    if (cmd == "spm-train" && o.pos.size() >= 3) return spm_train(o);
-    if (cmd == "info" && o.pos.size() == 2) return info(o);
-    std::cerr << kUsage;
+    USAGE_CHECK(!o.pos.empty(), "missing command (text, spm-train or info)");
+    const std::string cmd = o.pos[0];
+    USAGE_CHECK(cmd == "text" || cmd == "spm-train" || cmd == "info", "unknown command '", cmd,
+                     "' (expected text, spm-train or info)");
+    // Every option given must be one of this command's.
+    const std::vector<std::string> allowed =
+        cmd == "text"        ? std::vector<std::string>{"--jsonl", "--separator", "--spm", "--dataset"}
+        : cmd == "spm-train" ? std::vector<std::string>{"--jsonl", "--separator", "--vocab-size", "--model-type"}
+                             : std::vector<std::string>{"--dataset", "--seq-len"};
+    for (const std::string& opt : given)
+      USAGE_CHECK(std::find(allowed.begin(), allowed.end(), opt) != allowed.end(), cmd,
+                       ": option ", opt, " does not apply to this command");
+    if (cmd == "text") {
+      USAGE_CHECK(o.pos.size() >= 3, "text: needs INPUT... OUTPUT.h5, got ", o.pos.size() - 1, " path(s)");
+      return text_to_tokens(o);
+    }
+    if (cmd == "spm-train") {
+      USAGE_CHECK(o.pos.size() >= 3, "spm-train: needs INPUT... MODEL_PREFIX, got ", o.pos.size() - 1,
+                       " path(s)");
+      return spm_train(o);
+    }
+    USAGE_CHECK(o.pos.size() >= 2, "info: missing FILE.h5");
+    USAGE_CHECK(o.pos.size() == 2, "info: unexpected argument '", o.pos[2], "' (one FILE.h5 only)");
+    return info(o);
+  } catch (const UsageError& e) {
+    std::cerr << "iha-data: error: " << e.what() << "\n\n" << kUsage << std::flush;
     return 2;
   } catch (const iha::ConfigError& e) {
     std::cerr << "iha-data: error: " << e.what() << std::endl;

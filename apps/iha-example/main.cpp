@@ -18,6 +18,12 @@ int main(int argc, char** argv) {
                 "layer; exit 0 if they agree to 1e-12.");
       return 0;
     }
+  // It takes no arguments: anything on the command line is a mistake, named (exit 2).
+  if (argc > 1) {
+    std::fprintf(stderr, "iha-example: error: unexpected argument '%s' (it takes none)\n"
+                         "usage: [mpiexec -n R] iha-example\n", argv[1]);
+    return 2;
+  }
   iha::MpiRuntime mpi(&argc, &argv);
   auto world = mpi.world();
   iha::LayerConfig cfg;

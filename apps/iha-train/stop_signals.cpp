@@ -48,6 +48,20 @@ int agree_on_stop(Communicator& world) {
   return static_cast<int>(sig);
 }
 
+namespace {
+
+// From the executable's .preinit_array: the dynamic loader runs it before the initialisers
+// of every shared library (OpenBLAS starts its threads there, MPI's and HDF5's run too) and
+// long before main, which on a loaded machine is 100 ms or more after exec. A stop signal
+// that arrives in that time would otherwise kill the rank (exit 138 for SIGUSR1) instead of
+// stopping it with code 4. Only the loader's own relocation precedes it.
+void install_stop_handlers_at_preinit(int, char**, char**) { install_stop_handlers(); }
+
+}  // namespace
+
+__attribute__((section(".preinit_array"), used)) static void (*const kPreinitStopHandlers)(int, char**, char**) =
+    install_stop_handlers_at_preinit;
+
 const char* signal_name(int sig) {
   switch (sig) {
     case SIGUSR1: return "SIGUSR1";

@@ -1,7 +1,7 @@
 // Graceful stop of iha-train on the signals batch systems send before they kill a job
 // (docs/training.md, "Signals and preemption").
 //
-//   install_stop_handlers();                 // first thing in main (a signal during start-up
+//   install_stop_handlers();                 // before main (.preinit_array), first thing in main (a signal during start-up
 //                                            // is a stop too), and again after MPI_Init (MPI
 //                                            // may install its own)
 //   while (...) { if (int sig = agree_on_stop(world)) { save; return kExitStopped; } step(); }

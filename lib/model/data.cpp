@@ -30,6 +30,23 @@ std::string doc_starts_dataset(const std::string& token_dataset) {
 
 namespace {
 
+// The tasks' id and token counts are sums and products of inputs up to INT64_MAX each: they
+// are formed in 128 bits, where no sum or product of a few of them overflows, and compared
+// there, so no message prints a wrapped (negative) count.
+__extension__ typedef __int128 Wide;
+std::string wide(Wide v) {
+  if (v >= INT64_MIN && v <= INT64_MAX) return std::to_string(static_cast<int64_t>(v));
+  const bool neg = v < 0;
+  __extension__ unsigned __int128 u = neg ? -static_cast<unsigned __int128>(v) : static_cast<unsigned __int128>(v);
+  std::string out;
+  while (u > 0) {
+    out.insert(out.begin(), static_cast<char>('0' + static_cast<int>(u % 10)));
+    u /= 10;
+  }
+  return neg ? "-" + out : out;
+}
+
+
 constexpr int32_t kQueryToken = 0;
 
 // ---- synthetic tasks ----
@@ -404,8 +421,9 @@ class Hdf5TokenSource final : public TokenSource {
       IHA_CONFIG_CHECK(vocab_ >= 1, ds, ": vocab_size must be >= 1, got ", vocab_);
       IHA_CONFIG_CHECK(vocab_ <= model_vocab, ds, ": vocab_size ", vocab_,
                        " exceeds the model's (", model_vocab_name, " = ", model_vocab, ")");
-      IHA_CONFIG_CHECK(total_ >= N + 1, ds, ": holds ", total_, " tokens, fewer than one sequence of ",
-                       N, " tokens plus its label needs (", N + 1, ")");
+      // total_ > N, not total_ >= N + 1: N may be INT64_MAX (iha-data info --seq-len).
+      IHA_CONFIG_CHECK(total_ > N, ds, ": holds ", total_, " tokens, fewer than one sequence of ",
+                       N, " tokens plus its label needs (", wide(Wide(N) + 1), ")");
       read_doc_starts(where);
       check_token_ids();
     } catch (...) {
@@ -607,9 +625,13 @@ class Hdf5TokenSource final : public TokenSource {
   std::vector<int64_t> doc_starts_;  // empty: the file is one document
 };
 
-void check_queries(int64_t queries, const TaskNames& n) {
-  IHA_CONFIG_CHECK(queries >= 1, n.queries.empty() ? n.spec("queries") : n.queries, ": must be >= 1, got ",
-                   queries);
+// A query takes 2 or more tokens: more queries than tokens never fit (named before the
+// task's token count, whose message would blame the sequence length).
+void check_queries(int64_t queries, const TaskNames& n, int64_t N) {
+  const std::string key = n.queries.empty() ? n.spec("queries") : n.queries;
+  IHA_CONFIG_CHECK(queries >= 1, key, ": must be >= 1, got ", queries);
+  IHA_CONFIG_CHECK(queries <= N, key, ": ", queries, " queries do not fit in sequences of ", N, " tokens (",
+                   n.length, ")");
 }
 
 }  // namespace
@@ -621,13 +643,13 @@ std::shared_ptr<TokenSource> make_multikey_source(const MultiKeySpec& spec, int6
   IHA_CONFIG_CHECK(spec.value_tokens >= 1, n.spec("value_tokens"), ": must be >= 1, got ", spec.value_tokens);
   IHA_CONFIG_CHECK(spec.key_tokens >= spec.pairs, n.spec("key_tokens"), ": ", spec.pairs,
                    " distinct keys need at least as many key tokens, got ", spec.key_tokens);
-  check_queries(spec.queries, n);
-  const int64_t used = 1 + spec.key_tokens + spec.value_tokens;
-  IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the multikey task needs ", used, " ids (query marker, ", p,
+  check_queries(spec.queries, n, N);
+  const Wide used = Wide(1) + spec.key_tokens + spec.value_tokens;
+  IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the multikey task needs ", wide(used), " ids (query marker, ", p,
                    "key_tokens, ", p, "value_tokens) plus at least one filler id, got ", vocab);
-  const int64_t haystack = N + 1 - 3 * spec.queries;
-  IHA_CONFIG_CHECK(haystack >= 2 * spec.pairs, n.length, ": ", spec.pairs, " pairs and ", spec.queries,
-                   " queries need at least ", 2 * spec.pairs + 3 * spec.queries - 1, " tokens, got ", N);
+  const Wide need = Wide(2) * spec.pairs + Wide(3) * spec.queries - 1;
+  IHA_CONFIG_CHECK(need <= N, n.length, ": ", spec.pairs, " pairs and ", spec.queries, " queries need at least ",
+                   wide(need), " tokens, got ", N);
   return std::make_shared<MultiKeySource>(spec, vocab, N, seed);
 }
 
@@ -640,7 +662,7 @@ std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, i
   IHA_CONFIG_CHECK(spec.value_tokens >= 1, n.spec("value_tokens"), ": must be >= 1, got ", spec.value_tokens);
   IHA_CONFIG_CHECK(spec.key_tokens >= spec.pairs, n.spec("key_tokens"), ": ", spec.pairs,
                    " distinct keys need at least as many key tokens, got ", spec.key_tokens);
-  check_queries(spec.queries, n);
+  check_queries(spec.queries, n, N);
   // value_tokens^asked answer ids, counted without overflow: stop once past the vocabulary.
   int64_t answers = 1;
   for (int64_t i = 0; i < spec.asked && answers < vocab; ++i)
@@ -651,32 +673,32 @@ std::shared_ptr<TokenSource> make_orderedpair_source(const MultiKeySpec& spec, i
   int64_t questions = spec.question_token ? 1 : 0;
   for (int64_t i = 0; spec.question_token && i < spec.asked && questions < vocab; ++i)
     questions = questions > vocab / spec.key_tokens ? vocab : questions * spec.key_tokens;
-  const int64_t used = 1 + spec.key_tokens + spec.value_tokens + answers + fused + questions;
+  const Wide used = Wide(1) + spec.key_tokens + spec.value_tokens + answers + fused + questions;
   IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the orderedpair task needs ",
-                   answers >= vocab || questions >= vocab ? "more than " : "", used, " ids (query marker, ", p,
+                   answers >= vocab || questions >= vocab ? "more than " : "", wide(used), " ids (query marker, ", p,
                    "key_tokens, ", p, "value_tokens, ", p, "value_tokens^", p, "asked answer ids",
                    spec.fused ? ", the fused pairs' key_tokens * value_tokens" : "",
                    spec.question_token ? ", the questions' key_tokens^asked" : "",
                    ") plus at least one filler id, got ", vocab);
-  const int64_t block = spec.question_token ? 2 : spec.asked + 2, width = spec.fused ? 1 : 2;
-  const int64_t haystack = N + 1 - block * spec.queries;
-  IHA_CONFIG_CHECK(haystack >= width * spec.pairs, n.length, ": ", spec.pairs, " pairs and ", spec.queries,
-                   " queries need at least ", width * spec.pairs + block * spec.queries - 1, " tokens, got ", N);
+  const Wide block = spec.question_token ? Wide(2) : Wide(spec.asked) + 2, width = spec.fused ? 1 : 2;
+  const Wide need = width * spec.pairs + block * spec.queries - 1;
+  IHA_CONFIG_CHECK(need <= N, n.length, ": ", spec.pairs, " pairs and ", spec.queries, " queries need at least ",
+                   wide(need), " tokens, got ", N);
   return std::make_shared<OrderedPairSource>(spec, vocab, N, seed);
 }
 
 std::shared_ptr<TokenSource> make_twohop_source(const TwoHopSpec& spec, int64_t vocab, int64_t N, uint64_t seed,
                                                 const TaskNames& n) {
   IHA_CONFIG_CHECK(spec.chains >= 1, n.spec("chains"), ": must be >= 1, got ", spec.chains);
-  IHA_CONFIG_CHECK(spec.entity_tokens >= 3 * spec.chains, n.spec("entity_tokens"), ": ", spec.chains,
-                   " chains need ", 3 * spec.chains, " distinct entities, got ", spec.entity_tokens);
-  check_queries(spec.queries, n);
-  const int64_t used = 1 + spec.entity_tokens;
-  IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the twohop task needs ", used, " ids (query marker, ", n.spec.prefix,
-                   "entity_tokens) plus at least one filler id, got ", vocab);
-  const int64_t haystack = N + 1 - 3 * spec.queries;
-  IHA_CONFIG_CHECK(haystack >= 4 * spec.chains, n.length, ": ", spec.chains, " chains and ", spec.queries,
-                   " queries need at least ", 4 * spec.chains + 3 * spec.queries - 1, " tokens, got ", N);
+  IHA_CONFIG_CHECK(spec.entity_tokens >= Wide(3) * spec.chains, n.spec("entity_tokens"), ": ", spec.chains,
+                   " chains need ", wide(Wide(3) * spec.chains), " distinct entities, got ", spec.entity_tokens);
+  check_queries(spec.queries, n, N);
+  const Wide used = Wide(1) + spec.entity_tokens;
+  IHA_CONFIG_CHECK(used < vocab, n.vocab, ": the twohop task needs ", wide(used), " ids (query marker, ",
+                   n.spec.prefix, "entity_tokens) plus at least one filler id, got ", vocab);
+  const Wide need = Wide(4) * spec.chains + Wide(3) * spec.queries - 1;
+  IHA_CONFIG_CHECK(need <= N, n.length, ": ", spec.chains, " chains and ", spec.queries, " queries need at least ",
+                   wide(need), " tokens, got ", N);
   return std::make_shared<TwoHopSource>(spec, vocab, N, seed);
 }
 
