@@ -13,93 +13,15 @@
 
 #include "attention/flash.h"
 #include "core/rng.h"
+#include "reference/ieee_attention.h"
 
 namespace iha {
 namespace {
 
+using test::ieee_agrees;
+using test::IeeeRef;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// IEEE float64 reference over visible pairs only. max propagates NaN (np.max); a row that
-// sees no key: o = 0, lse = -inf, no gradient.
-struct Ref {
-  std::vector<double> o, lse, dq, dk, dv;
-};
-
-double ieee_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? kNaN : std::max(a, b); }
-
-Ref ieee_reference(const MaskSpec& m, int64_t d, const std::vector<double>& q, const std::vector<double>& k,
-                   const std::vector<double>& v, const std::vector<double>& g, int64_t n) {
-  Ref r;
-  r.o.assign(n * d, 0);
-  r.lse.assign(n, -kInf);
-  r.dq.assign(n * d, 0);
-  r.dk.assign(n * d, 0);
-  r.dv.assign(n * d, 0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  std::vector<double> s(n), a(n);
-  for (int64_t i = 0; i < n; ++i) {
-    double mx = -kInf;
-    bool any = false;
-    for (int64_t j = 0; j < n; ++j) {
-      if (!key_visible(m, i, j)) continue;
-      double acc = 0;
-      for (int64_t c = 0; c < d; ++c) acc += q[i * d + c] * k[j * d + c];
-      s[j] = acc * scale;
-      mx = any ? ieee_max(mx, s[j]) : s[j];
-      any = true;
-    }
-    if (!any || mx == -kInf) continue;
-    double sum = 0;
-    for (int64_t j = 0; j < n; ++j)
-      if (key_visible(m, i, j)) sum += std::exp(s[j] - mx);
-    for (int64_t j = 0; j < n; ++j) {
-      if (!key_visible(m, i, j)) continue;
-      a[j] = std::exp(s[j] - mx) / sum;
-      for (int64_t c = 0; c < d; ++c) r.o[i * d + c] += a[j] * v[j * d + c];
-    }
-    r.lse[i] = mx + std::log(sum);
-    double drow = 0;
-    for (int64_t c = 0; c < d; ++c) drow += g[i * d + c] * r.o[i * d + c];
-    for (int64_t j = 0; j < n; ++j) {
-      if (!key_visible(m, i, j)) continue;
-      double gv = 0;
-      for (int64_t c = 0; c < d; ++c) gv += g[i * d + c] * v[j * d + c];
-      const double ds = a[j] * (gv - drow);
-      for (int64_t c = 0; c < d; ++c) {
-        r.dv[j * d + c] += a[j] * g[i * d + c];
-        r.dq[i * d + c] += ds * k[j * d + c] * scale;
-        r.dk[j * d + c] += ds * q[i * d + c] * scale;
-      }
-    }
-  }
-  return r;
-}
-
-// Where the reference is not finite the kernel must not be finite either; where both are
-// finite they agree to tau (normwise over those elements). exact: the kernel is not finite
-// only where the reference is not (outputs and lse: rows are independent there).
-template <class T>
-::testing::AssertionResult ieee_agrees(const std::vector<T>& got, const std::vector<double>& ref, double tau,
-                                       bool exact, const std::string& what) {
-  double diff = 0, mref = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double x = static_cast<double>(got[i]), y = ref[i];
-    if (!std::isfinite(y) && std::isfinite(x))
-      return ::testing::AssertionFailure() << what << "[" << i << "] = " << x << ", reference " << y;
-    if (exact && std::isfinite(y) != std::isfinite(x))
-      return ::testing::AssertionFailure() << what << "[" << i << "] = " << x << ", reference " << y;
-    if (std::isnan(y) != std::isnan(x) && exact)
-      return ::testing::AssertionFailure() << what << "[" << i << "] = " << x << ", reference " << y;
-    if (std::isfinite(y) && std::isfinite(x)) {
-      diff = std::max(diff, std::fabs(x - y));
-      mref = std::max(mref, std::fabs(y));
-    }
-  }
-  if (diff > tau * std::max(mref, 1e-300))
-    return ::testing::AssertionFailure() << what << ": max diff " << diff << " > " << tau << " * " << mref;
-  return ::testing::AssertionSuccess();
-}
 
 enum class Where { q_row, q_elem, k_nan, k_pinf, k_ninf, v_nan, v_inf };
 const char* where_name(Where w) {
@@ -136,7 +58,7 @@ void check_case(Where w, MaskKind mk, int64_t P, int64_t W, int64_t d, FlashTile
     case Where::v_nan: v[row * d + col] = kNaN; break;
     case Where::v_inf: v[row * d + col] = kInf; break;
   }
-  const Ref ref = ieee_reference(mask, d, q, k, v, g, n);
+  const IeeeRef ref = test::ieee_attention(mask, d, q, k, v, g, n);
   std::vector<int64_t> pos(n);
   std::iota(pos.begin(), pos.end(), 0);
   const std::vector<T> qt(q.begin(), q.end()), kt(k.begin(), k.end()), vt(v.begin(), v.end()), gt(g.begin(), g.end());
@@ -164,8 +86,10 @@ void check_case(Where w, MaskKind mk, int64_t P, int64_t W, int64_t d, FlashTile
   EXPECT_TRUE(ieee_agrees(dk, ref.dk, tau, false, what + "dk"));
   EXPECT_TRUE(ieee_agrees(dv, ref.dv, tau, false, what + "dv"));
   // Rows before the first one that sees the non-finite value stay exactly as without it.
-  for (int64_t i = 0; i < std::min<int64_t>(row, n); ++i)
-    if (std::isfinite(ref.lse[i])) EXPECT_TRUE(std::isfinite(static_cast<double>(lse[i]))) << what << "row " << i;
+  for (int64_t i = 0; i < std::min<int64_t>(row, n); ++i) {
+    if (!std::isfinite(ref.lse[i])) continue;
+    EXPECT_TRUE(std::isfinite(static_cast<double>(lse[i]))) << what << "row " << i;
+  }
 }
 
 TEST(FlashNonFinite, NaNAndInfReachOutputsAndGradientsAsInTheReference) {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -39,6 +40,10 @@ std::string validate(const std::string& file) {
     iha::check_run_fits_machine(cfg, 0);
     cfg.model.resolve_window(cfg.seq_len, std::nullopt);
     iha::check_mesh_fits_model(cfg);
+    // What check runs of train's own checks: the step count and the data sources.
+    IHA_CONFIG_CHECK(cfg.steps >= 1, "config key 'train.steps': training needs >= 1 step, got ", cfg.steps);
+    iha::make_data_source(cfg, false);
+    iha::make_data_source(cfg, true);
     return "";
   } catch (const iha::ConfigError& e) {
     const std::string m = e.what();
@@ -157,6 +162,74 @@ TEST(ConfigFuzz, IhaTrainCheckExitsCleanlyAndTouchesNoCheckpoint) {
   EXPECT_EQ(listing(), before) << "iha-train check changed the checkpoint directory";
   fs::remove_all(dir);
   fs::remove(file);
+}
+
+// Huge and overflowing integers in every integer key (issue 43): the demo and the demo with
+// each other synthetic data kind, every integer key at 8 values from 2^31 to INT64_MAX, and
+// every pair of data keys at 2^62 and INT64_MAX together (sums such as key_tokens +
+// value_tokens). Each case: a valid plan, or a ConfigError naming a key that prints no wrapped
+// (negative) size; never another exception (bad_alloc, length_error), never a hang.
+TEST(ConfigFuzz, HugeIntegersInEveryIntegerKeyAreRefusedNamingAKey) {
+  const YAML::Node demo = YAML::LoadFile(std::string(IHA_SOURCE_DIR) + "/configs/demo.yaml");
+  std::vector<std::pair<std::string, YAML::Node>> bases;
+  bases.emplace_back("multikey", YAML::Clone(demo));
+  YAML::Node op = YAML::Clone(demo);
+  op["data"]["kind"] = "orderedpair";
+  op["data"]["asked"] = 2;
+  op["data"]["fused"] = false;
+  bases.emplace_back("orderedpair", op);
+  YAML::Node th = YAML::Clone(demo);
+  th["data"] = YAML::Load("{kind: twohop, seed: 1, chains: 2, queries: 2, entity_tokens: 8, loss_on: answer}");
+  bases.emplace_back("twohop", th);
+  const std::vector<std::string> huge = {"9223372036854775807", "9223372036854775806", "4611686018427387904",
+                                         "4611686018427387905", "3074457345618258603", "2305843009213693953",
+                                         "4294967297", "2147483648"};
+  const std::string file = tmp("huge.yaml");
+  const std::regex wrapped("-[0-9]{5,}");
+  int cases = 0, valid = 0;
+  const auto check = [&](const YAML::Node& root, const std::string& what) {
+    YAML::Emitter out;
+    out << root;
+    std::ofstream(file) << out.c_str() << "\n";
+    const std::string err = validate(file);
+    ++cases;
+    if (err.empty()) {
+      ++valid;
+      return;
+    }
+    EXPECT_TRUE(err.rfind("NOT A CONFIG ERROR", 0) != 0 && names_a_key(err)) << what << ": " << err;
+    EXPECT_FALSE(std::regex_search(err, wrapped)) << what << ": a wrapped size in: " << err;
+  };
+  for (const auto& [kind, base] : bases) {
+    YAML::Node b = YAML::Clone(base);
+    b["checkpoint"]["dir"] = "";
+    b["logging"]["jsonl"] = "";
+    std::vector<Leaf> ints, data_ints;
+    for (const Leaf& l : leaves(b)) {
+      const std::string v = b[l.section][l.key].Scalar();
+      if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) continue;
+      ints.push_back(l);
+      if (l.section == "data" || l.section == "eval") data_ints.push_back(l);
+    }
+    for (const Leaf& l : ints)
+      for (const std::string& v : huge) {
+        YAML::Node r = YAML::Clone(b);
+        r[l.section][l.key] = YAML::Load(v);
+        check(r, kind + ": " + l.section + "." + l.key + "=" + v);
+      }
+    for (size_t i = 0; i < data_ints.size(); ++i)
+      for (size_t j = i + 1; j < data_ints.size(); ++j)
+        for (const std::string& v : {huge[0], huge[2]}) {
+          YAML::Node r = YAML::Clone(b);
+          r[data_ints[i].section][data_ints[i].key] = YAML::Load(v);
+          r[data_ints[j].section][data_ints[j].key] = YAML::Load(v);
+          check(r, kind + ": " + data_ints[i].section + "." + data_ints[i].key + " and " + data_ints[j].section + "." +
+                       data_ints[j].key + " = " + v);
+        }
+  }
+  fs::remove(file);
+  std::printf("huge integers: %d cases, %d valid plans, the rest refused naming a key\n", cases, valid);
+  EXPECT_GT(cases, 500);
 }
 
 // Inputs that once crashed, hung, overflowed or were silently accepted.
