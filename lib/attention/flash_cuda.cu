@@ -185,7 +185,10 @@ simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int6
           for (int c = 0; c < d; ++c) dot += qrow[c] * krow[c];
           s = dot * scale;
         }
-        const float m_new = fmaxf(m_run[rr], warp_max(s));
+        // fmaxf skips NaN: a NaN score (a NaN query or key) makes the row NaN, as in IEEE
+        // arithmetic and flash_cpu.cpp; a +inf one gives expf(inf - inf) = NaN below.
+        const bool nan = __any_sync(kFullMask, s != s);
+        const float m_new = nan ? __int_as_float(0x7fc00000) : fmaxf(m_run[rr], warp_max(s));
         if (m_new != kNegInf) {  // warp-uniform; else the row has seen nothing yet
           const float rescale = m_run[rr] == kNegInf ? 0.f : expf(m_run[rr] - m_new);
           const float p = expf(s - m_new);  // 0 for masked keys
@@ -205,13 +208,14 @@ simt_forward_kernel(MaskSpec mask, int d, const T* q, const int64_t* q_pos, int6
     const int row = warp * kSimtRowsPerWarp + rr;
     if (row >= rows) continue;
     const float l = l_run[rr];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const bool seen = m_run[rr] != kNegInf;  // then l >= 1, or NaN (a NaN row)
+    const float inv = seen ? 1.f / l : 0.f;
 #pragma unroll
     for (int cc = 0; cc < kSimtMaxCols; ++cc) {
       const int c = lane + 32 * cc;
       if (c < d) o[static_cast<int64_t>(row) * d + c] = acc[rr][cc] * inv;
     }
-    if (lane == 0) lse[row] = l > 0.f ? m_run[rr] + logf(l) : kNegInf;
+    if (lane == 0) lse[row] = seen ? m_run[rr] + logf(l) : kNegInf;
   }
 }
 
@@ -553,14 +557,17 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
       float* srow = s_w + r * kLdS;
       bf16_t* prow = p_w + r * kLdP;
       float mx = kNegInf;
+      int nan = 0;  // fmaxf skips NaN: a NaN score makes the row NaN (IEEE, as flash_cpu.cpp)
       for (int c = half * 32; c < half * 32 + 32; ++c) {
         const bool vis = row_ok && c < cols && (tm == TileMask::full || key_visible(mask, tq, sm.kpos[c], seg));
         const float x = vis ? srow[c] * scale : kNegInf;
         srow[c] = x;
         mx = fmaxf(mx, x);
+        nan |= x != x;
       }
       mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
-      const float m_new = fmaxf(m_old, mx);
+      nan |= __shfl_xor_sync(kFullMask, nan, 1);
+      const float m_new = nan ? __int_as_float(0x7fc00000) : fmaxf(m_old, mx);
       float rescale = 1.f, sum = 0.f;
       if (m_new == kNegInf) {  // nothing seen yet: P = 0, O stays 0
         for (int c = half * 32; c < half * 32 + 32; ++c) prow[c] = __float2bfloat16(0.f);
@@ -602,11 +609,12 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
   for (int n = 0; n < kTcFrags; ++n) {
     if (n < nd16) {
       const float* l_s = sm.l;
-      for_each_acc_element(of[n], s_w, kLdS, [o, l_s, rows, d, warp, n](int r, int c, float val) {
+      const float* m_s = sm.m;
+      for_each_acc_element(of[n], s_w, kLdS, [o, l_s, m_s, rows, d, warp, n](int r, int c, float val) {
         const int row = warp * 16 + r, col = n * 16 + c;
         if (row < rows && col < d) {
-          const float l = l_s[row];
-          o[static_cast<int64_t>(row) * d + col] = l > 0.f ? val * (1.f / l) : 0.f;
+          const float l = l_s[row];  // >= 1 once the row saw a key, or NaN (a NaN row)
+          o[static_cast<int64_t>(row) * d + col] = m_s[row] != kNegInf ? val * (1.f / l) : 0.f;
         }
       });
     }
@@ -615,7 +623,7 @@ tc_forward_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_pos, i
     const int row = warp * 16 + lane;
     if (row < rows) {
       const float l = sm.l[row];
-      lse[row] = l > 0.f ? sm.m[row] + logf(l) : kNegInf;
+      lse[row] = sm.m[row] != kNegInf ? sm.m[row] + logf(l) : kNegInf;
     }
   }
 }
@@ -721,7 +729,8 @@ tc_backward_dq_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_po
       const bool vis = row < rows && c < cols && l != kNegInf &&
                        (tm == TileMask::full || key_visible(mask, sm.qpos[row], sm.kpos[c], segment_start(mask, i0 + row)));
       const float a = vis ? expf(s_w[r * kLdS + c] * scale - l) : 0.f;
-      ds_w[r * kLdP + c] = __float2bfloat16(a * (dp_w[r * kLdS + c] - sm.drow[row]));
+      // Masked pairs are 0, not 0 * (dP - Drow): a NaN row's Drow must not reach their keys.
+      ds_w[r * kLdP + c] = __float2bfloat16(vis ? a * (dp_w[r * kLdS + c] - sm.drow[row]) : 0.f);
     }
     __syncwarp();
 
@@ -820,7 +829,7 @@ tc_backward_dkdv_kernel(MaskSpec mask, int d, const bf16_t* q, const int64_t* q_
                          (tm == TileMask::full || key_visible(mask, sm.qpos[c], sm.kpos[key], segment_start(mask, i0 + c)));
         const float a = vis ? expf(st_w[r * kLdS2 + c] * scale - l) : 0.f;
         pt_w[r * kLdP2 + c] = __float2bfloat16(a);
-        dst_w[r * kLdP2 + c] = __float2bfloat16(a * (dpt_w[r * kLdS2 + c] - sm.drow[c]));
+        dst_w[r * kLdP2 + c] = __float2bfloat16(vis ? a * (dpt_w[r * kLdS2 + c] - sm.drow[c]) : 0.f);
       }
       __syncwarp();
 
