@@ -311,6 +311,21 @@ class HfModelTest(unittest.TestCase):
                 gen = m.generate(self.ids[:1, :5], max_new_tokens=8, **GEN)
                 self.assertEqual(gen.shape[1], 13)
 
+    def test_fresh_model_is_initialised(self):
+        """A model made from its config (not loaded) gets section 1's initialisation: identity
+        mixing, collapse 1/P, unit norms, finite logits."""
+        hf = load(self.dirs[CASES[1]["name"]][1])
+        torch.manual_seed(0)
+        fresh = type(hf)(hf.config).eval()
+        a = fresh.model.layers[0].self_attn
+        eye = torch.eye(a.H)[:, :, None].expand(a.H, a.H, a.P)
+        self.assertTrue(torch.equal(a.aq.detach(), eye))
+        self.assertTrue(torch.equal(a.c.detach(), torch.eye(a.H).repeat_interleave(a.P, dim=1) / a.P))
+        self.assertTrue(torch.equal(fresh.model.norm.weight.detach(), torch.ones(D)))
+        self.assertGreater(a.wq.detach().abs().max().item(), 0)
+        with torch.no_grad():
+            self.assertTrue(torch.isfinite(fresh(input_ids=self.ids).logits).all())
+
     def test_load_dir(self):
         for case in CASES:
             with self.subTest(case=case["name"]):

@@ -178,6 +178,14 @@ def _as_iha_cache(past, num_layers):
                      "pass the IhaCache the model returned (or None)")
 
 
+def _init_param(p, fill):
+    """fill(tensor) on parameter p unless transformers marked it loaded from the checkpoint."""
+    if getattr(p, "_is_hf_initialized", False) or p.device.type == "meta":
+        return
+    with torch.no_grad():
+        fill(p.data)
+
+
 class IhaRMSNorm(torch.nn.Module):
     def __init__(self, D, eps):
         super().__init__()
@@ -222,19 +230,18 @@ class IhaAttention(torch.nn.Module):
         self.scale = rope_frequencies(cfg, P)[1] / math.sqrt(d)
 
     def init_weights(self, std):
-        """Section 1's initialisation (identity mixing, collapse 1/P) and normal projections."""
-        with torch.no_grad():
-            for w in (self.wq, self.wk, self.wv, self.wo):
-                w.normal_(0.0, std)
-            if self.mixing:
-                H, G, P = self.H, self.G, self.P
-                for a, n in ((self.aq, H), (self.ak, G), (self.av, G)):
-                    a.zero_()
-                    a[torch.arange(n), torch.arange(n)] = 1.0
-                if self.global_collapse:
-                    self.c.copy_(torch.eye(H).repeat_interleave(P, dim=1) / P)
-                else:
-                    self.c.fill_(1.0 / P)
+        """Section 1's initialisation (identity mixing, collapse 1/P) and normal projections, of
+        the parameters a checkpoint did not fill."""
+        for w in (self.wq, self.wk, self.wv, self.wo):
+            _init_param(w, lambda t: t.normal_(0.0, std))
+        if self.mixing:
+            H, G, P = self.H, self.G, self.P
+            for a, n in ((self.aq, H), (self.ak, G), (self.av, G)):
+                _init_param(a, lambda t, n=n: t.copy_(torch.eye(n, dtype=t.dtype)[:, :, None].expand(n, n, P)))
+            if self.global_collapse:
+                _init_param(self.c, lambda t: t.copy_(torch.eye(H, dtype=t.dtype).repeat_interleave(P, dim=1) / P))
+            else:
+                _init_param(self.c, lambda t: t.fill_(1.0 / P))
 
     def freqs(self, device):
         f = self._freqs.get(device)
@@ -351,16 +358,15 @@ class IhaPreTrainedModel(PreTrainedModel):
     _supports_cache_class = False  # transformers 4.x: the model keeps its own cache (IhaCache)
 
     def _init_weights(self, module):
-        """For tensors a checkpoint does not hold (the export writes every one)."""
+        """For tensors a checkpoint does not hold (the export writes every one); never one it
+        filled (transformers 5.x calls this after loading)."""
         std = 0.02
         if isinstance(module, IhaAttention):
             module.init_weights(std)
         elif isinstance(module, IhaRMSNorm):
-            with torch.no_grad():
-                module.weight.fill_(1.0)
+            _init_param(module.weight, lambda t: t.fill_(1.0))
         elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-            with torch.no_grad():
-                module.weight.normal_(0.0, std)
+            _init_param(module.weight, lambda t: t.normal_(0.0, std))
 
 
 class IhaModel(IhaPreTrainedModel):
