@@ -28,8 +28,32 @@ def shard(x, tokens, dim=1):
     return x.index_select(dim, idx).contiguous()
 
 
-def unshard(local, tokens, N, comm, dim=1):
-    """The full tensor from every rank's shard (mpi4py communicator `comm`; all ranks call it)."""
+def unshard(local, tokens, N, comm, dim=1, timeout=None):
+    """The full tensor from every rank's shard (mpi4py communicator `comm`; all ranks call it).
+    The ranks agree first (N, dim, dtype and the other dimensions; iha/_agree.py), so bad or
+    disagreeing input raises on every rank, and a rank that never calls makes the others raise
+    TimeoutError after `timeout` seconds."""
+    from . import _agree
+    timeout = _agree.check_timeout(timeout)
+    error, shape = None, None
+    try:
+        if not isinstance(local, torch.Tensor):
+            raise TypeError(f"argument 'local': expected a torch.Tensor, got {type(local).__name__}")
+        if not -local.dim() <= dim < local.dim():
+            raise ValueError(f"argument 'dim': {dim} is out of range for a {local.dim()}-D tensor")
+        dim = dim % local.dim()
+        tokens = [int(t) for t in tokens]
+        if len(tokens) != local.shape[dim]:
+            raise ValueError(f"argument 'tokens': {len(tokens)} tokens for a shard of {local.shape[dim]} rows")
+        if any(not 0 <= t < N for t in tokens):
+            raise ValueError(f"argument 'tokens': a token outside [0, N = {N})")
+        shape = [s if i != dim else None for i, s in enumerate(local.shape)]
+    except (TypeError, ValueError) as e:
+        error = e
+    _agree.state_for(comm).agree("unshard", [
+        ("N", "the sequence length N", N), ("dim", "the dimension", dim),
+        ("local", "the dtype", str(local.dtype) if isinstance(local, torch.Tensor) else None),
+        ("local", "the other dimensions", shape)], error, timeout)
     pieces = comm.allgather((list(tokens), local.detach().cpu()))
     shape = list(local.shape)
     shape[dim] = N

@@ -105,6 +105,16 @@ class Agreement(unittest.TestCase):
         self.raises_everywhere(lambda: it.Core(cfg, N + RANK, comm=COMM), ValueError, "argument 'N'",
                                "rank 0 has 8", "rank 1 has 9")
 
+    def test_unshard(self):
+        import iha.layout
+        toks = [0, 1, 2, 3] if RANK == 0 else [4, 5, 6, 7]
+        z = torch.full((1, 4, 2), float(RANK), dtype=F64)
+        full = iha.layout.unshard(z, toks, N, COMM)
+        self.assertEqual(full[0, :, 0].tolist(), [0.0] * 4 + [1.0] * 4)
+        self.raises_everywhere(lambda: iha.layout.unshard(z, toks, N + RANK, COMM), ValueError, "argument 'N'")
+        self.raises_everywhere(lambda: iha.layout.unshard(z if RANK else z.float(), toks, N, COMM), ValueError,
+                               "argument 'local'", "dtype")
+
     def test_a_rank_that_never_arrives(self):
         comm = COMM.Dup()   # a time-out leaves this communicator's agreements out of step
         m = layer(comm=comm, timeout=3)

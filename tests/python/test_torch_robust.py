@@ -236,5 +236,38 @@ class Arguments(unittest.TestCase):
         self.assertTrue(reference.close(m(x1), copy.deepcopy(m)(x1), 0.0)[0])
 
 
+class NonFinite(unittest.TestCase):
+    def test_nan_and_inf_reach_the_output_as_in_the_reference(self):
+        # IEEE semantics (issue 43): a NaN or Inf input reaches the outputs the float64 plain-
+        # PyTorch reference (tests/python/reference.py) gives it, in float64 and float32.
+        # (A NaN value in a window layer is left out: the reference's dense masked product
+        # 0 * NaN spreads it past the window, which the library rightly does not.)
+        for kw, N in [(dict(D=16, H=2, P=2), 40),
+                      (dict(D=16, H=4, Hkv=2, P=3, window_virtual=9, collapse="per_head"), 24)]:
+            cfg = it.LayerConfig(**kw)
+            g = torch.Generator().manual_seed(8)
+            t0 = dict(q=torch.randn(2, N, cfg.H * cfg.d, dtype=F64, generator=g),
+                      k=torch.randn(2, N, cfg.Hkv * cfg.d, dtype=F64, generator=g),
+                      v=torch.randn(2, N, cfg.Hkv * cfg.d, dtype=F64, generator=g))
+            mix = mix_args(cfg)
+            cases = [("q", 5, float("nan")), ("q", 9, float("inf")), ("k", 3, float("nan")),
+                     ("k", 3, float("inf")), ("k", 20, float("-inf"))]
+            if not cfg.window_virtual:
+                cases.append(("v", 7, float("nan")))
+            for dtype in (F64, torch.float32):
+                core = it.Core(cfg, N, dtype=dtype)
+                for name, pos, val in cases:
+                    with self.subTest(layer=kw, dtype=dtype, input=name, value=val):
+                        t = {n: a.clone() for n, a in t0.items()}
+                        t[name][1, pos, 0] = val
+                        out = it.iha_attention(*(t[n].to(dtype) for n in "qkv"), *[m.to(dtype) for m in mix], core)
+                        ref = reference.core(t["q"], t["k"], t["v"], *mix, cfg)
+                        self.assertTrue(torch.isnan(ref).any())
+                        self.assertTrue(torch.equal(torch.isnan(out), torch.isnan(ref)))
+                        self.assertTrue(torch.equal(torch.isinf(out), torch.isinf(ref)))
+                        fin = torch.isfinite(ref)
+                        self.assertTrue(reference.close(out.double()[fin], ref[fin], 1e-4)[0])
+
+
 if __name__ == "__main__":
     unittest.main()
