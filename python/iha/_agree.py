@@ -47,7 +47,8 @@ def check_timeout(timeout):
 def digest(value):
     """A short stable digest of a JSON-able value (segments, token maps): equal on every rank
     exactly when the values are equal."""
-    return hashlib.blake2b(json.dumps(value, separators=(",", ":")).encode(), digest_size=12).hexdigest()
+    return hashlib.blake2b(json.dumps(value, separators=(",", ":"), default=repr).encode(),
+                           digest_size=12).hexdigest()
 
 
 def _short(v):
@@ -120,12 +121,14 @@ class _CommState:
         me = self.comm.Get_rank()
         rec = {"seq": seq, "call": call, "fields": [[a, w, v] for a, w, v in fields],
                "error": None if error is None else [type(error).__name__, str(error)]}
-        data = json.dumps(rec, separators=(",", ":")).encode()
+        # Values that are not JSON (a wrong argument's own type) travel as their repr: any value
+        # a rank holds can be sent, so no rank fails before the exchange.
+        data = json.dumps(rec, separators=(",", ":"), default=repr).encode()
         if len(data) > _RECORD_BYTES:
             # Only a pathological message gets here: keep the verdict, cut the text.
             rec["error"] = None if error is None else [type(error).__name__, str(error)[:2000]]
             rec["fields"] = [[a, w, digest(v)] for a, w, v in fields]
-            data = json.dumps(rec, separators=(",", ":")).encode()[:_RECORD_BYTES]
+            data = json.dumps(rec, separators=(",", ":"), default=repr).encode()[:_RECORD_BYTES]
         tag = _TAG_BASE + (seq % 8000) * 2
         priv = self.private
         bufs = [bytearray(_RECORD_BYTES) for _ in range(R)]

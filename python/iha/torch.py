@@ -440,16 +440,13 @@ class IhaAttention(torch.nn.Module):
             N = _int_arg("N", N, 1)
         except (TypeError, ValueError) as e:
             error = e
-        if self._comm is not None:
+        if _is_mpi4py(self._comm):
             # Before building a core or exchanging anything: every rank checks the same things
             # (the batch, dtypes, N, documents, layout) and all raise together (iha/_agree.py).
             xt = x if isinstance(x, torch.Tensor) else None
             seg = segments.tolist() if isinstance(segments, torch.Tensor) else segments
             cu = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens
-            try:
-                seg_d, cu_d = _agree.digest(seg), _agree.digest(cu)
-            except TypeError:  # not JSON-able: the checks below name it
-                seg_d = cu_d = None
+            seg_d, cu_d = _agree.digest(seg), _agree.digest(cu)
             _agree.state_for(self._comm).agree("IhaAttention.forward", [
                 ("dtype", "the module's dtype", str(self._dtype)),
                 ("x", "the batch size B", None if xt is None or xt.dim() < 1 else int(xt.shape[0])),
@@ -458,8 +455,7 @@ class IhaAttention(torch.nn.Module):
                 ("N", "the sequence length N", N if error is None else None),
                 ("segments", "the document starts", seg_d),
                 ("cu_seqlens", "the document offsets", cu_d),
-                ("token_map", "the token map", None if token_map is None else _agree.digest(
-                    [list(map(int, p)) for p in token_map] if _all_int_lists(token_map) else repr(token_map))),
+                ("token_map", "the token map", None if token_map is None else _agree.digest(token_map)),
                 ("layout", "the layout", self._layout), ("scheme", "the scheme", self._scheme),
                 ("head_ranks", "the head ranks", self._head_ranks),
             ], error, self._timeout)
@@ -483,13 +479,6 @@ class IhaAttention(torch.nn.Module):
             return
         grads = {name: p.grad for name, p in self.named_parameters(recurse=False) if p.grad is not None}
         self.core(int(N)).reduce_gradients(grads)
-
-
-def _all_int_lists(parts):
-    try:
-        return all(all(isinstance(t, int) or hasattr(t, "__index__") for t in p) for p in parts)
-    except TypeError:
-        return False
 
 
 class _SharedComm:

@@ -115,6 +115,24 @@ class Agreement(unittest.TestCase):
         self.raises_everywhere(lambda: iha.layout.unshard(z if RANK else z.float(), toks, N, COMM), ValueError,
                                "argument 'local'", "dtype")
 
+    def test_copies_share_the_communicator(self):
+        import copy
+        import pickle
+        m = layer()
+        c = copy.deepcopy(m)
+        self.assertIs(c._comm, COMM)
+        x = shard(m)
+        self.assertTrue(torch.equal(c(x, N=N), m(x, N=N)))
+        with self.assertRaises(TypeError) as cm:
+            pickle.dumps(m)
+        self.assertIn("state_dict", str(cm.exception))
+
+    def test_arguments_of_any_type_are_agreed_on(self):
+        # A rank's argument that is not even JSON (a float N) still reaches the agreement.
+        m = layer()
+        x = shard(m)
+        self.raises_everywhere(lambda: m(x, N=8.0 if RANK else N), TypeError, "rank 1: argument 'N'")
+
     def test_a_rank_that_never_arrives(self):
         comm = COMM.Dup()   # a time-out leaves this communicator's agreements out of step
         m = layer(comm=comm, timeout=3)
