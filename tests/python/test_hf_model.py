@@ -45,7 +45,8 @@ V, D, F = 48, 32, 64
 DTYPE_KW = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
 CACHE_KW = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 # generate() imports torch.distributed.fsdp unless synced_gpus is given, which Debian's torch
-# 1.13 cannot import under Python 3.11 (docs/python.md).
+# 1.13 cannot import under Python 3.11 (docs/python.md). (Calls pass attention_mask: without
+# it generate() takes every pad_token_id in the prompt for padding.)
 GEN = dict(do_sample=False, pad_token_id=0, synced_gpus=False)
 NEW_TOKENS = 64
 
@@ -78,7 +79,8 @@ def check_generate(test, hf, prompt, new_tokens=NEW_TOKENS, use_cache=True):
     logits at position i depend on tokens 0..i only), and with the cache each step after the
     prompt runs one new token. Returns the generated ids."""
     with torch.no_grad(), StepRecorder(hf) as rec:
-        gen = hf.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=use_cache, **GEN)
+        gen = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, use_cache=use_cache, **GEN)
     T = prompt.shape[1]
     test.assertEqual(gen.shape[1], T + new_tokens)
     if use_cache:
@@ -308,7 +310,8 @@ class HfModelTest(unittest.TestCase):
                 ok, err, scale = reference.close(got, want, tau)
                 print(f"{dtype} vs float32: logits normwise error {err / scale:.2e}", file=sys.stderr)
                 self.assertTrue(ok, f"{dtype} vs float32: max|a-b| = {err:.3e}, max|b| = {scale:.3e}")
-                gen = m.generate(self.ids[:1, :5], max_new_tokens=8, **GEN)
+                gen = m.generate(self.ids[:1, :5], attention_mask=torch.ones_like(self.ids[:1, :5]), max_new_tokens=8,
+                                 **GEN)
                 self.assertEqual(gen.shape[1], 13)
 
     def test_fresh_model_is_initialised(self):

@@ -268,24 +268,33 @@ class IhaAttention(torch.nn.Module):
         cd = _compute_dtype(Qv.dtype)
         Qv, K, V = Qv.to(cd), K.to(cd), V.to(cd)
         out = Qv.new_empty(B, H, Tq, d)
-        # Rows per block: a multiple of P (a token's pseudo-queries stay together), bounded by the budget.
-        bq = max(P, (int(self.block_elements) // max(1, B * H * K.shape[2])) // P * P)
+        Lk, budget = K.shape[2], int(self.block_elements)
+
+        def rows(keys):  # query rows per block: a multiple of P (a token's pseudo-queries stay together)
+            return max(P, (budget // max(1, B * H * keys)) // P * P)
+
+        # A window layer's block sees about Wv + rows keys: blocks of about Wv rows; a global
+        # layer's sees every earlier key: as many rows as the budget allows.
+        bq = min(rows(2 * self.Wv), max(P, -(-self.Wv // P) * P)) if self.Wv > 0 else rows(Lk)
         for s in range(0, Tq, bq):
             e = min(Tq, s + bq)
             qs, qe = q0 + s, q0 + e                           # virtual positions of these queries
             # Keys: from the window's first (or the cache's first) to the block's last query;
             # blocks end on token boundaries, so token-causal masks need no key beyond qe.
             ks = max(k0, qs - self.Wv + 1) if self.Wv > 0 else k0
-            ke = min(k0 + K.shape[2], qe)
+            ke = min(k0 + Lk, qe)
             Kb, Vb = K[:, :, ks - k0:ke - k0], V[:, :, ks - k0:ke - k0]
-            q = Qv[:, :, s:e].reshape(B, G, grp * (e - s), d)   # head h = g grp + r uses key/value head g
-            S = (q @ Kb.transpose(-1, -2)) * self.scale           # [B, G, grp (e-s), ke-ks]
+            q = Qv[:, :, s:e].reshape(B, G, grp * (e - s), d) * self.scale   # head h = g grp + r uses kv head g
+            S = (q @ Kb.transpose(-1, -2)).view(B, G, grp, e - s, ke - ks)
+            # Keys before qs are visible to every query of the block unless a window cuts them:
+            # only the columns from m0 on need the mask.
+            m0 = 0 if self.Wv > 0 else max(0, qs - ks)
             t = torch.arange(qs, qe, device=Qv.device)[:, None]
-            tk = torch.arange(ks, ke, device=Qv.device)[None, :]
+            tk = torch.arange(ks + m0, ke, device=Qv.device)[None, :]
             visible = (tk // P <= t // P) if self.token_causal else (tk <= t)
             if self.Wv > 0:
                 visible = visible & (t - tk < self.Wv)
-            S = S.view(B, G, grp, e - s, ke - ks).masked_fill(~visible, float("-inf"))
+            S[..., m0:].masked_fill_(~visible, float("-inf"))
             A = torch.softmax(S, dim=-1).view(B, G, grp * (e - s), ke - ks)
             out[:, :, s:e] = (A @ Vb).view(B, H, e - s, d)
         return out
