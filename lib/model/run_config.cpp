@@ -324,8 +324,20 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
   const S weights = c.optim.zero == 3 ? S(0) : c.optim.zero == 2 ? held * es : S(2) * held * es;
   const S moments = c.optim.zero > 0 ? S(2) * ceil_div(S(2) * held * es, ceil_div(R, tp)) : S(2) * held * es;
   const S local_tokens = ceil_div(N, tp * hp * sp);
-  const S activations = mb * local_tokens * (L * D + V) * es;
-  const S total = weights + moments + activations;
+  const S train_activations = mb * local_tokens * (L * D + V) * es;
+  // Held-out evaluation (Trainer::evaluate, at the end of training and every eval.every
+  // steps): a rank reads its share of eval.sequences sequences before the first forward (a
+  // token and a target, 2 int32, per local token), then runs batches of eval.batch sequences
+  // (at most eval.sequences) through a forward. A synthetic task has as many sequences as
+  // asked; a token file at most its own (not known here, so not counted).
+  const S eseq(c.eval.sequences, "eval.sequences"), eb(c.eval.batch, "eval.batch");
+  (dp * eb).value();  // the stride of Trainer::evaluate's batches
+  const bool synthetic = c.data.kind != "hdf5";
+  const S eval_held = synthetic && c.eval.sequences > 0 ? ceil_div(eseq, dp) * local_tokens * S(8) : S(0);
+  const S eval_mb = c.eval.batch <= c.eval.sequences || !synthetic ? eb : eseq;
+  const S eval_activations = c.eval.sequences > 0 ? eval_mb * local_tokens * (L * D + V) * es : S(0);
+  const S& activations = eval_activations.value() > train_activations.value() ? eval_activations : train_activations;
+  const S total = weights + moments + activations + eval_held;
   e.bytes_per_rank = total.value();
   e.available_bytes = available_memory();
   e.cpus = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
@@ -333,13 +345,16 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
                    ": more than the ", e.cpus, " CPUs of this machine");
   (threads * R).value();
   if (e.bytes_per_rank > e.available_bytes) {
-    // Blame the larger share, and within it the largest factor.
-    const S& share = activations.value() >= weights.value() + moments.value() ? activations : params;
+    // Blame the largest share, and within it the largest factor.
+    const int64_t state = weights.value() + moments.value();
+    const S& share = eval_held.value() > state && eval_held.value() > activations.value() ? eval_held
+                     : activations.value() >= state                                     ? activations
+                                                                                        : params;
     throw ConfigError("config key '" + share.key() + "': the run needs at least " +
                       gib(e.bytes_per_rank) + " per rank (parameters, gradients and AdamW moments " +
-                      gib(weights.value() + moments.value()) + ", activations " +
-                      gib(activations.value()) + "), more than the " + gib(e.available_bytes) +
-                      " of memory available on this machine");
+                      gib(state) + ", activations " + gib(activations.value()) +
+                      (eval_held.value() > 0 ? ", held-out sequences " + gib(eval_held.value()) : std::string()) +
+                      "), more than the " + gib(e.available_bytes) + " of memory available on this machine");
   }
   return e;
 }

@@ -116,9 +116,11 @@ RunConfig parse_run_config(const ConfigNode& root, const std::string& text);
 struct RunEstimate {
   int64_t params = 0;             // parameters of the model
   int64_t bytes_per_rank = 0;     // parameters (with tp: the rank's MLP shards), gradients,
-                                  // AdamW moments and the activations of one micro-batch (at
-                                  // least one D-vector per token and layer, and the logits),
-                                  // on each rank
+                                  // AdamW moments and the activations of one micro-batch or
+                                  // one evaluation batch, the larger (at least one D-vector per
+                                  // token and layer, and the logits), and the held-out
+                                  // sequences a synthetic task's evaluation reads first, on
+                                  // each rank
   int64_t available_bytes = 0;    // memory this process may still use (MemAvailable, cgroup)
   int64_t cpus = 0;               // CPUs online
 };

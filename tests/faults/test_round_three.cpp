@@ -101,6 +101,9 @@ TEST(HostileCommandsRound3, OverflowingDataTaskSizesAreNamedInCheckAndTrain) {
       {"--set data.kind=twohop --set data.queries=" + big, "data.queries"},
       {"--set data.kind=orderedpair --set data.queries=" + big, "data.queries"},
       {"--set data.pairs=14", "sequence.length"},  // no overflow, but train refused it and check did not
+      // The held-out set a synthetic task's evaluation reads first: 10^11 sequences (25 TB).
+      {"--set eval.sequences=100000000000", "config key 'eval.sequences': the run needs at least"},
+      {"--set eval.sequences=" + big, "eval.sequences"},
   };
   const std::string dir = tmp("sizes");
   fs::remove_all(dir);
