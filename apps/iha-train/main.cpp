@@ -1,6 +1,7 @@
 // iha-train: train, fine-tune or evaluate an IHA language model from a YAML config.
 //
-//   mpiexec -n R iha-train train|finetune|eval|sweep|check --config FILE [--set key=value ...] [--resume [auto]]
+//   mpiexec -n R iha-train train|finetune|eval|sweep|score|check --config FILE [--set key=value ...] [--resume [auto]]
+//   mpiexec -n R iha-train score --config FILE --out SCORES.h5 [--set key=value ...]
 //
 // Exit codes: 0 success; 2 bad command line, config or data (the message names the key or
 // file; every rank exits 2); 3 the loss became NaN or Inf (the last good checkpoint is kept);
@@ -25,6 +26,7 @@
 #include "model/trainer.h"
 #include "parallel/comm.h"
 #include "progress.h"
+#include "score.h"
 #include "stop_signals.h"
 #include "sweep.h"
 
@@ -32,11 +34,13 @@ namespace iha::app {
 namespace {
 
 const char* kUsage =
-    "usage: iha-train train|finetune|eval|sweep|check --config FILE [--set key=value ...] [--resume [auto]]\n"
+    "usage: iha-train train|finetune|eval|sweep|score|check --config FILE [--set key=value ...] [--resume [auto]]\n"
     "  train     train a model (from scratch, or from checkpoint.dir/latest with --resume)\n"
     "  finetune  load weights from finetune.from and continue at this config's context\n"
     "  eval      loss and answer accuracy of a checkpoint on held-out data\n"
     "  sweep     answer accuracy of a checkpoint at each of sweep.lengths and each needle depth\n"
+    "  score     per-position loss and arg-max hits of a checkpoint on the held-out sequences\n"
+    "            (eval.path, the first eval.sequences), written to --out FILE (HDF5)\n"
     "  check     validate the config against the types, the launched ranks and this machine,\n"
     "            print the plan, and exit (0 valid, 2 not); touches no file\n"
     "  --set k=v override a config key (dotted path, YAML value), e.g. --set optim.lr=3e-4\n"
@@ -47,7 +51,7 @@ const char* kUsage =
     "train and finetune stop at the next step boundary on SIGUSR1, SIGUSR2, SIGTERM or SIGINT,\n"
     "saving a checkpoint (exit 4); a second such signal ends them at once (exit 128 + signal).\n";
 
-enum class Mode { train, finetune, eval, sweep, check };
+enum class Mode { train, finetune, eval, sweep, score, check };
 
 struct Args {
   Mode mode = Mode::train;
@@ -56,11 +60,12 @@ struct Args {
   bool resume = false;
   bool resume_auto = false;  // --resume auto
   bool help = false;  // print the usage and exit 0
+  std::string out;    // score: --out FILE
 };
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  IHA_CONFIG_CHECK(argc >= 2, "missing command (train, finetune, eval, sweep or check)");
+  IHA_CONFIG_CHECK(argc >= 2, "missing command (train, finetune, eval, sweep, score or check)");
   const std::string cmd = argv[1];
   bool help = cmd == "help";
   for (int i = 1; i < argc; ++i) help = help || !std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h");
@@ -76,16 +81,21 @@ Args parse_args(int argc, char** argv) {
     a.mode = Mode::eval;
   } else if (cmd == "sweep") {
     a.mode = Mode::sweep;
+  } else if (cmd == "score") {
+    a.mode = Mode::score;
   } else if (cmd == "check") {
     a.mode = Mode::check;
   } else {
-    throw ConfigError("unknown command '" + cmd + "' (expected train, finetune, eval, sweep or check)");
+    throw ConfigError("unknown command '" + cmd + "' (expected train, finetune, eval, sweep, score or check)");
   }
   for (int i = 2; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--config" || s == "--set") {
       IHA_CONFIG_CHECK(i + 1 < argc, "option ", s, " needs a value");
       (s == "--config" ? a.config : (a.overrides.emplace_back(), a.overrides.back())) = argv[++i];
+    } else if (s == "--out" && a.mode == Mode::score) {
+      IHA_CONFIG_CHECK(i + 1 < argc, "option --out needs a value");
+      a.out = argv[++i];
     } else if (s.rfind("--config=", 0) == 0) {
       a.config = s.substr(9);
     } else if (s.rfind("--set=", 0) == 0) {
@@ -101,8 +111,10 @@ Args parse_args(int argc, char** argv) {
     }
   }
   IHA_CONFIG_CHECK(!a.config.empty(), "--config FILE is required");
-  IHA_CONFIG_CHECK(!(a.resume && (a.mode == Mode::eval || a.mode == Mode::sweep || a.mode == Mode::check)),
+  IHA_CONFIG_CHECK(!(a.resume && (a.mode == Mode::eval || a.mode == Mode::sweep || a.mode == Mode::score ||
+                                    a.mode == Mode::check)),
                    "--resume applies to train and finetune");
+  if (a.mode == Mode::score) check_score_out(a.out);
   return a;
 }
 
@@ -135,7 +147,7 @@ struct Origin {
 Origin plan(const Args& args, const RunConfig& cfg, Communicator& w) {
   Origin o;
   const std::string& root = cfg.checkpoint.dir;
-  if (args.mode == Mode::eval || args.mode == Mode::sweep) {
+  if (args.mode == Mode::eval || args.mode == Mode::sweep || args.mode == Mode::score) {
     o.kind = Origin::weights;
     o.path = cfg.eval.checkpoint.empty() ? root : cfg.eval.checkpoint;
     o.ck = inspect_train_checkpoint(
@@ -407,7 +419,7 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
   Communicator& w = *world;
   std::unique_ptr<Reporter> rep;
   collective_check(w, [&] {
-    if (args.mode != Mode::eval && args.mode != Mode::sweep)
+    if (args.mode != Mode::eval && args.mode != Mode::sweep && args.mode != Mode::score)
       IHA_CONFIG_CHECK(cfg.steps >= 1, "config key 'train.steps': training needs >= 1 step, got ",
                        cfg.steps);
     rep = std::make_unique<Reporter>(w.rank() == 0, cfg.log.jsonl);
@@ -435,6 +447,33 @@ int run(const Args& args, const RunConfig& cfg, std::shared_ptr<Communicator> wo
     IHA_CONFIG_CHECK(trainer.has_held_out(), "config key 'eval.path': eval of data.kind hdf5 needs a held-out "
                      "token file");
     report_eval(*rep, trainer.evaluate(), origin.ck->step);  // the step the checkpoint was saved at
+    return 0;
+  }
+  if (args.mode == Mode::score) {
+    IHA_CONFIG_CHECK(cfg.eval.sequences > 0, "config key 'eval.sequences': score needs >= 1 sequence");
+    IHA_CONFIG_CHECK(trainer.has_held_out(), "config key 'eval.path': score needs a held-out token file");
+    const auto t0 = std::chrono::steady_clock::now();
+    const TokenScores scores = trainer.score();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double sum = 0;
+    int64_t counted = 0;
+    for (double l : scores.loss)
+      if (!std::isnan(l)) sum += l, ++counted;
+    collective_check(w, [&] {  // a failed write stops every rank with its message
+      if (w.rank() == 0) write_scores(args.out, scores, origin.ck->step, origin.ck->dir);
+    });
+    rep->console("score: " + std::to_string(scores.sequences) + " sequences of " + std::to_string(scores.N) +
+                 " tokens, " + std::to_string(counted) + " targets, mean loss " +
+                 fmt("%.4f", counted ? sum / counted : 0.0) + ", in " + format_duration(secs) + "; " + args.out);
+    rep->json(JsonLine()
+                  .add("event", std::string("score"))
+                  .add("step", origin.ck->step)
+                  .add("sequences", scores.sequences)
+                  .add("seq_len", scores.N)
+                  .add("targets", counted)
+                  .add("loss", counted ? sum / counted : 0.0)
+                  .add("seconds", secs)
+                  .add("out", args.out));
     return 0;
   }
   const Throughput tp = report_start(cfg, w, trainer, *rep);
@@ -472,7 +511,7 @@ int main(int argc, char** argv) {
   if (args.mode == Mode::train || args.mode == Mode::finetune) {
     install_stop_handlers();
   } else {
-    default_stop_handlers();
+    default_stop_handlers();  // eval, sweep, score and check save nothing
   }
   try {
     // A bad IHA_CPU_LEVEL stops every rank here, before the first kernel call would.

@@ -302,6 +302,77 @@ EvalStats Trainer<T>::evaluate(const DataLoader& held_out) {
 }
 
 template <class T>
+TokenScores Trainer<T>::score() {
+  IHA_CONFIG_CHECK(eval_loader_ != nullptr, "Trainer::score(): this run has no held-out data (an hdf5 "
+                   "run's held-out token file is RunConfig::eval.path)");
+  const int64_t N = cfg_.seq_len, dp = cfg_.mesh.dp, eb = cfg_.eval.batch;
+  int64_t total = cfg_.eval.sequences;
+  const int64_t available = eval_loader_->source().num_sequences();
+  if (available > 0) total = std::min(total, available);
+  // Sums over the world of what each rank scored (zero elsewhere): loss, hits and a count, so a
+  // position scored twice, or by no rank, is detected.
+  const size_t cells = static_cast<size_t>(total * N);
+  std::vector<double> sums(3 * cells, 0.0);
+  double* loss = sums.data();
+  double* hit = loss + cells;
+  double* seen = hit + cells;
+  std::vector<int64_t> firsts;
+  std::vector<TokenBatch> batches;
+  std::vector<TokenMap> maps;
+  collective_check(*world_, [&] {
+    for (int64_t first = plan_->mesh().dp_index() * eb; first < total; first += dp * eb) {
+      firsts.push_back(first);
+      maps.emplace_back();
+      batches.push_back(load(*eval_loader_, first, std::min(eb, total - first), &maps.back()));
+    }
+  });
+  const int64_t V = cfg_.model.vocab;
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const TokenBatch& b = batches[k];
+    if (plan_->per_batch_map()) model_->set_token_map(maps[k]);
+    const std::vector<int64_t>& pos = plan_->per_batch_map() ? maps[k][plan_->part()] : plan_->tokens();
+    IHA_CHECK(static_cast<int64_t>(pos.size()) == b.n, "Trainer::score: ", pos.size(), " positions for ", b.n,
+              " rows a sequence");
+    const Tensor lg = backend_->download(model_->logits(b));
+    const T* z = lg.data<T>();
+    for (int64_t s = 0; s < b.B; ++s)
+      for (int64_t i = 0; i < b.n; ++i) {
+        const int64_t row = s * b.n + i;
+        const int32_t target = b.targets[static_cast<size_t>(row)];
+        const size_t cell = static_cast<size_t>((firsts[k] + s) * N + pos[static_cast<size_t>(i)]);
+        seen[cell] += 1;
+        if (target < 0) continue;
+        const T* r = z + row * V;
+        int64_t best = 0;
+        double mx = static_cast<double>(r[0]);
+        for (int64_t v = 1; v < V; ++v)
+          if (static_cast<double>(r[v]) > mx) {
+            mx = static_cast<double>(r[v]);
+            best = v;
+          }
+        double sum = 0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(r[v]) - mx);
+        loss[cell] = mx + std::log(sum) - static_cast<double>(r[target]);
+        hit[cell] = best == target ? 1.0 : 0.0;
+        seen[cell] += 2;  // 3: scored with a target; 1: held, no target
+      }
+  }
+  world_->all_reduce(sums.data(), static_cast<int64_t>(sums.size()), DType::f64, ReduceOp::sum, "score.rows");
+  TokenScores out;
+  out.sequences = total;
+  out.N = N;
+  out.loss.resize(cells);
+  out.hit.resize(cells);
+  for (size_t c = 0; c < cells; ++c) {
+    IHA_CHECK(seen[c] == 1 || seen[c] == 3, "Trainer::score: position ", c % N, " of sequence ", c / N,
+              " was held by ", seen[c], " (1 or 3 expected: one rank)");
+    out.loss[c] = seen[c] == 3 ? loss[c] : std::nan("");
+    out.hit[c] = hit[c] > 0 ? 1 : 0;
+  }
+  return out;
+}
+
+template <class T>
 std::vector<NamedTensor> Trainer<T>::state_tensors() {
   return sync_->state_tensors();
 }

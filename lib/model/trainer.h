@@ -99,6 +99,17 @@ struct EvalStats {
   int64_t targets = 0, answers = 0, sequences = 0;
 };
 
+// Per-position scores of held-out sequences (Trainer::score): row-major [sequences, N]; loss[s N + n]
+// is the cross-entropy of the target of position n (the token x[n + 1]) given x[0..n] of the
+// sequence's segment, NaN where the position has no target (the last position of a document,
+// or a masked label); hit is 1 where the arg-max of the logits (the lowest id among equal maxima)
+// is the target.
+struct TokenScores {
+  int64_t sequences = 0, N = 0;
+  std::vector<double> loss;
+  std::vector<uint8_t> hit;
+};
+
 struct TrainerScalars {
   int64_t step = 0;
   // AdamW updates applied: its bias-correction count. A step without targets advances `step`
@@ -137,6 +148,10 @@ class Trainer {
   // (e.g. a needle-depth probe; collective, the same source on every rank).
   EvalStats evaluate(std::shared_ptr<TokenSource> held_out);
   bool has_held_out() const { return eval_loader_ != nullptr; }
+  // Per-position scores of the first min(cfg.eval.sequences, its length) held-out sequences
+  // (collective; every rank returns the whole arrays). ConfigError if the run has no held-out
+  // data. Each position is scored by the one rank that holds it (an error otherwise).
+  TokenScores score();
   // The training data as the loader reads it (opened once, at construction).
   const TokenSource& train_source() const { return train_loader_->source(); }
 

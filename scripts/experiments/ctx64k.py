@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""64k for real (docs/experiments.md section 5): a byte-level IHA model trained at N0 = 4,096 on real
+documents with the pass-key test mixed in, fine-tuned at 65,536 tokens with YaRN and without scaling
+(2 seeds each), and evaluated at 65,536 (131,072 as a stretch) with the truncated-context control
+and pass-key probes.
+
+Every stage resumes: training runs in invocations of --chunk steps (`train.stop_after`, then
+`--resume auto`), and after each invocation the stage's newest checkpoint is copied to
+--commit-dir (committed, a few MB), from where a later session whose runs/ is empty goes on. Every
+evaluation is reduced at once to the numbers the report needs, kept in the results JSON
+(committed); a stage whose result is there with the same command is not run again. The results
+JSON records each invocation's command, commit, machine, start and end.
+
+  python3 scripts/experiments/ctx64k_corpus.py --out runs/corpus/ctx64k           # the corpus, once
+  nice -n 19 python3 scripts/experiments/ctx64k.py --corpus runs/corpus/ctx64k     # the runs (hours; resumable)
+  python3 scripts/experiments/ctx64k.py --report-only                              # tables and plots from the JSON
+  python3 scripts/experiments/ctx64k.py --smoke --out /tmp/ctx64k-smoke-runs --corpus /tmp/ctx64k-smoke
+"""
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import expkit  # noqa: E402
+import ctx64k_stats as st  # noqa: E402
+
+REPO = expkit.REPO
+RESULTS = os.path.join(REPO, "docs", "experiments", "ctx64k_results.json")
+COMMIT_DIR = os.path.join(REPO, "docs", "experiments", "ctx64k-checkpoints")
+
+# The pre-registered design (docs/experiments.md section 5); --smoke shrinks the sizes only.
+DESIGN = {
+    "n0": 4096, "length": 65536,
+    "model": {"vocab_size": 256, "D": 64, "H": 4, "d": 16, "P": 2, "layers": 2, "pattern": "LG", "ffn": 256,
+              "rope_base": 10000, "init_std": 0.05},
+    "base": {"ranks": 2, "mesh": "dp", "steps": 2000, "more_steps": 4000, "batch": 8, "micro": 2,
+             "lr": 3e-3, "min_lr": 3e-4, "warmup": 30, "chunk": 100},
+    "gate": 0.8,
+    "finetune": {"ranks": 4, "steps": 40, "batch": 1, "lr": 1e-3, "min_lr": 1e-4, "warmup": 4, "chunk": 5},
+    "arms": {"yarn": "{type: yarn, factor: 16, original_length: 4096}", "none": None},
+    "seeds": [1, 2],
+    "passkey_lengths": [4096, 16384, 32768, 65536],
+}
+
+
+def smoke_design():
+    d = json.loads(json.dumps(DESIGN))
+    d.update(n0=256, length=2048, gate=0.0, passkey_lengths=[256, 1024, 2048])
+    d["model"].update(D=16, H=2, d=8, ffn=32)
+    d["base"].update(steps=4, more_steps=6, batch=4, micro=2, chunk=2)
+    d["finetune"].update(steps=3, ranks=2, chunk=2)
+    d["arms"]["yarn"] = "{type: yarn, factor: 8, original_length: 256}"
+    return d
+
+
+def now():
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+
+
+class Experiment:
+    def __init__(self, a, design):
+        self.a, self.D = a, design
+        self.binary = os.path.join(os.path.abspath(a.build), "apps", "iha-train", "iha-train")
+        if not os.access(self.binary, os.X_OK) and not a.report_only:
+            raise SystemExit("error: no iha-train binary at %s (cmake --build %s --target iha-train)"
+                             % (self.binary, a.build))
+        self.out = os.path.abspath(a.out)
+        self.corpus = os.path.abspath(a.corpus)
+        self.results_path = a.results
+        self.commit_dir = a.commit_dir
+        os.makedirs(self.out, exist_ok=True)
+        self.R = json.load(open(self.results_path)) if os.path.exists(self.results_path) else {}
+        self.R.setdefault("design", design)
+        self.R.setdefault("stages", {})
+        self.R.setdefault("scores", {})
+        self.config = os.path.join(self.out, "base-config.yaml")
+        self.write_config()
+
+    # ---- bookkeeping ----
+    def save(self):
+        tmp = self.results_path + ".tmp"
+        os.makedirs(os.path.dirname(self.results_path), exist_ok=True)
+        with open(tmp, "w") as f:
+            json.dump(self.R, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, self.results_path)
+
+    def write_config(self):
+        m = self.D["model"]
+        lines = ["# Written by scripts/experiments/ctx64k.py: the model of docs/experiments.md section 5.",
+                 "sequence: {length: %d, layout: zigzag}" % self.D["n0"],
+                 "model: {%s}" % ", ".join("%s: %s" % kv for kv in m.items()),
+                 "train: {dtype: float32, steps: 1, batch_size: 1, micro_batch: 1, recompute: true, seed: 1}",
+                 "optim: {lr: 1.0e-3, min_lr: 1.0e-4, warmup_steps: 1, weight_decay: 0.01, clip: 1.0}",
+                 "data: {kind: hdf5, path: %s}" % os.path.join(self.corpus, "train-N0.h5"),
+                 "eval: {sequences: 0}",
+                 "logging: {every: 1}"]
+        with open(self.config, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def run(self, name, ranks, mode, sets, extra=(), log=None):
+        """One invocation of iha-train under scripts/mpiexec.sh; records it; returns its exit code."""
+        cmd = [os.path.join(REPO, "scripts", "mpiexec.sh"), "-n", str(ranks)]
+        if ranks > 2:
+            cmd.append("--oversubscribe")
+        cmd += [self.binary, mode, "--config", self.config]
+        for k, v in sets:
+            cmd += ["--set", "%s=%s" % (k, v)]
+        cmd += list(extra)
+        line = expkit.relative(" ".join(shlex.quote(c) for c in cmd))
+        d = os.path.join(self.out, name)
+        os.makedirs(d, exist_ok=True)
+        rec = {"command": line, "start": now(), "machine": expkit.machine()}
+        print("[run ] %s: %s" % (name, line), flush=True)
+        t0 = time.time()
+        with open(os.path.join(d, "console.txt"), "a") as console:
+            proc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT, cwd=REPO)
+        rec.update(end=now(), seconds=round(time.time() - t0, 1), exit=proc.returncode)
+        self.R["stages"].setdefault(name, {"invocations": []})["invocations"].append(rec)
+        self.save()
+        if proc.returncode not in (0,):
+            tail = "".join(open(os.path.join(d, "console.txt")).readlines()[-15:])
+            raise expkit.StageFailed(line, proc.returncode, tail)
+        return proc.returncode
+
+    # ---- training stages ----
+    def model_sets(self, N, ranks, mesh, scaling):
+        sets = [("sequence.length", N)]
+        sets.append(("mesh", "{dp: %d, hp: 1, sp: 1}" % ranks if mesh == "dp" else "{dp: 1, hp: 1, sp: %d}" % ranks))
+        if scaling:
+            sets.append(("model.rope_scaling", scaling))
+        return sets
+
+    def ck_root(self, name):
+        return os.path.join(self.out, name, "ck")
+
+    def latest_step(self, root):
+        p = os.path.join(root, "latest")
+        if not os.path.exists(p):
+            return 0
+        name = open(p).read().strip()
+        return int(name.split("_")[-1]) if name.startswith("step_") else 0
+
+    def restore(self, name):
+        """A stage with no checkpoint in runs/ starts from its committed copy, if any."""
+        root, saved = self.ck_root(name), os.path.join(self.commit_dir, name)
+        if self.latest_step(root) == 0 and os.path.exists(os.path.join(saved, "latest")):
+            shutil.rmtree(root, ignore_errors=True)
+            shutil.copytree(saved, root)
+            print("[copy] %s: restored step %d from %s" % (name, self.latest_step(root), expkit.relative(saved)))
+
+    def keep(self, name):
+        """The stage's newest checkpoint (state.h5 and latest) copied to the committed folder."""
+        root = self.ck_root(name)
+        step = self.latest_step(root)
+        if step == 0:
+            return
+        dst = os.path.join(self.commit_dir, name)
+        tmp = dst + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        shutil.copytree(os.path.join(root, "step_%d" % step), os.path.join(tmp, "step_%d" % step))
+        with open(os.path.join(tmp, "latest"), "w") as f:
+            f.write("step_%d\n" % step)
+        shutil.rmtree(dst, ignore_errors=True)
+        os.replace(tmp, dst)
+
+    def train_stage(self, name, mode, N, ranks, mesh, steps, batch, micro, lr, min_lr, warmup, chunk, scaling=None,
+                    data=None, start_from=None):
+        """Trains `name` to `steps` in invocations of --chunk steps; returns its checkpoint root."""
+        self.restore(name)
+        root = self.ck_root(name)
+        sets = self.model_sets(N, ranks, mesh, scaling) + [
+            ("train.steps", steps), ("train.batch_size", batch), ("train.micro_batch", micro),
+            ("optim.lr", lr), ("optim.min_lr", min_lr), ("optim.warmup_steps", warmup),
+            ("checkpoint.dir", root), ("checkpoint.every", chunk), ("checkpoint.keep", 2),
+            ("logging.jsonl", os.path.join(self.out, name, "log.jsonl"))]
+        if data:
+            sets.append(("data.path", data))
+        if start_from:
+            sets.append(("finetune.from", start_from))
+        while self.latest_step(root) < steps:
+            sets_i = sets + [("train.stop_after", chunk)]
+            self.run(name, ranks, mode, sets_i, extra=["--resume", "auto"])
+            self.keep(name)
+        st_ = self.R["stages"].setdefault(name, {"invocations": []})
+        st_["steps"] = self.latest_step(root)
+        st_["log"] = self.summarise_log(name)
+        self.save()
+        return root
+
+    def summarise_log(self, name):
+        p = os.path.join(self.out, name, "log.jsonl")
+        if not os.path.exists(p):
+            return self.R["stages"].get(name, {}).get("log")
+        rows = expkit.read_jsonl(p)
+        steps = {}
+        for r in rows:
+            if r.get("event") == "step":
+                steps[r["step"]] = {k: r[k] for k in ("loss", "step_time_s", "tokens_per_s", "utilization",
+                                                      "peak_rss_mib_max", "flops_per_s") if k in r}
+        start = [r for r in rows if r.get("event") == "start"]
+        return {"steps": {str(k): v for k, v in sorted(steps.items())},
+                "start": start[-1] if start else None}
+
+    # ---- evaluation stages ----
+    def score(self, name, model_root, N, ranks, data, sequences, scaling):
+        """iha-train score of `data` at length N; returns (loss, hit) arrays."""
+        out = os.path.join(self.out, "scores", name + ".h5")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        if not os.path.exists(out):
+            sets = self.model_sets(N, ranks, "sp", scaling) + [
+                ("data.path", data), ("eval.path", data), ("eval.sequences", sequences),
+                ("eval.batch", max(1, min(sequences, self.D["length"] // N))),
+                ("eval.checkpoint", model_root)]
+            self.run("score-" + name, ranks, "score", sets, extra=["--out", out])
+        return st.read_scores(out)
+
+    def eval_ranks(self, N):
+        return 1 if N <= 4 * self.D["n0"] and not self.a.smoke else 2 if N <= self.D["length"] // 2 else 4
+
+    def evaluate(self, model, root, scaling):
+        """The loss-by-position, truncated-control and pass-key results of one model."""
+        D, corpus = self.D, self.corpus
+        n0, L = D["n0"], D["length"]
+        res = self.R["scores"].setdefault(model, {})
+        manifest = json.load(open(os.path.join(corpus, "manifest.json")))
+        key = {"root": expkit.relative(root), "scaling": scaling}
+        if res.get("key") != key:
+            res.clear()
+            res["key"] = key
+        if "full" not in res:
+            docs = len(manifest["heldout_64k"])
+            loss, _ = self.score(model + "-full", root, L, 4 if not self.a.smoke else 2,
+                                 os.path.join(corpus, "heldout-%d.h5" % L), docs, scaling)
+            full = st.token_losses_full(loss, L)
+            wl, _ = self.score(model + "-trunc", root, 2 * n0, 2 if not self.a.smoke else 1,
+                               os.path.join(corpus, "trunc-%d.h5" % L), docs * (L // n0 - 2), scaling)
+            trunc = st.token_losses_truncated(wl, docs, L, n0)
+            bins = st.log_bins(L)
+            res["full"] = {
+                "documents": manifest["heldout_64k"],
+                "bins": bins,
+                "bin_loss": [[float(np.nanmean(full[d, lo:hi])) for lo, hi in bins] for d in range(docs)],
+                "trunc_bins": [[lo, hi] for lo, hi in st.log_bins(L, 2 * n0)],
+                "trunc_bin_loss": [[float(np.nanmean(trunc[d, lo:hi])) for lo, hi in st.log_bins(L, 2 * n0)]
+                                   for d in range(docs)],
+                "full_bin_loss_same_tokens": [[float(np.nanmean(full[d, lo:hi])) for lo, hi in st.log_bins(L, 2 * n0)]
+                                              for d in range(docs)],
+                "gain_per_doc": [float(x) for x in st.context_gain(full, trunc, 2 * n0, L)],
+            }
+            self.save()
+        for Lp in D["passkey_lengths"]:
+            k = "passkey-%d" % Lp
+            if k in res:
+                continue
+            rows = json.load(open(os.path.join(corpus, "passkey-%d.json" % Lp)))
+            loss, hit = self.score(model + "-" + k, root, Lp, self.eval_ranks(Lp),
+                                   os.path.join(corpus, "passkey-%d.h5" % Lp), len(rows), scaling)
+            res[k] = st.passkey_success(loss, hit, rows)
+            self.save()
+
+    # ---- the plan ----
+    def base(self):
+        D, b = self.D, self.D["base"]
+        corpus = os.path.join(self.corpus, "train-N0.h5")
+        root = self.train_stage("base", "train", D["n0"], b["ranks"], "dp", b["steps"], b["batch"], b["micro"],
+                                b["lr"], b["min_lr"], b["warmup"], b["chunk"], data=corpus)
+        acc = self.gate("base", root)
+        if acc < D["gate"]:
+            root = self.train_stage("base", "train", D["n0"], b["ranks"], "dp", b["more_steps"], b["batch"],
+                                    b["micro"], b["lr"], b["min_lr"], b["warmup"], b["chunk"], data=corpus)
+            acc = self.gate("base", root)
+        return root
+
+    def gate(self, model, root):
+        """Pass-key accuracy at N0 of the base's current checkpoint (the declared gate)."""
+        step = self.latest_step(root)
+        name = "%s-gate-step%d" % (model, step)
+        if name not in self.R["scores"]:
+            rows = json.load(open(os.path.join(self.corpus, "passkey-%d.json" % self.D["n0"])))
+            loss, hit = self.score(name, root, self.D["n0"], self.eval_ranks(self.D["n0"]),
+                                   os.path.join(self.corpus, "passkey-%d.h5" % self.D["n0"]), len(rows), None)
+            probes = st.passkey_success(loss, hit, rows)
+            self.R["scores"][name] = {"step": step, "probes": probes,
+                                      "accuracy": sum(p["ok"] for p in probes) / len(probes)}
+            self.save()
+        acc = self.R["scores"][name]["accuracy"]
+        print("[gate] %s at step %d: pass-key accuracy at N0 %.3f (gate %.2f)" % (model, step, acc, self.D["gate"]))
+        return acc
+
+    def finetune(self, arm, seed, base_root):
+        D, f = self.D, self.D["finetune"]
+        name = "ft-%s-s%d" % (arm, seed)
+        data = os.path.join(self.corpus, "finetune-64k-s%d.h5" % seed)
+        return self.train_stage(name, "finetune", D["length"], f["ranks"], "sp", f["steps"], f["batch"], f["batch"],
+                                f["lr"], f["min_lr"], f["warmup"], f["chunk"], scaling=D["arms"][arm], data=data,
+                                start_from=base_root)
+
+    def plan(self):
+        base_root = self.base()
+        base_final = os.path.join(base_root, "step_%d" % self.latest_step(base_root))
+        if self.a.through == "base":
+            return
+        self.evaluate("base", base_final, None)
+        self.evaluate("base-yarn", base_final, self.D["arms"]["yarn"])
+        for seed in self.D["seeds"]:
+            for arm in ("yarn", "none"):
+                root = self.finetune(arm, seed, base_final)
+                final = os.path.join(root, "step_%d" % self.latest_step(root))
+                self.evaluate("ft-%s-s%d" % (arm, seed), final, self.D["arms"][arm])
+
+
+def main():
+    ap = expkit.experiment_args(__doc__, "ctx64k")
+    ap.add_argument("--corpus", default=os.path.join(REPO, "runs", "corpus", "ctx64k"))
+    ap.add_argument("--results", default=RESULTS)
+    ap.add_argument("--commit-dir", default=COMMIT_DIR)
+    ap.add_argument("--through", choices=["base", "all"], default="all")
+    ap.add_argument("--report-only", action="store_true")
+    a = ap.parse_args()
+    design = smoke_design() if a.smoke else DESIGN
+    if a.smoke and a.results == RESULTS:
+        a.results = os.path.join(os.path.abspath(a.out), "results.json")
+        a.commit_dir = os.path.join(os.path.abspath(a.out), "committed")
+    e = Experiment(a, design)
+    if not a.report_only:
+        e.plan()
+    return 0
+
+
+if __name__ == "__main__":
+    expkit.run_main(main)
