@@ -369,6 +369,7 @@ class IhaAttention(torch.nn.Module):
             raise TypeError(f"argument 'dtype': expected torch.float32 or torch.float64, got {dtype}")
         cfg = self.config
         G, dh = cfg.Hkv, cfg.d
+        _check_parameter_memory(cfg, dtype)
 
         def normal(*shape):
             return torch.nn.Parameter(torch.randn(*shape, dtype=dtype, generator=generator) * w_std)
@@ -495,6 +496,21 @@ class _SharedComm:
         raise TypeError("IhaAttention with a communicator cannot be pickled (torch.save of the module): an MPI "
                         "communicator belongs to its process; save module.state_dict(), or build the layer with "
                         "comm=None to save it whole")
+
+
+def _check_parameter_memory(cfg, dtype):
+    """Refuses a layer whose parameters (and as much again for their gradients) exceed the
+    memory this process can get, naming the largest of the sizes that make them."""
+    D, H, G, d, P = cfg.D, cfg.H, cfg.Hkv, cfg.d, cfg.P
+    elems = D * (2 * H + 2 * G) * d
+    if cfg.mixing:
+        elems += (H * H + 2 * G * G) * P + H * cfg.collapse_cols
+    need = 2 * elems * torch.tensor([], dtype=dtype).element_size()
+    if need >= 64 << 20 and need > _iha.available_memory():
+        name, value = max((("D", D), ("H", H), ("d", d), ("P", P)), key=lambda kv: kv[1])
+        raise ValueError(f"argument '{name}' = {value}: the layer's parameters and their gradients need "
+                         f"{need / 2 ** 30:.3g} GiB, more than the {_iha.available_memory() / 2 ** 30:.3g} GiB "
+                         "this process can get")
 
 
 def _identity_mix(H, P, dtype):

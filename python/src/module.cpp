@@ -200,6 +200,7 @@ std::string gib(int64_t bytes) {
 // Refuses `need` (a lower bound of what `what` allocates) when it exceeds the memory
 // available, naming the argument with the largest share.
 void check_fits_memory(const Size& need, const std::string& what) {
+  if (need.value() < (int64_t{64} << 20)) return;  // small: not worth reading /proc on every call
   const int64_t avail = available_memory();
   if (need.value() > avail)
     throw py::value_error(std::string("argument '") + need.key() + "': " + what + " needs at least " +
@@ -953,6 +954,8 @@ PYBIND11_MODULE(_iha, m) {
            py::arg("daq"), py::arg("dak"), py::arg("dav"), py::arg("dc"))
       .def("reduce_gradients", &Core::reduce_gradients, py::arg("grads"));
 
+  m.def("available_memory", &available_memory,
+        "Bytes this process can still get (MemAvailable, bounded by a cgroup v2 memory.max).");
   m.def("check_core_args", [](const iha::LayerConfig& cfg, int64_t N, const std::string& dtype,
                               const std::string& layout, const std::string& scheme, int64_t head_ranks,
                               int64_t ring_pieces, const std::string& device, int64_t comm_size) {

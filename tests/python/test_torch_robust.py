@@ -145,6 +145,7 @@ class Sizes(unittest.TestCase):
             ("balanced parts of 2**62 tokens", lambda: iha.layout.balanced_parts(2 ** 62, 2, 2), "'N'"),
             ("N = 2**64", lambda: it.Core(cfg, 2 ** 64), "'N'"),
             ("N a float", lambda: it.Core(cfg, 8.0), "'N'"),
+            ("a layer with P = 2**40", lambda: it.IhaAttention(8, 2, P=2 ** 40), "'P'"),
         ]
         for what, fn, name in cases:
             with self.subTest(what=what):
