@@ -115,6 +115,15 @@ class Agreement(unittest.TestCase):
         self.raises_everywhere(lambda: iha.layout.unshard(z if RANK else z.float(), toks, N, COMM), ValueError,
                                "argument 'local'", "dtype")
 
+    def test_empty_batch_on_every_rank(self):
+        m = layer()
+        x = torch.zeros(0, len(m.tokens(N)), 16, dtype=F64, requires_grad=True)
+        z = m(x, N=N)
+        z.sum().backward()
+        m.reduce_gradients(N)
+        self.assertEqual(list(x.grad.shape), list(x.shape))
+        self.still_works(m)
+
     def test_copies_share_the_communicator(self):
         import copy
         import pickle
