@@ -56,7 +56,7 @@ def smoke_design():
     d.update(n0=256, length=2048, gate=0.0, passkey_lengths=[256, 1024, 2048])
     d["model"].update(D=16, H=2, d=8, ffn=32)
     d["base"].update(steps=4, more_steps=6, batch=4, micro=2, chunk=2)
-    d["finetune"].update(steps=3, ranks=2, chunk=2)
+    d["finetune"].update(steps=4, ranks=2, chunk=2)
     d["arms"]["yarn"] = "{type: yarn, factor: 8, original_length: 256}"
     return d
 
@@ -268,6 +268,90 @@ class Experiment:
             res[k] = st.passkey_success(loss, hit, rows)
             self.save()
 
+    # ---- mechanics at 64k ----
+    def mechanics(self, base_final):
+        """SIGKILL mid-run and resume (bit-identical to ft-yarn-s1), the step-2 checkpoint resumed on
+        half the ranks (within 1e-4), and the step figures of 4 and 2 ranks."""
+        if self.R.get("mechanics", {}).get("done"):
+            return
+        D, f = self.D, self.D["finetune"]
+        ref = self.R["stages"]["ft-yarn-s1"]["log"]["steps"]
+        steps = 4
+        kill, reshard = "mech-kill", "mech-reshard"
+        for n in (kill, reshard):
+            shutil.rmtree(os.path.join(self.out, n), ignore_errors=True)
+        sets = self.model_sets(D["length"], f["ranks"], "sp", D["arms"]["yarn"]) + [
+            ("train.steps", steps), ("train.batch_size", f["batch"]), ("train.micro_batch", f["batch"]),
+            ("optim.lr", f["lr"]), ("optim.min_lr", f["min_lr"]), ("optim.warmup_steps", f["warmup"]),
+            ("checkpoint.every", 2), ("checkpoint.keep", 3),
+            ("data.path", os.path.join(self.corpus, "finetune-64k-s1.h5")), ("finetune.from", base_final)]
+        k_sets = sets + [("checkpoint.dir", self.ck_root(kill)),
+                         ("logging.jsonl", os.path.join(self.out, kill, "log.jsonl"))]
+        killed = self.run_and_kill(kill, f["ranks"], k_sets, after_step=2)
+        shutil.copytree(self.ck_root(kill), self.ck_root(reshard), ignore=shutil.ignore_patterns("lock"))
+        resumed_from = self.latest_step(self.ck_root(kill))
+        self.run(kill, f["ranks"], "finetune", k_sets, extra=["--resume", "auto"])
+        half = max(1, f["ranks"] // 2)
+        r_sets = self.model_sets(D["length"], half, "sp", D["arms"]["yarn"]) + sets[2:] + [
+            ("checkpoint.dir", self.ck_root(reshard)), ("logging.jsonl", os.path.join(self.out, reshard, "log.jsonl"))]
+        self.run(reshard, half, "finetune", r_sets, extra=["--resume", "auto"])
+        k_log = self.summarise_log(kill)["steps"]
+        r_log = self.summarise_log(reshard)["steps"]
+        after = [str(k) for k in range(resumed_from + 1, steps + 1)]
+        same = all(k in k_log and k in ref and k_log[k]["loss"] == ref[k]["loss"] for k in after)
+        rel = max((abs(r_log[k]["loss"] - ref[k]["loss"]) / abs(ref[k]["loss"]) for k in after
+                   if k in r_log and k in ref), default=None)
+        ck_dir = os.path.join(self.ck_root(reshard), "step_%d" % resumed_from)
+        ck_bytes = sum(os.path.getsize(os.path.join(dp, n)) for dp, _, ns in os.walk(ck_dir) for n in ns)
+
+        def figures(log, first):
+            rows = [v for k, v in log.items() if int(k) > first]
+            if not rows:
+                return None
+            med = lambda key: float(np.median([r[key] for r in rows if key in r]))  # noqa: E731
+            return {"steps": len(rows), "step_time_s": med("step_time_s"), "tokens_per_s": med("tokens_per_s"),
+                    "utilization": med("utilization"), "flops_per_s": med("flops_per_s"),
+                    "peak_rss_mib_per_rank": max(r["peak_rss_mib_max"] for r in rows)}
+
+        self.R["mechanics"] = {
+            "killed_mid_run": killed, "resumed_from_step": resumed_from, "compared_steps": after,
+            "resume_bit_identical": same, "reshard_ranks": [f["ranks"], half], "reshard_max_rel_loss_diff": rel,
+            "reshard_within_1e-4": rel is not None and rel <= 1e-4, "checkpoint_bytes": ck_bytes,
+            "ranks_4": figures(ref, 1), "ranks_2": figures(r_log, resumed_from),
+            "losses": {"uninterrupted": {k: ref[k]["loss"] for k in after if k in ref},
+                       "killed_and_resumed": {k: k_log[k]["loss"] for k in after if k in k_log},
+                       "resharded": {k: r_log[k]["loss"] for k in after if k in r_log}},
+            "done": True}
+        self.save()
+
+    def run_and_kill(self, name, ranks, sets, after_step):
+        """Starts a finetune, SIGKILLs its whole process group once checkpoint step `after_step`
+        is committed (during the next step); returns whether the kill came before the run ended."""
+        cmd = [os.path.join(REPO, "scripts", "mpiexec.sh"), "-n", str(ranks)]
+        if ranks > 2:
+            cmd.append("--oversubscribe")
+        cmd += [self.binary, "finetune", "--config", self.config]
+        for k, v in sets:
+            cmd += ["--set", "%s=%s" % (k, v)]
+        d = os.path.join(self.out, name)
+        os.makedirs(d, exist_ok=True)
+        rec = {"command": expkit.relative(" ".join(shlex.quote(c) for c in cmd)) + "   # SIGKILL after step %d"
+               % after_step, "start": now(), "machine": expkit.machine()}
+        with open(os.path.join(d, "console.txt"), "a") as console:
+            proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+            killed = False
+            while proc.poll() is None:
+                if self.latest_step(self.ck_root(name)) >= after_step:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    killed = True
+                    break
+                time.sleep(0.05)
+            proc.wait()
+        rec.update(end=now(), exit=proc.returncode, killed=killed)
+        self.R["stages"].setdefault(name, {"invocations": []})["invocations"].append(rec)
+        self.save()
+        return killed
+
     # ---- the plan ----
     def base(self):
         D, b = self.D, self.D["base"]
@@ -317,6 +401,8 @@ class Experiment:
                 root = self.finetune(arm, seed, base_final)
                 final = os.path.join(root, "step_%d" % self.latest_step(root))
                 self.evaluate("ft-%s-s%d" % (arm, seed), final, self.D["arms"][arm])
+            if seed == self.D["seeds"][0]:
+                self.mechanics(base_final)
 
 
 def main():

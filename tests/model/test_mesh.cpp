@@ -5,6 +5,7 @@
 // parameter bits. Errors raised on one rank reach every rank.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -121,6 +122,63 @@ TEST(Mesh, EvaluationMatchesOneProcess) {
   EXPECT_GT(a.answers, 0);
   EXPECT_TRUE(close_normwise({b.loss, b.answer_loss}, {a.loss, a.answer_loss}, 1e-12, "eval loss"));
   EXPECT_EQ(a.answer_accuracy, b.answer_accuracy);
+}
+
+// Trainer::score (iha-train score): per-position losses and hits. On one process they agree
+// with evaluate() (their mean is its loss, their count its targets, their hits its accuracy) and
+// with a direct computation from the model's logits; on this world's sequence-parallel mesh
+// (zigzag and balanced layouts, and dp x sp) every position's loss equals the one process's.
+TEST(Mesh, ScoresMatchEvaluationADirectComputationAndOneProcess) {
+  const int64_t W = world().size();
+  for (const std::string layout : {"zigzag", "balanced"}) {
+    const RunConfig ref_cfg = test::run_config_from(test::tiny_run_yaml(1, 1, layout, "float64", 23, "all"));
+    Trainer<double> ref(ref_cfg, self_comm());
+    ref.init();
+    const TokenScores a = ref.score();
+    const EvalStats e = ref.evaluate();
+    ASSERT_EQ(a.sequences, 6);
+    ASSERT_EQ(a.N, 23);
+    double sum = 0, hits = 0;
+    int64_t counted = 0;
+    for (size_t c = 0; c < a.loss.size(); ++c)
+      if (!std::isnan(a.loss[c])) sum += a.loss[c], hits += a.hit[c], ++counted;
+    EXPECT_EQ(counted, e.targets);
+    EXPECT_NEAR(sum / counted, e.loss, 1e-12);
+    EXPECT_NEAR(hits / counted, e.accuracy, 1e-12);
+    // Direct: sequence 0's logits on one process, log-softmax at each target.
+    auto src = make_data_source(ref_cfg, /*held_out=*/true);
+    DataLoader loader(src, ref.plan());
+    const TokenBatch b = loader.batch(0, 1);
+    const Tensor lg = ref.model().logits(b);
+    const double* z = lg.data<double>();
+    const int64_t V = ref_cfg.model.vocab;
+    for (int64_t n = 0; n < 23; ++n) {
+      const int32_t t = b.targets[n];
+      if (t < 0) {
+        EXPECT_TRUE(std::isnan(a.loss[n])) << "position " << n;
+        continue;
+      }
+      double mx = z[n * V], s = 0;
+      for (int64_t v = 1; v < V; ++v) mx = std::max(mx, z[n * V + v]);
+      for (int64_t v = 0; v < V; ++v) s += std::exp(z[n * V + v] - mx);
+      EXPECT_NEAR(a.loss[n], mx + std::log(s) - z[n * V + t], 1e-12) << "position " << n;
+    }
+    for (auto [dp, sp] : meshes()) {
+      const RunConfig cfg = test::run_config_from(test::tiny_run_yaml(sp, dp, layout, "float64", 23, "all"));
+      Trainer<double> got(cfg, test::world_ptr());
+      got.init();
+      const TokenScores g = got.score();
+      ASSERT_EQ(g.loss.size(), a.loss.size());
+      for (size_t c = 0; c < a.loss.size(); ++c) {
+        if (std::isnan(a.loss[c])) {
+          EXPECT_TRUE(std::isnan(g.loss[c])) << layout << " dp " << dp << " sp " << sp << " cell " << c;
+        } else {
+          EXPECT_NEAR(g.loss[c], a.loss[c], 1e-11) << layout << " dp " << dp << " sp " << sp << " cell " << c;
+        }
+      }
+      EXPECT_EQ(g.hit, a.hit) << layout << " dp " << dp << " sp " << sp;
+    }
+  }
 }
 
 TEST(Mesh, AMeshThatDoesNotFitTheWorldIsAnErrorOnEveryRank) {

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Section 5 (64k for real) pieces at small sizes, on hand-made cases and on a tiny model:
+
+  check_ctx64k.py stats                       the statistics and the corpus's pass-key insertion
+  check_ctx64k.py direct BUILD CORPUS RUNS    after the smoke run (CTest fixture): the truncated-
+                                              context scores equal a direct computation, and the
+                                              pass-key scoring reads the answer digits
+
+Exit 1 with the failures listed.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "scripts", "experiments"))
+import ctx64k_corpus as corpus  # noqa: E402
+import ctx64k_stats as st  # noqa: E402
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL: " + what)
+
+
+def stats():
+    # pass-key insertion: length, statement at a line start, answer at the end
+    text = b"".join(b"line %03d of the haystack\n" % i for i in range(40))
+    for depth in (0.0, 0.37, 1.0):
+        unit, at, ans = corpus.passkey_unit(text, depth, 40213)
+        check(len(unit) == len(text) + corpus.overhead(), "unit length at depth %g" % depth)
+        check(unit[at:].startswith(b"\nThe pass key is 40213. Remember it."), "statement at %d (depth %g)" % (at, depth))
+        check(at == 0 or unit[at - 1:at] == b"\n", "statement at a line start (depth %g)" % depth)
+        check(unit[ans:] == b"40213" and unit.endswith(b"The pass key is 40213"), "answer digits at the end")
+        check(text.replace(b"", b"") == unit[:at] + unit[at + len(corpus.STATEMENT.format(key=40213)):ans - len(
+            corpus.QUESTION.format(key=40213)) + 5], "the haystack is kept whole around the statement")
+    # truncated windows -> token columns: encode (window, position) in the loss values
+    n0, L, docs = 4, 32, 2
+    per_doc = L // n0 - 2
+    win = np.array([[1000 * k + w for w in range(2 * n0)] for k in range(docs * per_doc)], dtype=np.float64)
+    tr = st.token_losses_truncated(win, docs, L, n0)
+    for d in range(docs):
+        for t in range(L):
+            if t < 2 * n0:
+                check(math.isnan(tr[d, t]), "token %d below 2 n0 has no truncated score" % t)
+                continue
+            j = t // n0 - 1
+            w = t - j * n0
+            check(n0 <= w < 2 * n0, "window position of token %d" % t)
+            check(tr[d, t] == 1000 * (d * per_doc + j - 1) + (w - 1), "token %d of doc %d from window %d" % (t, d, j))
+    full = st.token_losses_full(np.arange(2 * L, dtype=np.float64).reshape(2, L), L)
+    check(math.isnan(full[0, 0]) and full[1, 5] == L + 4, "full-context column t holds loss index t - 1")
+    check(st.log_bins(65536)[:3] == [(1, 2), (2, 4), (4, 8)] and st.log_bins(65536)[-1] == (32768, 65536),
+          "log bins")
+    check(st.log_bins(65536, 8192) == [(8192, 16384), (16384, 32768), (32768, 65536)], "bins from 8192")
+    g = st.context_gain(np.full((2, 16), 2.0), np.full((2, 16), 2.5), 8, 16)
+    check(np.allclose(g, [-0.5, -0.5]), "context gain full - truncated")
+    # interval and verdict: mean 1, sd 1 over 4 values -> se 0.5, t(3) = 3.182
+    iv = st.mean_interval([0.0, 1.0, 2.0, 1.0])
+    check(abs(iv["mean"] - 1.0) < 1e-12 and abs(iv["se"] - math.sqrt(2 / 3) / 2) < 1e-12, "mean and se")
+    check(abs(iv["lo"] - (1 - 3.182 * iv["se"])) < 1e-12, "interval uses t(3)")
+    check(st.verdict({"lo": -0.3, "hi": -0.1}) == "uses the long context", "verdict below 0")
+    check(st.verdict({"lo": 0.1, "hi": 0.3}) == "hurt by the long context", "verdict above 0")
+    check(st.verdict({"lo": -0.1, "hi": 0.3}) == "not established", "verdict across 0")
+    # pass-key success: all five digits must hit
+    loss = np.zeros((2, 20))
+    hit = np.zeros((2, 20), dtype=np.uint8)
+    hit[0, 14:19] = 1
+    hit[1, 14:18] = 1
+    rows = [{"sequence": 0, "answer_at": 15, "depth": 0.0}, {"sequence": 1, "answer_at": 15, "depth": 0.5}]
+    ok = [p["ok"] for p in st.passkey_success(loss, hit, rows)]
+    check(ok == [True, False], "pass key solved only with every digit: %s" % ok)
+
+
+def direct(build, corpus_dir, runs):
+    """The truncated score of a token equals the model's loss for that token with exactly its
+    declared context as a sequence of its own (run with iha-train score directly)."""
+    import h5py
+    man = json.load(open(os.path.join(corpus_dir, "manifest.json")))
+    n0, L = man["n0"], man["length"]
+    held = h5py.File(os.path.join(corpus_dir, "heldout-%d.h5" % L), "r")["tokens"][:]
+    trunc_loss, _ = st.read_scores(os.path.join(runs, "scores", "base-trunc.h5"))
+    docs = len(man["heldout_64k"])
+    tr = st.token_losses_truncated(trunc_loss, docs, L, n0)
+    # three tokens of document 1: each with its declared context [j n0, t) laid at the start of a
+    # sequence of 2 n0 tokens (the rest filler), so its loss is at index t - j n0 - 1
+    picks = [(1, 2 * n0), (1, 2 * n0 + 7), (1, L - 1)]
+    units = []
+    for d, t in picks:
+        j = t // n0 - 1
+        ctx = held[d * L + j * n0:d * L + t + 1].tobytes()
+        units.append(ctx + b" " * (2 * n0 - len(ctx)))
+    path = os.path.join(runs, "direct.h5")
+    corpus.write_tokens(path, units)
+    out = os.path.join(runs, "direct-scores.h5")
+    if os.path.exists(out):
+        os.remove(out)
+    cfg = os.path.join(runs, "base-config.yaml")
+    ck = os.path.join(runs, "base", "ck")
+    step = open(os.path.join(ck, "latest")).read().strip()
+    subprocess.run([os.path.join(REPO, "scripts", "mpiexec.sh"), "-n", "1",
+                    os.path.join(build, "apps", "iha-train", "iha-train"), "score", "--config", cfg,
+                    "--set", "sequence.length=%d" % (2 * n0), "--set", "data.path=" + path, "--set",
+                    "eval.path=" + path, "--set", "eval.sequences=%d" % len(units), "--set",
+                    "eval.checkpoint=" + os.path.join(ck, step), "--out", out], check=True)
+    dl, _ = st.read_scores(out)
+    for k, (d, t) in enumerate(picks):
+        j = t // n0 - 1
+        want = dl[k, t - j * n0 - 1]
+        check(abs(tr[d, t] - want) <= 1e-5 * max(1.0, abs(want)),
+              "token %d of document %d: truncated %.6f, direct %.6f" % (t, d, tr[d, t], want))
+    # the smoke's results JSON holds every model's pass-key probes with a verdict per probe
+    res = json.load(open(os.path.join(runs, "results.json")))
+    for model in ("base", "base-yarn", "ft-yarn-s1", "ft-none-s1"):
+        check(model in res["scores"] and "full" in res["scores"][model], "results hold %s's scores" % model)
+    check(len(res["scores"]["base"]["full"]["gain_per_doc"]) == docs, "one endpoint value per held-out document")
+
+
+def main():
+    if sys.argv[1] == "stats":
+        stats()
+    else:
+        direct(*sys.argv[2:5])
+    if failures:
+        print("%d failure(s)" % len(failures))
+        return 1
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
