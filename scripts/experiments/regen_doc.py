@@ -31,6 +31,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import expkit  # noqa: E402
+import ctx64k_report  # noqa: E402
 
 REPO = expkit.REPO
 BEGIN = re.compile(r"^<!-- regen:([a-z0-9-]+) -->$")
@@ -529,6 +530,8 @@ TABLES = {
     "patterns-v6-main": lambda d: patterns_main(d, "patterns_v6_results"),
     "patterns-v6-lr-check": patterns_lr_check,
 }
+# Section 5 (64k for real): its tables live beside its driver.
+TABLES.update({name: (lambda data, f=f: f(data("ctx64k_results"))) for name, f in ctx64k_report.TABLES.items()})
 
 
 def regenerate(text, data, doc_name):
@@ -556,6 +559,7 @@ def regenerate(text, data, doc_name):
 
 def plots(data, folder):
     import iha_vs_mha
+    ctx64k_report.plots(data("ctx64k_results"), folder)
     c = data("ctx_results")
     n0 = c["n0"]
     curves = {k: {int(L): v for L, v in pts.items()} for k, pts in
