@@ -118,11 +118,11 @@ def paired(xs, ys):
     return {"diffs": d, "mean": mean, "se": se, "interval": [mean - t * se, mean + t * se]}
 
 
-def verdict(vs_h1, vs_h2):
+def verdict(vs_same, vs_double):
     """Section 4.4's rule on the 95% intervals of IHA - MHA(H) and IHA - MHA(2H)."""
-    if vs_h1["interval"][0] > 0 and vs_h2["interval"][0] > -0.10:
+    if vs_same["interval"][0] > 0 and vs_double["interval"][0] > -0.10:
         return "IHA forms the extra patterns"
-    if vs_h1["interval"][1] < 0.10:
+    if vs_same["interval"][1] < 0.10:
         return "IHA does not"
     return "open"
 
@@ -135,7 +135,7 @@ def lr_check(a, design, models, seeds, in_parallel, r, out, t_start):
     runs): the three models at LR_CHECK_RATES on the first 3 main seeds; with the main runs' 3e-3
     (read from the main results.json in --out), each arm's best rate by mean final accuracy, and
     IHA - MHA(2), IHA - MHA(4) paired per seed at the arms' best rates (95% interval, t at 2 df)."""
-    h1, h2, iha = (m[0] for m in models)
+    mha_same, mha_double, iha = (m[0] for m in models)
     out["rates"] = [a.lr] + list(LR_CHECK_RATES)
     out["runs"] = in_parallel([(m, s, 0, a.eval_sequences, lr) for lr in LR_CHECK_RATES for s in seeds
                                for m in models])
@@ -148,8 +148,8 @@ def lr_check(a, design, models, seeds, in_parallel, r, out, t_start):
     table = {m[0]: {lr: [acc[(m[0], lr)][s] for s in seeds] for lr in out["rates"]} for m in models}
     best = {m: max(out["rates"], key=lambda lr: statistics.mean(table[m][lr])) for m in table}
     out["accuracy"], out["best_rate"] = table, best
-    out["iha_minus_mha_h1"] = paired(table[iha][best[iha]], table[h1][best[h1]])
-    out["iha_minus_mha_h2"] = paired(table[iha][best[iha]], table[h2][best[h2]])
+    out["iha_minus_mha_same_heads"] = paired(table[iha][best[iha]], table[mha_same][best[mha_same]])
+    out["iha_minus_mha_double_heads"] = paired(table[iha][best[iha]], table[mha_double][best[mha_double]])
     out["commands"] = r.command_record()
     out["stage_seconds"] = sum(x["seconds"] or 0 for x in out["runs"])
     out["wall_seconds"] = time.time() - t_start
@@ -159,8 +159,8 @@ def lr_check(a, design, models, seeds, in_parallel, r, out, t_start):
         print("%s: %s; best %s" % (m, ", ".join("%s %.3f" % (lr, statistics.mean(v)) for lr, v in table[m].items()),
                                    best[m]))
     print("at the best rates: %s - %s %+.3f +- %.3f; - %s %+.3f +- %.3f" % (
-        iha, h1, out["iha_minus_mha_h1"]["mean"], out["iha_minus_mha_h1"]["se"], h2,
-        out["iha_minus_mha_h2"]["mean"], out["iha_minus_mha_h2"]["se"]))
+        iha, mha_same, out["iha_minus_mha_same_heads"]["mean"], out["iha_minus_mha_same_heads"]["se"], mha_double,
+        out["iha_minus_mha_double_heads"]["mean"], out["iha_minus_mha_double_heads"]["se"]))
     if a.figures:
         expkit.copy_outputs(r.out, a.figures, [("lr_check.json", "patterns_v6_lr_check.json")])
     return 0
@@ -240,37 +240,38 @@ def main():
     out = {"machine": expkit.machine(), "smoke": a.smoke, "design": a.design, "calibration": a.calibrate,
            "steps": a.steps, "lr": a.lr, "min_lr": min_lr,
            "pilot_seeds": pilot_seeds, "seeds": seeds}
-    h1, h2, iha = (m[0] for m in MODELS)
+    mha_same, mha_double, iha = (m[0] for m in MODELS)
     if a.lr_check:
         return lr_check(a, design, MODELS, seeds, in_parallel, r, out, t_start)
     out["pilot"] = in_parallel([(m, s, a.pilot_eval_every, a.pilot_sequences) for m in MODELS[:2] for s in pilot_seeds])
     med = {m[0]: statistics.median(x["accuracy"] for x in out["pilot"] if x["model"] == m[0]) for m in MODELS[:2]}
-    # The gate's keys name the roles (MHA(H) fails, MHA(2H) succeeds) as v1 first wrote them.
+    # The keys name the roles: "same_heads" is MHA with IHA's H heads (v1: MHA(1); v2-v6: MHA(2)),
+    # "double_heads" MHA with 2H (v1: MHA(2); v2-v6: MHA(4)).
     # v6's graded gate: MHA(H) "fails" when its median is at least design["gap"] below MHA(2H)'s.
-    fails = med[h1] <= med[h2] - design["gap"] if "gap" in design else med[h1] <= a.fails_below
-    out["gate"] = {"median_final": med, "mha_h1_fails": fails, "mha_h2_succeeds": med[h2] >= a.succeeds_above}
+    fails = med[mha_same] <= med[mha_double] - design["gap"] if "gap" in design else med[mha_same] <= a.fails_below
+    out["gate"] = {"median_final": med, "mha_same_heads_fails": fails, "mha_double_heads_succeeds": med[mha_double] >= a.succeeds_above}
     if "gap" in design:
         out["gate"]["gap"] = design["gap"]
-    out["gate"]["passed"] = out["gate"]["mha_h1_fails"] and out["gate"]["mha_h2_succeeds"]
+    out["gate"]["passed"] = out["gate"]["mha_same_heads_fails"] and out["gate"]["mha_double_heads_succeeds"]
     out["stopped_after"] = a.stop_after  # PARTIAL when "pilot": the main runs were not started
     if out["gate"]["passed"] and a.stop_after != "pilot":
         # The main runs evaluate once, at the end, on more sequences (eval.every 0).
         out["runs"] = in_parallel([(m, s, 0, a.eval_sequences) for s in seeds for m in MODELS])
         acc = {m[0]: [x["accuracy"] for x in out["runs"] if x["model"] == m[0]] for m in MODELS}
-        vs1, vs2 = paired(acc[iha], acc[h1]), paired(acc[iha], acc[h2])
-        out["comparison"] = {"iha_minus_mha_h1": vs1, "iha_minus_mha_h2": vs2, "verdict": verdict(vs1, vs2)}
+        vs1, vs2 = paired(acc[iha], acc[mha_same]), paired(acc[iha], acc[mha_double])
+        out["comparison"] = {"iha_minus_mha_same_heads": vs1, "iha_minus_mha_double_heads": vs2, "verdict": verdict(vs1, vs2)}
     out["commands"] = r.command_record()
     out["stage_seconds"] = sum(x["seconds"] or 0 for x in out["commands"])
     out["wall_seconds"] = time.time() - t_start
     with open(os.path.join(r.out, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
     print("pilot: median final accuracy %s %.3f, %s %.3f: gate %s" % (
-        h1, med[h1], h2, med[h2], "passed" if out["gate"]["passed"] else "NOT passed: no main runs"))
+        mha_same, med[mha_same], mha_double, med[mha_double], "passed" if out["gate"]["passed"] else "NOT passed: no main runs"))
     if "comparison" in out:
         c = out["comparison"]
         print("%s - %s %+.3f +- %.3f; - %s %+.3f +- %.3f; verdict: %s%s" % (
-            iha, h1, c["iha_minus_mha_h1"]["mean"], c["iha_minus_mha_h1"]["se"], h2, c["iha_minus_mha_h2"]["mean"],
-            c["iha_minus_mha_h2"]["se"], c["verdict"], " (SMOKE: numbers mean nothing)" if a.smoke else ""))
+            iha, mha_same, c["iha_minus_mha_same_heads"]["mean"], c["iha_minus_mha_same_heads"]["se"], mha_double, c["iha_minus_mha_double_heads"]["mean"],
+            c["iha_minus_mha_double_heads"]["se"], c["verdict"], " (SMOKE: numbers mean nothing)" if a.smoke else ""))
     if a.figures:
         expkit.copy_outputs(r.out, a.figures, [("results.json", design["results"])])
     return 0

@@ -429,7 +429,7 @@ def patterns_pilot(data, name="patterns_results", roles=("MHA(1)", "MHA(2)")):
                      "%.3f" % d["gate"]["median_final"][model], ", ".join("%.3f" % b for b in best)])
     g = d["gate"]
     fails = "%s fails" % roles[0] if "gap" not in g else "%s at least %.2f below %s" % (roles[0], g["gap"], roles[1])
-    rows.append(["gate", "", "%s: %s; %s succeeds: %s" % (fails, g["mha_h1_fails"], roles[1], g["mha_h2_succeeds"]),
+    rows.append(["gate", "", "%s: %s; %s succeeds: %s" % (fails, g["mha_same_heads_fails"], roles[1], g["mha_double_heads_succeeds"]),
                  "passed" if g["passed"] else "not passed", ""])
     return table(["model", "parameters", "final accuracy per pilot seed (%d steps)" % d["steps"],
                   "median", "best evaluation per seed"], rows)
@@ -443,7 +443,7 @@ def patterns_lr_check(data):
     for model, by_rate in d["accuracy"].items():
         rows.append([model] + ["%.3f (%s)" % (sum(v) / len(v), ", ".join("%.3f" % x for x in v))
                                for v in (by_rate[r] for r in d["rates"])] + [d["best_rate"][model]])
-    for key, label in (("iha_minus_mha_h1", "IHA - MHA(2)"), ("iha_minus_mha_h2", "IHA - MHA(4)")):
+    for key, label in (("iha_minus_mha_same_heads", "IHA - MHA(2)"), ("iha_minus_mha_double_heads", "IHA - MHA(4)")):
         x = d[key]
         rows.append(["%s at the best rates" % label, pm(x["mean"], x["se"]),
                      "[%+.3f, %+.3f] (95%%, t at %d df)" % (x["interval"][0], x["interval"][1], len(x["diffs"]) - 1),
@@ -483,7 +483,7 @@ def patterns_main(data, name):
     by = {(x["model"], x["seed"]): x for x in d["runs"]}
     rows = [[s] + ["%.3f" % by[(m, s)]["accuracy"] for m in models] for s in d["seeds"]]
     c = d["comparison"]
-    for key, label in (("iha_minus_mha_h1", "IHA - MHA(2)"), ("iha_minus_mha_h2", "IHA - MHA(4)")):
+    for key, label in (("iha_minus_mha_same_heads", "IHA - MHA(2)"), ("iha_minus_mha_double_heads", "IHA - MHA(4)")):
         x = c[key]
         rows.append(["%s: mean +- se, 95%% interval" % label, pm(x["mean"], x["se"]),
                      "[%+.3f, %+.3f]" % tuple(x["interval"]), ""])
