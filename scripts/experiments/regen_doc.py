@@ -31,6 +31,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import expkit  # noqa: E402
+import summary  # noqa: E402
 import ctx64k_report  # noqa: E402
 
 REPO = expkit.REPO
@@ -530,12 +531,16 @@ TABLES = {
     "patterns-v6-main": lambda d: patterns_main(d, "patterns_v6_results"),
     "patterns-v6-lr-check": patterns_lr_check,
 }
+# The table of every registered question that opens the doc (summary.py: README.md quotes it too).
+TABLES.update(summary.EXPERIMENT_TABLES)
 # Section 5 (64k for real): its tables live beside its driver.
 TABLES.update({name: (lambda data, f=f: f(data("ctx64k_results"))) for name, f in ctx64k_report.TABLES.items()})
 
 
-def regenerate(text, data, doc_name):
-    """The doc with every generated block rewritten; SystemExit on a malformed block."""
+def regenerate(text, data, doc_name, tables=None):
+    """The doc with every generated block rewritten; SystemExit on a malformed block. tables:
+    the generators by block name (default TABLES; regen_front.py passes its own)."""
+    tables = TABLES if tables is None else tables
     out, lines, i, seen = [], text.split("\n"), 0, set()
     while i < len(lines):
         m = BEGIN.match(lines[i])
@@ -544,13 +549,13 @@ def regenerate(text, data, doc_name):
         if not m:
             continue
         name = m.group(1)
-        if name not in TABLES:
+        if name not in tables:
             raise SystemExit("error: %s line %d: unknown table '%s' (known: %s)"
-                             % (doc_name, i, name, ", ".join(sorted(TABLES))))
+                             % (doc_name, i, name, ", ".join(sorted(tables))))
         end = next((j for j in range(i, len(lines)) if lines[j] == END or BEGIN.match(lines[j])), None)
         if end is None or lines[end] != END:
             raise SystemExit("error: %s line %d: table '%s' has no closing '%s'" % (doc_name, i, name, END))
-        out += TABLES[name](data).split("\n")
+        out += tables[name](data).split("\n")
         out.append(END)
         seen.add(name)
         i = end + 1
