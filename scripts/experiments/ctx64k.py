@@ -268,6 +268,37 @@ class Experiment:
             res[k] = st.passkey_success(loss, hit, rows)
             self.save()
 
+    def evaluate_stretch(self, model, root, scaling):
+        """The stretch at twice the fine-tuned length: the endpoint over tokens 2 N0 .. 2 L - 1 of the
+        8 long held-out documents, and pass keys at 2 L."""
+        D, corpus = self.D, self.corpus
+        n0, L2 = D["n0"], 2 * D["length"]
+        res = self.R["scores"].setdefault(model, {})
+        manifest = json.load(open(os.path.join(corpus, "manifest.json")))
+        if "stretch" not in res:
+            docs = len(manifest["heldout_128k"])
+            loss, _ = self.score(model + "-full%d" % L2, root, L2, 4 if not self.a.smoke else 2,
+                                 os.path.join(corpus, "heldout-%d.h5" % L2), docs, scaling)
+            full = st.token_losses_full(loss, L2)
+            wl, _ = self.score(model + "-trunc%d" % L2, root, 2 * n0, 2 if not self.a.smoke else 1,
+                               os.path.join(corpus, "trunc-%d.h5" % L2), docs * (L2 // n0 - 2), scaling)
+            trunc = st.token_losses_truncated(wl, docs, L2, n0)
+            res["stretch"] = {"length": L2, "documents": manifest["heldout_128k"],
+                              "trunc_bins": [[lo, hi] for lo, hi in st.log_bins(L2, 2 * n0)],
+                              "trunc_bin_loss": [[float(np.mean(trunc[d, lo:hi])) for lo, hi in st.log_bins(L2, 2 * n0)]
+                                                 for d in range(docs)],
+                              "full_bin_loss_same_tokens": [[float(np.mean(full[d, lo:hi]))
+                                                             for lo, hi in st.log_bins(L2, 2 * n0)] for d in range(docs)],
+                              "gain_per_doc": [float(x) for x in st.context_gain(full, trunc, 2 * n0, L2)]}
+            self.save()
+        k = "passkey-%d" % L2
+        if k not in res:
+            rows = json.load(open(os.path.join(corpus, "passkey-%d.json" % L2)))
+            loss, hit = self.score(model + "-" + k, root, L2, 4 if not self.a.smoke else 2,
+                                   os.path.join(corpus, "passkey-%d.h5" % L2), len(rows), scaling)
+            res[k] = st.passkey_success(loss, hit, rows)
+            self.save()
+
     # ---- mechanics at 64k ----
     def mechanics(self, base_final):
         """SIGKILL mid-run and resume (bit-identical to ft-yarn-s1), the step-2 checkpoint resumed on
@@ -403,6 +434,11 @@ class Experiment:
                 self.evaluate("ft-%s-s%d" % (arm, seed), final, self.D["arms"][arm])
             if seed == self.D["seeds"][0]:
                 self.mechanics(base_final)
+        for seed in self.D["seeds"]:
+            for arm in ("yarn", "none"):
+                root = self.ck_root("ft-%s-s%d" % (arm, seed))
+                final = os.path.join(root, "step_%d" % self.latest_step(root))
+                self.evaluate_stretch("ft-%s-s%d" % (arm, seed), final, self.D["arms"][arm])
 
 
 def main():

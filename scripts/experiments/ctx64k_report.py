@@ -108,6 +108,22 @@ def passkey(d):
     return _table(["model"] + ["%d" % L for L in lengths], rows)
 
 
+def stretch(d):
+    """The stretch at 131,072 tokens (twice the fine-tuned length) for the fine-tunes."""
+    rows = []
+    for model, label in MODELS:
+        s = d.get("scores", {}).get(model, {})
+        if "stretch" not in s:
+            continue
+        iv = st.mean_interval(s["stretch"]["gain_per_doc"])
+        p = s.get("passkey-131072")
+        rows.append([label, _iv(iv), st.verdict(iv), "%d / %d" % (sum(x["ok"] for x in p), len(p)) if p else "-"])
+    if not rows:
+        return "*The stretch has not run yet.*"
+    return _table(["model", "full - truncated, tokens 8,192-131,071 (8 documents) [95% interval]", "verdict",
+                   "pass keys solved at 131,072"], rows)
+
+
 def mechanics(d):
     m = d.get("mechanics")
     if not m or not m.get("done"):
@@ -130,7 +146,7 @@ def mechanics(d):
 
 
 TABLES = {"ctx64k-progress": progress, "ctx64k-gate": gate, "ctx64k-endpoint": endpoint, "ctx64k-bins": bins,
-          "ctx64k-passkey": passkey, "ctx64k-mechanics": mechanics}
+          "ctx64k-passkey": passkey, "ctx64k-mechanics": mechanics, "ctx64k-stretch": stretch}
 
 
 def plots(d, folder):
