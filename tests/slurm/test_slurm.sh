@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's batch script (scripts/iha-train.sbatch) on a real one-node Slurm cluster (Debian's
+# The batch script of docs/training.md (scripts/iha-train.sbatch) on a real one-node Slurm cluster (Debian's
 # munge, slurmctld, slurmd; srun --mpi=pmix), checked against an uninterrupted run:
 #   1. which launcher passes which signal to the ranks: --signal=USR1@T (srun tasks only),
 #      --signal=B:USR1@T (the batch shell only; with `exec mpiexec` mpirun forwards it),
@@ -167,10 +167,10 @@ got p5.0 TERM && echo "SIGTERM to mpiexec: the rank got SIGTERM and was killed $
 echo "signal probes done ($((SECONDS - t0)) s)"
 
 
-python3 - "$src/README.md" "$src/scripts/iha-train.sbatch" <<'PY' || fail "README.md does not show scripts/iha-train.sbatch verbatim"
+python3 - "$src/docs/training.md" "$src/scripts/iha-train.sbatch" <<'PY' || fail "docs/training.md does not show scripts/iha-train.sbatch verbatim"
 import sys
-readme, script = (open(p).read() for p in sys.argv[1:])
-sys.exit(0 if script in readme else 1)
+doc, script = (open(p).read() for p in sys.argv[1:])
+sys.exit(0 if script in doc else 1)
 PY
 
 echo "slurm test: $failures failure(s) in $((SECONDS - t0)) s"
