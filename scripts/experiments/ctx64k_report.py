@@ -166,7 +166,7 @@ def plots(d, folder):
             xt = [np.sqrt(lo * hi) for lo, hi in f["trunc_bins"]]
             ax.plot(xt, np.mean(np.array(f["trunc_bin_loss"]), axis=0), linestyle="--", marker="x",
                     color=ax.lines[-1].get_color(), label=label + ", truncated")
-        ax.axvline(4096, color="black", linewidth=0.8, linestyle=":")
+        ax.axvline(d.get("design", {}).get("n0", 4096), color="black", linewidth=0.8, linestyle=":")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("token position (log2)")
         ax.set_ylabel("held-out loss (nats per byte)")
