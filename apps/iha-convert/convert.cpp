@@ -26,14 +26,21 @@ std::string num(double v) {
   return os.str();
 }
 
-template <class T>
-void save_checkpoint(const ModelConfig& m, int64_t context, const std::string& dtype, const std::vector<double>& flat,
-                     const std::string& root, std::shared_ptr<Communicator> world) {
+// The run config the imported checkpoint records. Parsing it runs check_run_fits_machine:
+// the model's sizes against the types and this machine's memory, so an absurd config.json
+// (vocab_size, layers, ...) is refused naming the field before the parameters are laid out
+// or allocated. Called before anything is allocated or written.
+RunConfig import_run_config(const ModelConfig& m, int64_t context, const std::string& dtype) {
   const std::string text = model_yaml(m) + "sequence:\n  length: " + std::to_string(context) +
                            "\ntrain:\n  dtype: " + dtype + "\n  steps: 1\n  batch_size: 1\n"
                            "data: {kind: multikey, pairs: 1, queries: 1, key_tokens: 1, value_tokens: 1}\n"
                            "eval: {sequences: 0}\n";
-  const RunConfig cfg = parse_run_config(ConfigNode::from_string(text, "iha-convert"), text);
+  return parse_run_config(ConfigNode::from_string(text, "iha-convert"), text);
+}
+
+template <class T>
+void save_checkpoint(const RunConfig& cfg, const std::vector<double>& flat, const std::string& root,
+                     std::shared_ptr<Communicator> world) {
   Trainer<T> trainer(cfg, world);
   trainer.init();
   T* p = trainer.model().params().data();
@@ -143,14 +150,21 @@ std::string import_iha_directory(const ImportOptions& a, std::shared_ptr<Communi
   ModelConfig& m = dir.model;
   IHA_CONFIG_CHECK(!has_checkpoint(a.out_root), "output '", a.out_root, "' already holds a checkpoint");
   check_output_directory(a.out_root, a.hf_dir, "input directory");
+  RunConfig cfg;
+  try {
+    cfg = import_run_config(m, dir.context, a.dtype);
+  } catch (const ConfigError& e) {
+    throw ConfigError("config file '" + (fs::path(a.hf_dir) / "config.json").string() +
+                      "' (its fields as iha-train config keys): " + e.what());
+  }
   const HfWeights weights(a.hf_dir);
   ModelConfig resolved = m;
   resolved.resolve_window(dir.context, std::nullopt);
   const auto layout = make_param_layout(resolved);
   std::vector<double> flat(static_cast<size_t>(layout->total()));
   import_iha_weights(resolved, weights, *layout, flat);
-  if (a.dtype == "float64") save_checkpoint<double>(m, dir.context, a.dtype, flat, a.out_root, world);
-  else save_checkpoint<float>(m, dir.context, a.dtype, flat, a.out_root, world);
+  if (a.dtype == "float64") save_checkpoint<double>(cfg, flat, a.out_root, world);
+  else save_checkpoint<float>(cfg, flat, a.out_root, world);
   std::ofstream(fs::path(a.out_root) / "model.yaml")
       << "# The architecture of the checkpoint in this directory (iha-convert import " << a.hf_dir
       << "): a fine-tune config (finetune.from: " << a.out_root << ") must carry this section.\n"
@@ -175,8 +189,9 @@ std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator
   m.validate();
   IHA_CONFIG_CHECK(!has_checkpoint(a.out_root), "output '", a.out_root, "' already holds a checkpoint");
   check_output_directory(a.out_root, a.hf_dir, "input directory");
-  const HfWeights weights(a.hf_dir);
   const int64_t context = std::min(hf.max_positions, kRecordedContextCap);
+  const RunConfig cfg = import_run_config(m, context, a.dtype);
+  const HfWeights weights(a.hf_dir);
   ModelConfig resolved = m;
   resolved.resolve_window(context, std::nullopt);
   const auto layout = make_param_layout(resolved);
@@ -184,8 +199,8 @@ std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator
   init_model_params<double>(resolved, *layout, flat.data(), 1);  // identity mixing and collapse
   import_weights(hf, weights, *layout, flat);
   // Every input is read and checked: write.
-  if (a.dtype == "float64") save_checkpoint<double>(m, context, a.dtype, flat, a.out_root, world);
-  else save_checkpoint<float>(m, context, a.dtype, flat, a.out_root, world);
+  if (a.dtype == "float64") save_checkpoint<double>(cfg, flat, a.out_root, world);
+  else save_checkpoint<float>(cfg, flat, a.out_root, world);
   std::ofstream(fs::path(a.out_root) / "model.yaml")
       << "# The architecture of the checkpoint in this directory (iha-convert import " << a.hf_dir
       << "): a fine-tune config (finetune.from: " << a.out_root << ") must carry this section.\n"

@@ -261,6 +261,8 @@ TEST(HostileCommandsRound3, IhaConvertOutputPolicyAndIhaDirectories) {
       {"d['pseudo_heads'] = '2'", "field 'pseudo_heads': expected an integer, got \"2\""},
       {"d['rope'] = 1", "field 'rope'"},
       {"d['iha_rope_scaling'] = {'type': 'linear', 'factor': '2'}", "iha_rope_scaling.factor"},
+      // Sizes past this machine's memory: refused naming the key before anything is laid out.
+      {"d['vocab_size'] = 2000000000", "config key 'model.vocab_size': the run needs at least"},
   };
   int n = 0;
   for (const auto& [edit, needle] : bad) {
