@@ -146,7 +146,7 @@ def registered_rows(data, prefix=""):
     g, gse = r["iha-global"]["diff_to_mha"], r["iha-global"]["diff_se"]
     rows.append([link("2.1", "2.1", prefix), "IHA against MHA, 2 blocks at N = 128, %d seeds: same `LG` blocks; all "
                  "global (matched parameters)" % len(r["iha-global"]["runs"]),
-                 "not established: with the same blocks both are at the ceiling (%.3f, %.3f); all global %.1f se; "
+                 "not established (same blocks: both at the ceiling, %.3f and %.3f; all global: %.1f se); "
                  "the matched-FLOPs gain over global MHA is the schedule's" % (r["iha-sched"]["mean"],
                                                                                r["mha-sched"]["mean"], abs(g) / gse),
                  "%+.3f +- %.3f; %+.3f +- %.3f (se; differences of means)" % (same, same_se, g, gse)])
@@ -160,8 +160,8 @@ def registered_rows(data, prefix=""):
         word = {"helps": "established: every method helps", "not shown": "not established for any method"}
         rows.append([link("4.1-" + name.lower(), "4.1 " + name, prefix),
                      "each RoPE method - the same fine-tunes without scaling, %d tokens (%s), 3 seeds"
-                     % (length, "4x past the 4x fine-tune" if stage == "4x" else "2x past the 16x fine-tune, "
-                        "after scaled fine-tunes at 4x and 16x"),
+                     % (length, "4x past the 4x fine-tune" if stage == "4x" else "2x past the 16x fine-tune; "
+                        "scaled in both fine-tunes against unscaled in both"),
                      word.get(verdicts[0], ", ".join(verdicts)) if len(verdicts) == 1 else ", ".join(verdicts),
                      "; ".join("%s %+.3f %s" % (m, p["mean"], iv(p["interval"])) for m, p in ends.items())])
     n0, models, never = long_docs_established(data)
@@ -184,7 +184,7 @@ def registered_rows(data, prefix=""):
     rows.append([link("lr", "4.4 lr check", prefix), "v6 at rates %s, %d seeds (registered after the verdict)"
                  % (", ".join(rates), n),
                  "the verdict is not established at other rates: every arm was best at %s; at the best rates the "
-                 "interval is %s under v6's rule; IHA above MHA(2) on %s seeds"
+                 "interval is %s under v6's rule; seeds with IHA above MHA(2): %s"
                  % ("/".join(sorted(set(best.values()))), v6_rule,
                     ", ".join("%d of %d at %s" % (above[r], n, r) for r in rates)),
                  "IHA - MHA(2) at the best rates %+.3f %s" % (x["mean"], iv(x["interval"]))])
