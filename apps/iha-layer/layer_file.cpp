@@ -191,18 +191,18 @@ H5File::H5File(const std::string& path, char mode) : path_(path) {
     const InputFile checked(path, "layer file");
     const std::string name = checked.reopen_path();
     if (H5Fis_hdf5(name.c_str()) <= 0) fail(path, "is not an HDF5 file");
-    id_ = H5Fopen(name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (id_ < 0) fail(path, "cannot open HDF5 file for reading");
+    id_ = Hdf5Handle(H5Fopen(name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    if (!id_.ok()) fail(path, "cannot open HDF5 file for reading");
   } else {
     require_new_output(path, "output file");  // truncated below: never through a link
-    id_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (id_ < 0) fail(path, "cannot create HDF5 file (is the directory writable?)");
+    id_ = Hdf5Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+    if (!id_.ok()) fail(path, "cannot create HDF5 file (is the directory writable?)");
   }
 }
 
 H5File::~H5File() {
   Hdf5Session session;
-  if (id_ >= 0) H5Fclose(id_);
+  id_.close();
 }
 
 LayerConfig read_config(const H5File& f) {

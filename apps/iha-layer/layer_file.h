@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attention/layer_config.h"
+#include "checkpoint/hdf5.h"
 #include "core/config.h"
 #include "core/tensor.h"
 
@@ -29,12 +30,12 @@ class H5File {
   ~H5File();
   H5File(const H5File&) = delete;
   H5File& operator=(const H5File&) = delete;
-  hid_t id() const { return id_; }
+  hid_t id() const { return id_.get(); }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  hid_t id_ = -1;
+  Hdf5Handle id_;  // closed by ~H5File inside an Hdf5Session
 };
 
 // The layer config stored as root attributes: D, H, P (required integers); d (integer,

@@ -10,7 +10,9 @@
 //   stack dumps on stderr would only bury them, and a library must not change a setting its
 //   user's own HDF5 code relies on. Sessions nest on one thread (only the outermost locks),
 //   so a function that opens one may call another that does.
-// - Handles: Hdf5Handle closes an identifier with the close function of its HDF5 type.
+// - Handles: Hdf5Handle closes an identifier with the close function of its HDF5 type. Every
+//   HDF5 file and dataset of the project is closed through it (or hdf5_close), never by the
+//   type's own close function elsewhere.
 // Internal to the project (not installed): it includes <hdf5.h>.
 // defines: iha::Hdf5Session, iha::Hdf5Handle, iha::hdf5_close, iha::hdf5_error_text,
 //          iha::hdf5_storage_problem
@@ -60,6 +62,12 @@ class Hdf5Handle {
   hid_t get() const { return id_; }
   operator hid_t() const { return id_; }
   bool ok() const { return id_ >= 0; }
+  // Gives the identifier up without closing it (to a holder that cannot include <hdf5.h>).
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = -1;
+    return id;
+  }
   // Closes now and reports failure (for a file, whose close flushes its metadata).
   herr_t close() {
     const herr_t rc = id_ >= 0 ? hdf5_close(id_) : 0;

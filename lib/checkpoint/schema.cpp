@@ -342,7 +342,7 @@ CreatedFile create_checkpoint_file(const std::string& path, int64_t step, int64_
                                    int64_t hash_chunk_elems, const std::vector<TensorInfo>& tensors,
                                    const MetaMap& meta) {
   const std::string where = "creating checkpoint file " + path;
-  // HDF5 1.10 cannot recover from a failed H5Fclose (the file ID stays registered after its
+  // HDF5 1.10 cannot recover from a failed file close (the file ID stays registered after its
   // state is freed, and the library crashes at exit), and closing is where it extends the
   // file to its full size. So first make sure a file of an upper bound of that size can
   // exist here (RLIMIT_FSIZE, file system limits), and fail cleanly if not.

@@ -379,16 +379,16 @@ class Hdf5TokenSource final : public TokenSource {
     if (H5Fis_hdf5(name.c_str()) <= 0)
       throw ConfigError(where + ": not an HDF5 file (or a truncated or corrupted one)");
     opened_ = identity();
-    file_ = H5Fopen(name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    IHA_CONFIG_CHECK(file_ >= 0, where, ": HDF5 cannot open it (truncated or corrupted?)");
+    file_ = Hdf5Handle(H5Fopen(name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    IHA_CONFIG_CHECK(file_.ok(), where, ": HDF5 cannot open it (truncated or corrupted?)");
     const std::string ds = where + ", dataset '" + dataset + "'";
     const htri_t exists = H5Lexists(file_, dataset.c_str(), H5P_DEFAULT);
     if (exists <= 0) {
       close_all();
       throw ConfigError(ds + ": no such dataset");
     }
-    dset_ = H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT);
-    if (dset_ < 0) {
+    dset_ = Hdf5Handle(H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT));
+    if (!dset_.ok()) {
       close_all();
       throw ConfigError(ds + ": cannot open the dataset (not a dataset, or the file is damaged)");
     }
@@ -612,15 +612,15 @@ class Hdf5TokenSource final : public TokenSource {
                      "'): part of the dataset was never written (e.g. a chunk written in part, which HDF5 reads "
                      "as fill values) or it changed after writing");
   }
+  // Call inside an Hdf5Session (the handles close through the one HDF5 module).
   void close_all() {
-    if (dset_ >= 0) H5Dclose(dset_);
-    if (file_ >= 0) H5Fclose(file_);
-    dset_ = file_ = -1;
+    dset_.close();
+    file_.close();
   }
 
   std::string path_, dataset_;
   int64_t N_ = 0, total_ = 0, vocab_ = 0;
-  hid_t file_ = -1, dset_ = -1;
+  Hdf5Handle file_, dset_;
   Identity opened_;
   std::vector<int64_t> doc_starts_;  // empty: the file is one document
 };
@@ -736,21 +736,27 @@ TokenFileWriter::TokenFileWriter(const std::string& path, const std::string& dat
   IHA_CONFIG_CHECK(vocab >= 1 && vocab <= (int64_t(1) << 32), "token file '", path,
                    "': vocab_size must be in [1, 2^32], got ", vocab);
   Hdf5Session session;
-  file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  IHA_CONFIG_CHECK(file_ >= 0, "token file '", path, "': cannot create it");
+  // Held by handles until the file is complete: a failure below closes what was opened.
+  Hdf5Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+  IHA_CONFIG_CHECK(file.ok(), "token file '", path, "': cannot create it");
   const hid_t ftype = vocab <= 256 ? H5T_STD_U8LE : vocab <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE;
   const hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk[1] = {1 << 20};
   Hdf5Handle space(H5Screate_simple(1, dims, maxdims));
   Hdf5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
   H5Pset_chunk(dcpl.get(), 1, chunk);
-  dset_ = H5Dcreate2(file_, dataset.c_str(), ftype, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT);
-  IHA_CONFIG_CHECK(dset_ >= 0, "token file '", path, "': cannot create dataset '", dataset, "'");
-  Hdf5Handle aspace(H5Screate(H5S_SCALAR));
-  Hdf5Handle attr(H5Acreate2(dset_, "vocab_size", H5T_STD_I64LE, aspace.get(), H5P_DEFAULT,
-                             H5P_DEFAULT));
-  H5Awrite(attr.get(), H5T_NATIVE_INT64, &vocab_);
-  if (!tokenizer.empty()) write_string_attribute(dset_, "tokenizer", tokenizer);
-  if (!tokenizer_model.empty()) write_string_attribute(dset_, "tokenizer_model", tokenizer_model);
+  Hdf5Handle dset(H5Dcreate2(file, dataset.c_str(), ftype, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+  IHA_CONFIG_CHECK(dset.ok(), "token file '", path, "': cannot create dataset '", dataset, "'");
+  {
+    Hdf5Handle aspace(H5Screate(H5S_SCALAR));
+    Hdf5Handle attr(H5Acreate2(dset, "vocab_size", H5T_STD_I64LE, aspace.get(), H5P_DEFAULT, H5P_DEFAULT));
+    H5Awrite(attr.get(), H5T_NATIVE_INT64, &vocab_);
+  }
+  if (!tokenizer.empty()) write_string_attribute(dset, "tokenizer", tokenizer);
+  if (!tokenizer_model.empty()) write_string_attribute(dset, "tokenizer_model", tokenizer_model);
+  // data.h does not include <hdf5.h>: the writer keeps the ids and close() hands them back to
+  // handles.
+  file_ = file.release();
+  dset_ = dset.release();
 }
 
 TokenFileWriter::~TokenFileWriter() {
@@ -787,29 +793,30 @@ void TokenFileWriter::append(const int64_t* tokens, int64_t count) {
 
 void TokenFileWriter::close() {
   Hdf5Session session;
-  if (dset_ >= 0 && documented_ && !doc_starts_.empty()) {
+  // Closed when this returns or throws; a failed close leaves no open id behind.
+  Hdf5Handle file(static_cast<hid_t>(file_)), dset(static_cast<hid_t>(dset_));
+  file_ = dset_ = -1;
+  if (dset.ok() && documented_ && !doc_starts_.empty()) {
     const std::string name = doc_starts_dataset(dataset_);
     const hsize_t dims[1] = {static_cast<hsize_t>(doc_starts_.size())};
     Hdf5Handle space(H5Screate_simple(1, dims, nullptr));
-    Hdf5Handle d(H5Dcreate2(file_, name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+    Hdf5Handle d(H5Dcreate2(file, name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
                             H5P_DEFAULT));
     IHA_CHECK(d.get() >= 0 && H5Dwrite(d.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, doc_starts_.data()) >= 0,
               "token file '", path_, "': writing dataset '", name, "' failed");
     documented_ = false;
   }
-  if (dset_ >= 0) {
+  if (dset.ok()) {
     Hdf5Handle space(H5Screate(H5S_SCALAR));
-    Hdf5Handle attr(H5Acreate2(dset_, kTokenChecksumAttribute, H5T_STD_U64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+    Hdf5Handle attr(H5Acreate2(dset, kTokenChecksumAttribute, H5T_STD_U64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
     IHA_CHECK(attr.ok() && H5Awrite(attr.get(), H5T_NATIVE_UINT64, &checksum_) >= 0, "token file '", path_,
               "': writing attribute '", kTokenChecksumAttribute, "' failed");
-    H5Dclose(dset_);
+    dset.close();
   }
-  if (file_ >= 0) {
-    const herr_t rc = H5Fclose(file_);
-    file_ = dset_ = -1;
+  if (file.ok()) {
+    const herr_t rc = file.close();
     IHA_CHECK(rc >= 0, "token file '", path_, "': closing failed (disk full?)");
   }
-  file_ = dset_ = -1;
 }
 
 // ---- loader ----
