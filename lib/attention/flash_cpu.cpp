@@ -20,6 +20,8 @@
 // are bitwise reproducible.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <type_traits>
@@ -63,6 +65,23 @@ void mask_tile(const MaskSpec& m, const int64_t* qp, int64_t r0, int64_t rows, c
     std::fill(sr, sr + std::min(b, e), neg_inf<T>());
     std::fill(sr + std::max(b, e), sr + cols, neg_inf<T>());
   }
+}
+
+// Whether x[0..n) are all finite: no element has every exponent bit set (NaN, +-inf). On the
+// bits, with no early exit, so the compiler vectorises it (an and, a compare and an or a
+// vector of elements): the backward checks each block's rows with it, and it must cost little
+// beside the block's products.
+template <class T>
+bool all_finite(const T* x, int64_t n) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  constexpr U kExp = sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+  U bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    U u;
+    std::memcpy(&u, x + i, sizeof u);
+    bad |= static_cast<U>((u & kExp) == kExp);
+  }
+  return bad == 0;
 }
 
 template <class T>
@@ -306,6 +325,10 @@ FlashStats flash_forward(const MaskSpec& mask, int64_t d, const T* q, const int6
   const auto k_panels = tp.panels(k, nk, kb, ke);
   const int64_t lds = BK + 2 * detail::kPanel;
   std::vector<T> s(static_cast<size_t>(BQ * lds));
+  // The keys [c0, c1) of block b that its row r sees, as block columns.
+  const auto row_keys = [&](const Block& b, int64_t r) {
+    return key_range(mask, k_pos + b.c0, b.nc, q_pos[b.r0 + r], q_pos[b.r0 + r], segment_start(mask, b.r0 + r));
+  };
   std::vector<T> row_max(BQ), row_sum(BQ);
 
   for (int64_t i0 = 0; i0 < nq; i0 += BQ) {
@@ -345,7 +368,18 @@ FlashStats flash_forward(const MaskSpec& mask, int64_t d, const T* q, const int6
           for (int64_t c = 0; c < d; ++c) ar[c] *= rescale;
         }
       }
-      tp.accumulate(sb, lds, false, b.nr, b.nc, v + b.c0 * d, o + b.r0 * d);
+      // Checked per partial block (a diagonal or window-edge strip), whose V rows cost little
+      // beside its products; a full block has no masked pair.
+      if (b.mask == TileMask::partial && !all_finite(v + b.c0 * d, b.nc * d)) {
+        // A NaN or Inf in V would reach, as 0 * NaN, the rows of the block that cannot see its
+        // key: each row takes only the keys it sees (the slow path of non-finite input).
+        for (int64_t r = 0; r < b.nr; ++r) {
+          const auto [c0, c1] = row_keys(b, r);
+          if (c0 < c1) tp.accumulate(sb + r * lds + c0, lds, false, 1, c1 - c0, v + (b.c0 + c0) * d, o + (b.r0 + r) * d);
+        }
+      } else {
+        tp.accumulate(sb, lds, false, b.nr, b.nc, v + b.c0 * d, o + b.r0 * d);
+      }
     };
 
     for_each_key_tile(mask, q_pos, i0, rows, k_pos, nk, BK, tp.align(),
@@ -438,10 +472,36 @@ FlashStats flash_backward(const MaskSpec& mask, int64_t d, const T* q, const int
       }
       if (!fused) exp_shift(ar, nc, l);
     }
-    tp.accumulate(ab, lds, true, nc, nr, dout + b.r0 * d, dv + b.c0 * d);
+    // The products over the whole block are exact over the visible pairs unless a zero (a
+    // masked pair, a row that sees no key) meets a NaN or Inf: with finite inputs (the block's
+    // rows of Q, dO, K and V, checked here at a cost of (nr + nc) rows beside nr * nc pairs)
+    // and finite Drow (a row that saw a NaN or Inf elsewhere has NaN or Inf output, so Drow),
+    // none can.
+    bool exact = all_finite(drow + b.r0, nr) && all_finite(q + b.r0 * d, nr * d) &&
+                 all_finite(dout + b.r0 * d, nr * d) && all_finite(k + b.c0 * d, nc * d) &&
+                 all_finite(v + b.c0 * d, nc * d);
+    if (exact) {
+      tp.accumulate(ab, lds, true, nc, nr, dout + b.r0 * d, dv + b.c0 * d);
+      T* dab = tp.scores_ds(dout + b.r0 * d, nr, v, v_panels, b.c0, nc, scale, ab, lds, drow + b.r0, da.data(), lds);
+      tp.accumulate(dab, lds, false, nr, nc, k + b.c0 * d, dq + b.r0 * d);
+      tp.accumulate(dab, lds, true, nc, nr, q + b.r0 * d, dk + b.c0 * d);
+      return;
+    }
+    // Non-finite input, or a NaN row: a masked pair's 0 (or that of a row that sees no key)
+    // times a NaN or Inf (0 * (dP - Drow), 0 * K, 0 * Q) would reach gradients of rows and
+    // keys that do not see each other. Each row takes only the keys it sees (the slow path of
+    // non-finite input; the reference's order of sums differs, not its values).
     T* dab = tp.scores_ds(dout + b.r0 * d, nr, v, v_panels, b.c0, nc, scale, ab, lds, drow + b.r0, da.data(), lds);
-    tp.accumulate(dab, lds, false, nr, nc, k + b.c0 * d, dq + b.r0 * d);
-    tp.accumulate(dab, lds, true, nc, nr, q + b.r0 * d, dk + b.c0 * d);
+    for (int64_t r = 0; r < nr; ++r) {
+      const auto [c0, c1] = key_range(mask, k_pos + b.c0, nc, q_pos[b.r0 + r], q_pos[b.r0 + r],
+                                      segment_start(mask, b.r0 + r));
+      if (c0 >= c1 || lse[b.r0 + r] == neg_inf<T>()) continue;
+      const T* ar = ab + r * lds + c0;
+      const T* dsr = dab + r * lds + c0;
+      tp.accumulate(ar, lds, true, c1 - c0, 1, dout + (b.r0 + r) * d, dv + (b.c0 + c0) * d);
+      tp.accumulate(dsr, lds, false, 1, c1 - c0, k + (b.c0 + c0) * d, dq + (b.r0 + r) * d);
+      tp.accumulate(dsr, lds, true, c1 - c0, 1, q + (b.r0 + r) * d, dk + (b.c0 + c0) * d);
+    }
   };
 
   // Key tiles outside, query tiles inside: a key tile's dk and dv rows (and its K, V rows and

@@ -1,10 +1,8 @@
 // Tensor fuzzer with fixed seeds (issue 43): NaN, +inf and -inf at random places of Q, K and V
 // (1 to 3 of them, in one tensor or several), random masks, pseudo-head counts, windows, head
 // dims (BLAS and the tile kernels) and tile sizes, float and double, at the CPU level the
-// machine has. The flash kernels' outputs and gradients must carry every non-finite value the
-// IEEE float64 reference carries (tests/reference/ieee_attention.h) and agree with it
-// elsewhere; where only Q and K hold them, the outputs are non-finite exactly where the
-// reference's are.
+// machine has. The flash kernels' outputs and gradients must be non-finite exactly where the
+// IEEE float64 reference's are (tests/reference/ieee_attention.h) and agree with it elsewhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -46,13 +44,11 @@ void run_case(uint64_t seed) {
   std::string what = "seed " + std::to_string(seed) + " " + mask_name(mk) + " P=" + std::to_string(P) +
                      " N=" + std::to_string(N) + " W=" + std::to_string(W) + " d=" + std::to_string(d) + " tiles " +
                      std::to_string(tiles.q) + "x" + std::to_string(tiles.k) + (sizeof(T) == 4 ? " float" : " double");
-  bool in_v = false;
   const int64_t count = pick(1, 3);
   for (int64_t c = 0; c < count; ++c) {
     const int t = static_cast<int>(rng() % 3), s = static_cast<int>(rng() % 3);
     const int64_t at = pick(0, n * d - 1);
     (*tensors[t])[at] = specials[s];
-    in_v = in_v || t == 2;
     what += std::string(" ") + special_names[s] + " in " + tensor_names[t] + "[" + std::to_string(at / d) + "][" +
             std::to_string(at % d) + "]";
   }
@@ -66,18 +62,16 @@ void run_case(uint64_t seed) {
   flash_backward<T>(mask, d, qt.data(), pos.data(), n, kt.data(), vt.data(), pos.data(), n, gt.data(), lse.data(),
                     drow.data(), dq.data(), dk.data(), dv.data(), tiles);
   const double tau = sizeof(T) == 4 ? 5e-5 : 1e-10;
-  // A NaN or Inf in V also reaches, as 0 * NaN, rows inside a diagonal strip that do not see
-  // it: the outputs may hold more non-finite values than the reference, never fewer.
-  EXPECT_TRUE(test::ieee_agrees(o, ref.o, tau, !in_v, what + ": o"));
+  EXPECT_TRUE(test::ieee_agrees(o, ref.o, tau, true, what + ": o"));
   EXPECT_TRUE(test::ieee_agrees(lse, ref.lse, tau, true, what + ": lse"));
   // Where a query sees one key (Wv = 1, or row 0), its dQ is 0 by the math: rounding noise is
   // judged on the scale of dV, or of the inputs (N(0, 1)) where dV is all non-finite.
   double floor = 1;
   for (double x : ref.dv)
     if (std::isfinite(x)) floor = std::max(floor, std::fabs(x));
-  EXPECT_TRUE(test::ieee_agrees(dq, ref.dq, tau, false, what + ": dq", floor));
-  EXPECT_TRUE(test::ieee_agrees(dk, ref.dk, tau, false, what + ": dk", floor));
-  EXPECT_TRUE(test::ieee_agrees(dv, ref.dv, tau, false, what + ": dv"));
+  EXPECT_TRUE(test::ieee_agrees(dq, ref.dq, tau, true, what + ": dq", floor));
+  EXPECT_TRUE(test::ieee_agrees(dk, ref.dk, tau, true, what + ": dk", floor));
+  EXPECT_TRUE(test::ieee_agrees(dv, ref.dv, tau, true, what + ": dv"));
 }
 
 TEST(TensorFuzz, NonFiniteInputsReachOutputsAndGradientsAsInTheIeeeReference) {
