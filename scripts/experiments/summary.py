@@ -117,17 +117,15 @@ def lr_check(data):
 
 
 def ctx64k_state(data):
-    """Section 5: how far its runs are, from its results JSON (the lead's report writes the
-    verdict into section 5 itself)."""
+    """Section 5: whether its four fine-tunes have all been scored (its verdict is written in
+    section 5 itself). The text changes only when they have, so that the runs' progress does
+    not make the front pages drift; a checkout without the results JSON reads as running."""
     try:
-        d = data("ctx64k_results")
+        scores = data("ctx64k_results").get("scores", {})
     except SystemExit:
-        return "registered; no run recorded"
-    scores = d.get("scores", {})
+        scores = {}
     done = [m for m in ("ft-yarn-s1", "ft-yarn-s2", "ft-none-s1", "ft-none-s2") if "full" in scores.get(m, {})]
-    if len(done) < 4:
-        return "registered; running (%d of 4 fine-tunes scored): no result yet" % len(done)
-    return "finished: verdict in section 5"
+    return "finished: the verdict is in section 5" if len(done) == 4 else "registered; runs in progress: no result yet"
 
 
 def registered_rows(data, prefix=""):
