@@ -62,14 +62,18 @@ Options parse_args(int argc, char** argv) {
       IHA_CONFIG_CHECK(end && *end == '\0' && n >= 1 && n <= 1024,
                        "option --threads: expected an integer >= 1, got '", v, "'");
       o.threads = static_cast<int>(n);
-    } else if (a.rfind("--", 0) == 0) {
+    } else if (a.size() > 1 && a[0] == '-') {
       throw ConfigError("unknown option '" + a + "'\n" + kUsage);
     } else {
       positional.push_back(a);
     }
   }
-  IHA_CONFIG_CHECK(positional.size() == 2, "expected INPUT.h5 and OUTPUT.h5, got ",
-                   positional.size(), " file argument(s)\n", kUsage);
+  IHA_CONFIG_CHECK(positional.size() >= 1, "missing INPUT.h5 and OUTPUT.h5 (expected INPUT.h5 and OUTPUT.h5)\n",
+                   kUsage);
+  IHA_CONFIG_CHECK(positional.size() >= 2, "missing OUTPUT.h5 after INPUT.h5 '", positional[0],
+                   "' (expected INPUT.h5 and OUTPUT.h5)\n", kUsage);
+  IHA_CONFIG_CHECK(positional.size() == 2, "unexpected argument '", positional[2],
+                   "' (expected INPUT.h5 and OUTPUT.h5)\n", kUsage);
   o.input = positional[0];
   o.output = positional[1];
   struct stat si, so;

@@ -74,6 +74,9 @@ TEST(HostileCommandsRound3, EveryBadCommandLineIsNamedWithExitTwo) {
       {conv + " import a b c", "'c'"},
       {conv + " export a b --P 2", "--P"},
       {conv + " export a b -x", "'-x'"},
+      {std::string(IHA_LAYER_BIN) + " a.h5 b.h5 c.h5", "'c.h5'"},
+      {std::string(IHA_LAYER_BIN) + " a.h5 b.h5 -x", "'-x'"},
+      {std::string(IHA_LAYER_BIN) + " a.h5", "missing OUTPUT.h5"},
   };
   for (const auto& [cmd, needle] : cases) expect_named(run(cmd), needle, cmd);
   // Without arguments, the error line itself names every command.
