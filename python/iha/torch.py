@@ -264,13 +264,14 @@ class _CoreFunction(torch.autograd.Function):
     def _grads(ctx, dout, saved):
         q, k, v, aq, ak, av, c = saved
         core = ctx.core
-        error = None
-        try:
-            if ctx.cache is None:
-                core.impl.check_forward(q, k, v, aq, ak, av, c, ctx.segments, True)
-        except (TypeError, ValueError, MemoryError) as e:
-            error = e
-        core._agree_call("backward", [("q", "the batch size B", int(q.shape[0]))], error)
+        if core._agree is not None:
+            error = None
+            try:
+                if ctx.cache is None:
+                    core.impl.check_forward(q, k, v, aq, ak, av, c, ctx.segments, True)
+            except (TypeError, ValueError, MemoryError) as e:
+                error = e
+            core._agree_call("backward", [("q", "the batch size B", int(q.shape[0]))], error)
         dout = dout.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         mix = [None if t is None else torch.zeros_like(t) for t in (aq, ak, av, c)]
@@ -319,13 +320,19 @@ def iha_attention(q, k, v, aq, ak, av, c, core, segments=None, cu_seqlens=None):
             segments = segments_from_cu_seqlens(cu_seqlens, q.shape[0] if q.dim() else 0, core.N)
         elif segments is not None:
             segments = _segments_arg(segments)
-        core.impl.check_forward(*[None if t is None else t.detach() for t in (q, k, v, aq, ak, av, c)], segments)
+        if core._agree is not None:
+            # With a communicator, the library's own checks run before the agreement (alone, the
+            # forward runs them itself).
+            core.impl.check_forward(*[None if t is None else t.detach() for t in (q, k, v, aq, ak, av, c)], segments)
     except (TypeError, ValueError, MemoryError, OverflowError) as e:
         error = e
-    core._agree_call("forward", [("q", "the batch size B", B),
-                                 ("q", "the inputs' dtype", str(q.dtype) if isinstance(q, torch.Tensor) else None),
-                                 ("segments", "the document starts", _agree.digest(segments)),
-                                 ("token_map", "the token map", core._map)], error)
+    if core._agree is not None:
+        core._agree_call("forward", [("q", "the batch size B", B),
+                                     ("q", "the inputs' dtype", str(q.dtype) if isinstance(q, torch.Tensor) else None),
+                                     ("segments", "the document starts", _agree.digest(segments)),
+                                     ("token_map", "the token map", core._map)], error)
+    elif error is not None:
+        raise error
     out = _CoreFunction.apply(core, segments, q, k, v, aq, ak, av, c)
     return out.detach().numpy() if numpy_out else out
 

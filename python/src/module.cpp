@@ -426,6 +426,7 @@ class Core {
     Arg dq_ = take(dq, "dq"), dk_ = take(dk, "dk"), dv_ = take(dv, "dv");
     const int64_t B = check_qkv(q_, k_, v_);
     if (B != h.B) arg_error("q", "batch " + std::to_string(B) + " differs from the forward's " + std::to_string(h.B));
+    check_pass_memory(B, true);
     expect_shape(g_, q_.shape, "[B, n_local, H*d] (like q)");
     expect_shape(dq_, q_.shape, "q's shape");
     expect_shape(dk_, k_.shape, "k's shape");
