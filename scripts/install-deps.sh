@@ -38,10 +38,20 @@ have_cxx() {  # header [library] [flags]
   "$cxx" "$probe_dir/p.cpp" -o "$probe_dir/p" ${3:-} ${2:+-l$2} >/dev/null 2>&1
 }
 # The tests run Debian's python3 when there is one, before any other on PATH; PyPI-only
-# packages live in .venv/ (made with --system-site-packages, so it also sees Debian's).
+# packages live in .venv/ (made with --system-site-packages, so it also sees Debian's torch
+# 1.13 and numpy 1.24; pip adds only pinned pure-Python or numpy-free packages, --no-deps, so
+# no pip numpy ever mixes with Debian's scipy/h5py). The newest PyPI set (torch, transformers:
+# python/requirements-newest.txt) lives in .venv-newest/, a venv of the same interpreter that
+# sees nothing of Debian's.
 python=python3
 [ -x /usr/bin/python3 ] && python=/usr/bin/python3
 venv_python=.venv/bin/python3
+newest_python=.venv-newest/bin/python3
+newest_reqs=python/requirements-newest.txt
+# Downloaded wheels, kept between runs as apt keeps .debs (scripts/fresh-machine-test.sh mounts
+# its cache there): pip's own HTTP cache keeps nothing where PyPI's answers carry no cache
+# headers (an intercepting proxy), so the wheels are kept as files, one folder per set.
+wheels=${IHA_PIP_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/pip/iha-wheels}
 have_py() { have_cmd "$python" && "$python" -c "import $1" >/dev/null 2>&1; }
 have_venv_py() { [ -x "$venv_python" ] && "$venv_python" -c "import $1" >/dev/null 2>&1; }
 
@@ -75,7 +85,20 @@ check_pybind11() {
 # .venv/: the interpreter the build and the Python tests use (docs/python.md).
 check_venv() { [ -x "$venv_python" ] && "$venv_python" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; }
 check_torch() { have_py torch && have_py mpi4py; }
-check_transformers() { have_venv_py transformers && have_venv_py safetensors; }
+check_transformers() {
+  have_venv_py transformers && have_venv_py safetensors && have_venv_py accelerate &&
+    # numpy must be Debian's (the one its scipy and h5py are built for), not a pip one in .venv/.
+    "$venv_python" -c 'import sys, numpy; sys.exit(not numpy.__file__.startswith("/usr/lib/python3/"))' \
+      >/dev/null 2>&1
+}
+# .venv-newest/: no system site packages, the installed set is the file's (a stamp copy of it
+# written after the installation), and torch, transformers, safetensors and accelerate import.
+check_python_newest() {
+  [ -x "$newest_python" ] && [ -f .venv-newest/iha-requirements.txt ] &&
+    grep -q '^include-system-site-packages = false' .venv-newest/pyvenv.cfg &&
+    cmp -s "$newest_reqs" .venv-newest/iha-requirements.txt &&
+    "$newest_python" -c 'import torch, transformers, safetensors, accelerate' >/dev/null 2>&1 || return 1
+}
 check_h5dump() { have_cmd h5dump; }
 check_python() { have_py numpy && have_py h5py; }
 check_plots() { have_py matplotlib && have_py PIL; }
@@ -137,14 +160,17 @@ require fortunes       test  "the fortune files (packed-documents corpus: script
 require spm_train      test  "spm_train (SentencePiece's command-line trainer, docs/data.md)" sentencepiece
 require torch          test  "PyTorch and mpi4py (iha.torch and its tests; Debian's torch is 1.13)" \
                              python3-torch python3-mpi4py
-require transformers   test  "transformers and safetensors in .venv/ (the Hugging Face export tests)" \
+require transformers   test  "transformers, safetensors and accelerate in .venv/ (the Hugging Face tests, Debian set)" \
                              python3-venv python3-yaml python3-requests python3-packaging \
-                             python3-typing-extensions
+                             python3-typing-extensions python3-psutil
 # The newest transformers that imports with torch 1.13 (4.50 needs torch.distributed.tensor),
-# and every package it needs that Debian's python3 does not have, pinned (pip --no-deps).
+# accelerate (device_map) and every package they need that Debian's python3 does not have,
+# pinned (pip --no-deps); none of them is built against numpy.
 pip_transformers=(transformers==4.49.0 tokenizers==0.21.0 safetensors==0.4.5
                   huggingface-hub==0.26.5 filelock==3.16.1 fsspec==2024.10.0 tqdm==4.67.1
-                  regex==2024.11.6)
+                  regex==2024.11.6 accelerate==1.2.1)
+require python_newest  test  "the newest PyPI torch and transformers in .venv-newest/ (python/requirements-newest.txt; the Hugging Face tests, newest set)" \
+                             python3-venv
 require mpich          test  "MPICH beside the default MPI (scripts/test-mpich.sh)" mpich libmpich-dev
 if [ -n "${IHA_DEPS_EXTRA:-}" ]; then
   # shellcheck disable=SC1090
@@ -238,16 +264,55 @@ check_all() {
 
 # .venv/ (made with --system-site-packages: it sees Debian's python3 modules too), and the
 # PyPI-only parts of the missing requirements (pip_NAME arrays, every dependency pinned).
+# pip_install PIP SET REQUIREMENTS...: downloads what is not yet in the wheel folder SET, then
+# installs from that folder alone, every dependency pinned (--no-deps).
+# A folder holding every wheel of its set is marked complete (asking PyPI again costs about 40 s
+# for the newest set's 55 packages).
+pip_install() {
+  local pip=$1 set=$2
+  shift 2
+  mkdir -p "$wheels/$set"
+  local stamp="$wheels/$set/.complete-$(printf '%s\n' "$@" | sha256sum | cut -c1-12)"
+  if [ ! -f "$stamp" ]; then
+    "$pip" -m pip download --quiet --disable-pip-version-check --no-deps -d "$wheels/$set" "$@"
+    touch "$stamp"
+  fi
+  "$pip" -m pip install --quiet --disable-pip-version-check --no-deps --no-index --find-links "$wheels/$set" "$@"
+}
+
+# .venv-newest/ from python/requirements-newest.txt, made afresh whenever the file changed (so
+# the set installed is the file's, nothing left over from an older one). Its wheel folder is
+# named by the file's hash; older folders are removed.
+install_newest() {
+  local set t0
+  t0=$(date +%s)
+  set=newest-$(sha256sum "$newest_reqs" | cut -c1-12)
+  echo "install-deps: making .venv-newest/ (no system site packages) from $newest_reqs"
+  "$python" -m venv --clear .venv-newest
+  pip_install "$newest_python" "$set" -r "$newest_reqs"
+  cp "$newest_reqs" .venv-newest/iha-requirements.txt
+  find "$wheels" -mindepth 1 -maxdepth 1 -name 'newest-*' ! -name "$set" -exec rm -rf {} +
+  echo "install-deps: .venv-newest/ in $(( $(date +%s) - t0 )) s ($(du -sh .venv-newest | cut -f1); wheels $(du -sh "$wheels/$set" | cut -f1))"
+}
+
+# .venv/ (made with --system-site-packages: it sees Debian's python3 modules too), and the
+# PyPI-only parts of the missing requirements (pip_NAME arrays, every dependency pinned).
 install_pips() {
   local name pips=() arr
   check_venv || { echo "install-deps: making .venv/"; "$python" -m venv --system-site-packages .venv; }
   for name in "${missing[@]}"; do
     arr="pip_$name[@]"
     if declare -p "pip_$name" >/dev/null 2>&1; then pips+=("${!arr}"); fi
+    [ "$name" = python_newest ] && install_newest
   done
+  # A pip numpy in .venv/ would shadow Debian's, which Debian's scipy and h5py are built for.
+  if [ -d .venv/lib ] && find .venv/lib -maxdepth 3 -name 'numpy' -type d | grep -q .; then
+    echo "install-deps: removing a pip numpy from .venv/ (Debian's is the one its scipy and h5py need)"
+    "$venv_python" -m pip uninstall --quiet --yes numpy
+  fi
   [ ${#pips[@]} -eq 0 ] && return 0
   echo "install-deps: installing into .venv/ with pip: ${pips[*]}"
-  "$venv_python" -m pip install --quiet --disable-pip-version-check --no-deps "${pips[@]}"
+  pip_install "$venv_python" debian-set "${pips[@]}"
 }
 
 report_missing() {
