@@ -86,18 +86,23 @@ check_pybind11() {
 check_venv() { [ -x "$venv_python" ] && "$venv_python" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; }
 check_torch() { have_py torch && have_py mpi4py; }
 check_transformers() {
-  have_venv_py transformers && have_venv_py safetensors && have_venv_py accelerate &&
+  have_venv_py transformers && have_venv_py safetensors &&
+    "$venv_python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("accelerate") is None)' 2>/dev/null &&
     # numpy must be Debian's (the one its scipy and h5py are built for), not a pip one in .venv/.
     "$venv_python" -c 'import sys, numpy; sys.exit(not numpy.__file__.startswith("/usr/lib/python3/"))' \
       >/dev/null 2>&1
 }
 # .venv-newest/: no system site packages, the installed set is the file's (a stamp copy of it
-# written after the installation), and torch, transformers, safetensors and accelerate import.
+# written after the installation), torch, transformers, safetensors and accelerate are there
+# (found, not imported: importing torch takes seconds, and the self-check runs every check;
+# the test python_import_newest imports them).
 check_python_newest() {
   [ -x "$newest_python" ] && [ -f .venv-newest/iha-requirements.txt ] &&
     grep -q '^include-system-site-packages = false' .venv-newest/pyvenv.cfg &&
     cmp -s "$newest_reqs" .venv-newest/iha-requirements.txt &&
-    "$newest_python" -c 'import torch, transformers, safetensors, accelerate' >/dev/null 2>&1 || return 1
+    "$newest_python" -c 'import importlib.util as u, sys
+sys.exit(any(u.find_spec(m) is None for m in ("torch", "transformers", "safetensors", "accelerate")))' \
+      >/dev/null 2>&1 || return 1
 }
 check_h5dump() { have_cmd h5dump; }
 check_python() { have_py numpy && have_py h5py; }
