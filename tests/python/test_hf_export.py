@@ -128,6 +128,40 @@ class ExportTest(unittest.TestCase):
         self.assertIn("field 'iha_pattern': 'LXG' may only contain L", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "bad-ck")))
 
+    def test_save_dir_imports(self):
+        """A directory iha.hf.save_dir wrote (no iha_* fields: a model made in Python) is read by
+        iha-convert import: the library's model on the imported checkpoint gives the logits
+        transformers gives on the directory, and exported again, every tensor and config field of
+        the directory comes back."""
+        from test_hf_model import LibModel
+        case = dict(name="save_dir_P2_gqa", P=2, H=4, Hkv=2, kinds=["iha", "iha"], windows=[4, 0],
+                    scaling={"type": "yarn", "factor": 2.0, "original_length": 16})
+        lib = LibModel(case, seed=3)
+        out = os.path.join(self.tmp, "from-python")
+        iha.hf.save_dir(out, lib.hf_config(), lib.hf_tensors())
+        ck = os.path.join(self.tmp, "from-python-ck")
+        r = subprocess.run([self.convert, "import", out, ck], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ids = torch.randint(0, 48, (19,), generator=torch.Generator().manual_seed(4))
+        want = self.library_model_logits(ck, ids)[torch.float32]
+        with torch.no_grad():
+            got = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()(input_ids=ids[None]).logits[0]
+        ok, err, scale = reference.close(got, want, 1e-5)
+        self.assertTrue(ok, f"logits vs the imported checkpoint: max|a-b| = {err:.3e}, max|b| = {scale:.3e}")
+        out2 = os.path.join(self.tmp, "from-python-again")
+        r = subprocess.run([self.convert, "export", ck, out2], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cfg2, tensors2 = iha.hf.load_dir(out2)
+        cfg = lib.hf_config()
+        # The export writes every RoPE scaling field, the defaults the directory left out too.
+        sc2 = cfg2.pop("iha_rope_scaling")
+        self.assertEqual({k: sc2.get(k) for k in cfg["iha_rope_scaling"]}, cfg.pop("iha_rope_scaling"))
+        self.assertEqual(cfg2, cfg)
+        want_t = lib.hf_tensors()
+        self.assertEqual(sorted(tensors2), sorted(want_t))
+        for k in want_t:
+            self.assertTrue(torch.equal(tensors2[k], want_t[k]), k)
+
     def test_export_loads_in_transformers(self):
         ids = torch.randint(0, 48, (2, 21), generator=torch.Generator().manual_seed(3))
         for name, sets in CASES:
