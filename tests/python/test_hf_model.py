@@ -224,6 +224,12 @@ class HfModelTest(unittest.TestCase):
                     self.assertTrue(torch.equal(gen2, gen[:, :gen2.shape[1]]))
                     # A batch of two prompts.
                     check_generate(self, hf, self.ids[:, :7], new_tokens=16)
+                    # Beam search reorders the cache: the same beams as without it.
+                    p = self.ids[:1, :5]
+                    with torch.no_grad():
+                        beams = [hf.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=10, num_beams=3,
+                                             use_cache=c, **GEN) for c in (True, False)]
+                    self.assertTrue(torch.equal(beams[0], beams[1]), f"beam search: {beams}")
 
     def test_cache_forms(self):
         """The cache continues a sequence however it is passed; window layers keep Wv - 1 positions."""
