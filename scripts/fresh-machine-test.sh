@@ -184,7 +184,9 @@ mount_in -t tmpfs tmpfs "$root/run"
 # apt downloads as its own user: the cache's partial/ must be that user's inside the root.
 chown "$(chroot "$root" id -u _apt)" "$cache/apt-archives/partial"
 mount_in --bind "$cache/apt-archives" "$root/var/cache/apt/archives"
-# pip's cache (the PyPI-only packages install-deps puts in .venv/), kept the same way.
+# pip's cache, kept the same way: install-deps keeps the wheels of both Python sets there
+# (iha-wheels/: .venv/'s PyPI-only packages, and the newest set's 2.6 GB for .venv-newest/, one
+# folder per python/requirements-newest.txt, the older ones removed).
 mount_in --bind "$cache/pip" "$root/root/.cache/pip"
 
 # The clone: as a new user gets it (no hard links into this repository, no hooks, nothing
