@@ -52,6 +52,7 @@ def main():
 
         # transformers: the prompt but its last token with the cache (logits of the last 15
         # positions), then generate() from that cache: its first step runs the last prompt token.
+        rss0 = peak_rss_gib()
         t0 = time.time()
         first = hf(input_ids=ids[:, :-1], use_cache=True, logits_to_keep=15)
         t_prompt = time.time() - t0
@@ -64,6 +65,12 @@ def main():
         rss_hf = peak_rss_gib()
         print(f"transformers: prompt {t_prompt:.1f} s, generate {K} tokens {t_gen:.2f} s "
               f"({K / t_gen:.1f} tokens/s); peak RSS {rss_hf:.2f} GiB", flush=True)
+        # Memory bounded: [N P, N P] scores would be 4 N^2 P^2 H bytes (1 GiB at 4,096 tokens),
+        # the blocks hold 4 MiB; what grows with N is the cache and the activations.
+        grew, scores = rss_hf - rss0, 4 * (N * CASE["P"]) ** 2 * CASE["H"] / 2**30
+        print(f"peak RSS grew {grew:.2f} GiB in transformers' part (full scores would be {scores:.2f} GiB)")
+        if N >= 4096:
+            assert grew < scores / 2, f"peak memory grew {grew:.2f} GiB: is a [N P, N P] score matrix made?"
         seq = gen.sequences
         assert seq.shape == (1, N + K), seq.shape
         assert rec.lengths == [1] * K, f"generate's forward calls (tokens each): {rec.lengths}"

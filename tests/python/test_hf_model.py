@@ -262,6 +262,12 @@ class HfModelTest(unittest.TestCase):
                     from transformers import DynamicCache
                     got = hf(input_ids=ids, use_cache=True, **{CACHE_KW: DynamicCache()}).logits
                     self.assertTrue(torch.equal(got, full))
+                    # One holding tokens is not this model's: refused, naming it.
+                    filled = DynamicCache()
+                    filled.update(torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8), 0)
+                    with self.assertRaises(ValueError) as cm:
+                        hf(input_ids=ids, use_cache=True, **{CACHE_KW: filled})
+                    self.assertIn("DynamicCache", str(cm.exception))
                     # logits_to_keep: the last n positions only.
                     if "logits_to_keep" in hf.forward.__code__.co_varnames:
                         ok, err, scale = reference.close(hf(input_ids=ids, logits_to_keep=3).logits, full[:, -3:], 1e-6)
