@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks for what the build, the tests and CI need (commands, headers, libraries, Python
 # modules), and on Debian/Ubuntu installs the packages that provide whatever is missing
-# (apt-get, with sudo when not root; PyPI-only Python packages into .venv/ with pip). Elsewhere
+# (apt-get, with sudo when not root; PyPI-only Python packages into .venv/ with pip, and with
+# --all the newest PyPI set, python/requirements-newest.txt, into .venv-newest/). Elsewhere
 # (no apt-get, or no root) it lists what is missing with the Debian package names as a hint, and
 # exits 1 if the build cannot succeed (tests needing a missing "test" item fail, never skip).
 #
