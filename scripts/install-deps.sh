@@ -242,7 +242,7 @@ case "${1:-}" in
       printf '%-14s %-5s %-50s %s\n' "$name" "${!kv}" "${!dv}" "${!wv}"
     done
     exit 0 ;;
-  -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "install-deps: unknown argument '$1' (--all, --list, --self-check, --help)" >&2; exit 2 ;;
 esac
 
