@@ -189,7 +189,14 @@ class Experiment:
             sets.append(("finetune.from", start_from))
         while self.latest_step(root) < steps:
             sets_i = sets + [("train.stop_after", chunk)]
-            self.run(name, ranks, mode, sets_i, extra=["--resume", "auto"])
+            try:
+                self.run(name, ranks, mode, sets_i, extra=["--resume", "auto"])
+            except expkit.StageFailed as e:
+                if e.code == 4:  # stopped by a signal at a step boundary: keep what it saved
+                    self.keep(name)
+                    print("[stop] %s: stopped by a signal at step %d (kept); the same command continues"
+                          % (name, self.latest_step(root)), flush=True)
+                raise
             self.keep(name)
         st_ = self.R["stages"].setdefault(name, {"invocations": []})
         st_["steps"] = self.latest_step(root)
