@@ -125,7 +125,9 @@ class ExportTest(unittest.TestCase):
         r = subprocess.run([self.convert, "import", out, os.path.join(self.tmp, "bad-ck")], capture_output=True,
                            text=True)
         self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn("field 'iha_pattern': 'LXG' may only contain L", r.stderr)
+        # iha_pattern must agree with the per-layer fields (window_virtual): a layer it makes
+        # another kind is named with both.
+        self.assertIn("field 'iha_pattern': 'LXG' makes layer 1 a", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "bad-ck")))
 
     def test_save_dir_imports(self):
