@@ -59,14 +59,7 @@ void check_case(Where w, MaskKind mk, int64_t P, int64_t W, int64_t d, FlashTile
     case Where::v_inf: v[row * d + col] = kInf; break;
   }
   const IeeeRef ref = test::ieee_attention(mask, d, q, k, v, g, n);
-  std::vector<int64_t> pos(n);
-  std::iota(pos.begin(), pos.end(), 0);
-  const std::vector<T> qt(q.begin(), q.end()), kt(k.begin(), k.end()), vt(v.begin(), v.end()), gt(g.begin(), g.end());
-  std::vector<T> o(n * d), lse(n), drow(n), dq(n * d, 0), dk(n * d, 0), dv(n * d, 0);
-  flash_forward<T>(mask, d, qt.data(), pos.data(), n, kt.data(), vt.data(), pos.data(), n, o.data(), lse.data(), tiles);
-  flash_drow<T>(o.data(), gt.data(), n, d, drow.data());
-  flash_backward<T>(mask, d, qt.data(), pos.data(), n, kt.data(), vt.data(), pos.data(), n, gt.data(), lse.data(),
-                    drow.data(), dq.data(), dk.data(), dv.data(), tiles);
+  const auto [o, lse, dq, dk, dv] = test::run_flash<T>(mask, d, q, k, v, g, n, tiles);
   const double tau = std::is_same_v<T, float> ? 2e-5 : 1e-11;
   const std::string what = std::string(where_name(w)) + " " + mask_name(mk) + " P=" + std::to_string(P) +
                            " W=" + std::to_string(W) + " d=" + std::to_string(d) + " tiles " +

@@ -53,14 +53,7 @@ void run_case(uint64_t seed) {
             std::to_string(at % d) + "]";
   }
   const test::IeeeRef ref = test::ieee_attention(mask, d, q, k, v, g, n);
-  std::vector<int64_t> pos(n);
-  std::iota(pos.begin(), pos.end(), 0);
-  const std::vector<T> qt(q.begin(), q.end()), kt(k.begin(), k.end()), vt(v.begin(), v.end()), gt(g.begin(), g.end());
-  std::vector<T> o(n * d), lse(n), drow(n), dq(n * d, 0), dk(n * d, 0), dv(n * d, 0);
-  flash_forward<T>(mask, d, qt.data(), pos.data(), n, kt.data(), vt.data(), pos.data(), n, o.data(), lse.data(), tiles);
-  flash_drow<T>(o.data(), gt.data(), n, d, drow.data());
-  flash_backward<T>(mask, d, qt.data(), pos.data(), n, kt.data(), vt.data(), pos.data(), n, gt.data(), lse.data(),
-                    drow.data(), dq.data(), dk.data(), dv.data(), tiles);
+  const auto [o, lse, dq, dk, dv] = test::run_flash<T>(mask, d, q, k, v, g, n, tiles);
   const double tau = sizeof(T) == 4 ? 5e-5 : 1e-10;
   EXPECT_TRUE(test::ieee_agrees(o, ref.o, tau, true, what + ": o"));
   EXPECT_TRUE(test::ieee_agrees(lse, ref.lse, tau, true, what + ": lse"));

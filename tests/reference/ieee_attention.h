@@ -12,9 +12,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
+#include "attention/flash.h"
 #include "attention/mask.h"
 
 namespace iha::test {
@@ -102,6 +104,30 @@ template <class T>
   if (diff > tau * std::max({mref, ref_floor, 1e-300}))
     return ::testing::AssertionFailure() << what << ": max diff " << diff << " > " << tau << " * " << mref;
   return ::testing::AssertionSuccess();
+}
+
+// The CPU flash kernels in T on the same float64 inputs (queries and keys at positions
+// 0..n-1): forward, then backward of the output gradient g.
+template <class T>
+struct FlashRun {
+  std::vector<T> o, lse, dq, dk, dv;
+};
+
+template <class T>
+FlashRun<T> run_flash(const MaskSpec& mask, int64_t d, const std::vector<double>& q, const std::vector<double>& k,
+                      const std::vector<double>& v, const std::vector<double>& g, int64_t n, const FlashTiles& tiles) {
+  std::vector<int64_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+  const std::vector<T> qt(q.begin(), q.end()), kt(k.begin(), k.end()), vt(v.begin(), v.end()), gt(g.begin(), g.end());
+  FlashRun<T> r{std::vector<T>(n * d), std::vector<T>(n), std::vector<T>(n * d, 0), std::vector<T>(n * d, 0),
+                std::vector<T>(n * d, 0)};
+  std::vector<T> drow(n);
+  flash_forward<T>(mask, d, qt.data(), pos.data(), n, kt.data(), vt.data(), pos.data(), n, r.o.data(), r.lse.data(),
+                   tiles);
+  flash_drow<T>(r.o.data(), gt.data(), n, d, drow.data());
+  flash_backward<T>(mask, d, qt.data(), pos.data(), n, kt.data(), vt.data(), pos.data(), n, gt.data(), r.lse.data(),
+                    drow.data(), r.dq.data(), r.dk.data(), r.dv.data(), tiles);
+  return r;
 }
 
 }  // namespace iha::test
