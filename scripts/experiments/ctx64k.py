@@ -51,6 +51,12 @@ DESIGN = {
 }
 
 
+# What every stage's config holds besides the design's numbers (base-config.yaml; configs/finetune-64k.yaml
+# holds the same: tests/experiments/check_ctx64k.py compares them).
+FIXED = {"train": {"dtype": "float32", "recompute": True, "seed": 1},
+         "optim": {"weight_decay": 0.01, "clip": 1.0}}
+
+
 def smoke_design():
     d = json.loads(json.dumps(DESIGN))
     d.update(n0=256, length=2048, gate=0.0, passkey_lengths=[256, 1024, 2048])
@@ -98,8 +104,10 @@ class Experiment:
         lines = ["# Written by scripts/experiments/ctx64k.py: the model of docs/experiments.md section 5.",
                  "sequence: {length: %d, layout: zigzag}" % self.D["n0"],
                  "model: {%s}" % ", ".join("%s: %s" % kv for kv in m.items()),
-                 "train: {dtype: float32, steps: 1, batch_size: 1, micro_batch: 1, recompute: true, seed: 1}",
-                 "optim: {lr: 1.0e-3, min_lr: 1.0e-4, warmup_steps: 1, weight_decay: 0.01, clip: 1.0}",
+                 "train: {dtype: %s, steps: 1, batch_size: 1, micro_batch: 1, recompute: %s, seed: %d}"
+                 % (FIXED["train"]["dtype"], str(FIXED["train"]["recompute"]).lower(), FIXED["train"]["seed"]),
+                 "optim: {lr: 1.0e-3, min_lr: 1.0e-4, warmup_steps: 1, weight_decay: %s, clip: %s}"
+                 % (FIXED["optim"]["weight_decay"], FIXED["optim"]["clip"]),
                  "data: {kind: hdf5, path: %s}" % os.path.join(self.corpus, "train-N0.h5"),
                  "eval: {sequences: 0}",
                  "logging: {every: 1}"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Section 5 (64k for real) pieces at small sizes, on hand-made cases and on a tiny model:
 
-  check_ctx64k.py stats                       the statistics and the corpus's pass-key insertion
+  check_ctx64k.py stats                       the statistics and the corpus's pass-key insertion; and
+                                              configs/finetune-64k.yaml holds the driver's fine-tune
   check_ctx64k.py direct BUILD CORPUS RUNS    after the smoke run (CTest fixture): the truncated-
                                               context scores equal a direct computation, and the
                                               pass-key scoring reads the answer digits
@@ -80,6 +81,35 @@ def stats():
     check(ok == [True, False], "pass key solved only with every digit: %s" % ok)
 
 
+def recipe():
+    """configs/finetune-64k.yaml is the driver's fine-tune (seed 1, YaRN arm): every value equal."""
+    import yaml
+    import ctx64k
+    D, f = ctx64k.DESIGN, ctx64k.DESIGN["finetune"]
+    c = yaml.safe_load(open(os.path.join(REPO, "configs", "finetune-64k.yaml")))
+
+    def same(got, want, what):
+        check(got == want, "configs/finetune-64k.yaml %s: %r, the driver's %r" % (what, got, want))
+
+    same(c["mesh"], {"dp": 1, "hp": 1, "sp": f["ranks"]}, "mesh")
+    same(c["sequence"]["length"], D["length"], "sequence.length")
+    model = dict(c["model"])
+    same(model.pop("rope_scaling"), yaml.safe_load(D["arms"]["yarn"]), "model.rope_scaling")
+    same(model, D["model"], "model")
+    for k, v in ctx64k.FIXED["train"].items():
+        same(c["train"][k], v, "train." + k)
+    same([c["train"][k] for k in ("steps", "batch_size", "micro_batch")], [f["steps"], f["batch"], f["batch"]],
+         "train steps, batch_size, micro_batch")
+    for k, v in ctx64k.FIXED["optim"].items():
+        same(c["optim"][k], v, "optim." + k)
+    same([c["optim"][k] for k in ("lr", "min_lr", "warmup_steps")], [f["lr"], f["min_lr"], f["warmup"]],
+         "optim lr, min_lr, warmup_steps")
+    same(c["data"], {"kind": "hdf5", "path": "runs/corpus/ctx64k/finetune-64k-s1.h5"}, "data")
+    same(c["finetune"]["from"], os.path.relpath(os.path.join(ctx64k.COMMIT_DIR, "base"), REPO), "finetune.from")
+    same(c["checkpoint"]["every"], f["chunk"], "checkpoint.every")
+    check(D["seeds"] == [1, 2] and set(D["arms"]) == {"yarn", "none"}, "the header's two arms and seeds")
+
+
 def direct(build, corpus_dir, runs):
     """The truncated score of a token equals the model's loss for that token with exactly its
     declared context as a sequence of its own (run with iha-train score directly)."""
@@ -127,6 +157,7 @@ def direct(build, corpus_dir, runs):
 def main():
     if sys.argv[1] == "stats":
         stats()
+        recipe()
     else:
         direct(*sys.argv[2:5])
     if failures:
