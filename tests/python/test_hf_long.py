@@ -7,8 +7,8 @@ layers) within 1e-4 normwise; after the prompt each generate() step runs one new
 
     test_hf_long.py [--tokens N] [--new K]
 
-N defaults to IHA_HF_LONG_TOKENS or 4096 (CTest runs it at that length on each Python set; the
-65,536-token run and its time and peak memory are in docs/python.md). Prints the time of each
+N defaults to IHA_HF_LONG_TOKENS or 4096; CTest runs it at 65,536 tokens on each Python set
+(python_hf_long, python_hf_long_newest; times and peak memory in docs/python.md). Prints the time of each
 part and the process's peak resident memory after the transformers part and at the end."""
 import argparse
 import os
