@@ -8,7 +8,8 @@ tokens (past every window), each step after the prompt running the model on one 
 the cache is taken however it is passed (the model's own, a legacy tuple, `cache=` or
 `past_key_values=`, an empty transformers Cache); save_pretrained writes a directory that
 reloads (the code files copied); float32, bfloat16 and float16 loads and device_map="cpu";
-load_dir gives back every tensor exactly. P = 1, 2, 3; MHA and GQA; window and global layers;
+load_dir gives back every tensor exactly; a padded batch gives each row the logits and the
+generated tokens it has alone. P = 1, 2, 3; MHA and GQA; window and global layers;
 RoPE scaling methods. Runs on every transformers the project supports (docs/python.md): CTest
 runs it with the Debian set (torch 1.13, transformers 4.49) and the newest PyPI set
 (python/requirements-newest.txt)."""
@@ -230,6 +231,66 @@ class HfModelTest(unittest.TestCase):
                         beams = [hf.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=10, num_beams=3,
                                              use_cache=c, **GEN) for c in (True, False)]
                     self.assertTrue(torch.equal(beams[0], beams[1]), f"beam search: {beams}")
+
+    def test_padded_batches(self):
+        """A batch of rows of different lengths, padded on the left or the right with
+        attention_mask: each row's logits at its own tokens equal that row run alone (1e-5
+        normwise; also one query block at a time), every logit finite; generate() from a
+        left-padded batch gives each row the tokens it gets alone, one token a step after the
+        prompt; a gap inside a row, values other than 0/1 and a mask of the wrong length are
+        refused naming attention_mask."""
+        g = torch.Generator().manual_seed(11)
+        rows = [torch.randint(1, V, (n,), generator=g) for n in (23, 15, 6)]   # 0 is the pad id
+        T, new = max(len(r) for r in rows), 12
+
+        def padded(side):
+            ids = torch.zeros(len(rows), T, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            spans = []
+            for b, r in enumerate(rows):
+                sl = slice(T - len(r), T) if side == "left" else slice(0, len(r))
+                ids[b, sl], mask[b, sl] = r, 1
+                spans.append(sl)
+            return ids, mask, spans
+
+        for case in CASES:
+            with self.subTest(case=case["name"]):
+                lib, out = self.dirs[case["name"]]
+                hf = load(out)
+                default = type(hf.model.layers[0].self_attn).block_elements
+                with torch.no_grad():
+                    alone = [hf(input_ids=r[None]).logits[0] for r in rows]
+                    for side in ("left", "right"):
+                        ids, mask, spans = padded(side)
+                        for block in (default, 1):
+                            for layer in hf.model.layers:
+                                layer.self_attn.block_elements = block
+                            got = hf(input_ids=ids, attention_mask=mask).logits
+                            self.assertTrue(bool(torch.isfinite(got).all()), f"{side}: non-finite logits")
+                            for b, sl in enumerate(spans):
+                                ok, err, scale = reference.close(got[b, sl], alone[b], 1e-5)
+                                self.assertTrue(ok, f"{side}, block {block}, row {b}: max|a-b| = {err:.3e}, "
+                                                    f"max|b| = {scale:.3e}")
+                    for layer in hf.model.layers:
+                        layer.self_attn.block_elements = default
+                    ids, mask, _ = padded("left")
+                    with StepRecorder(hf) as rec:
+                        gen = hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                                          use_cache=True, **GEN)
+                    self.assertEqual(rec.lengths, [T] + [1] * (new - 1), "generate's forward calls (tokens each)")
+                    for b, r in enumerate(rows):
+                        one = hf.generate(r[None], attention_mask=torch.ones_like(r[None]), max_new_tokens=new,
+                                          min_new_tokens=new, use_cache=True, **GEN)
+                        self.assertTrue(torch.equal(gen[b, T:], one[0, len(r):]),
+                                        f"row {b}: batch {gen[b, T:].tolist()} vs alone {one[0, len(r):].tolist()}")
+        ids, mask, _ = padded("left")
+        bad = mask.clone()
+        bad[0, 3] = 0
+        for m, what in ((bad, "padding between its tokens"), (mask * 2, "only 0"), (mask[:, 1:], "shape")):
+            with self.assertRaises(ValueError) as e:
+                hf(input_ids=ids, attention_mask=m)
+            self.assertIn("attention_mask", str(e.exception))
+            self.assertIn(what, str(e.exception))
 
     def test_cache_forms(self):
         """The cache continues a sequence however it is passed; window layers keep Wv - 1 positions."""

@@ -178,6 +178,30 @@ def _as_iha_cache(past, num_layers):
                      "pass the IhaCache the model returned (or None)")
 
 
+def _padding(attention_mask, seen, T):
+    """key_valid [B, seen + T] (bool) of a padded batch, or None where attention_mask is None or
+    all ones. Each row's ones must be one run (left or right padding, or both): a window counts
+    virtual positions, so a gap inside a row would shrink it."""
+    if attention_mask is None:
+        return None
+    m = torch.as_tensor(attention_mask)
+    if m.dim() != 2 or m.shape[1] != seen + T:
+        raise ValueError(f"IhaForCausalLM: attention_mask has shape {tuple(m.shape)}; it must be [batch, "
+                         f"{seen + T}] (the {seen} tokens the cache has seen and the {T} given)")
+    if not bool(((m == 0) | (m == 1)).all()):
+        raise ValueError("IhaForCausalLM: attention_mask must hold only 0 (padding) and 1")
+    valid = m.to(torch.bool)
+    if bool(valid.all()):
+        return None
+    v = valid.to(torch.int8)
+    starts = (v[:, 1:] > v[:, :-1]).sum(1) + v[:, 0]        # runs of ones per row
+    if bool((starts > 1).any()):
+        row = int((starts > 1).nonzero()[0, 0])
+        raise ValueError(f"IhaForCausalLM: attention_mask row {row} has padding between its tokens; padding "
+                         "may only come before a row's tokens (left padding, as for generate()) or after them")
+    return valid
+
+
 def _init_param(p, fill):
     """fill(tensor) on parameter p unless transformers marked it loaded from the checkpoint."""
     if getattr(p, "_is_hf_initialized", False) or p.device.type == "meta":
@@ -262,9 +286,11 @@ class IhaAttention(torch.nn.Module):
         a, b = x[..., :h], x[..., h:]
         return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
-    def attend(self, Qv, K, V, q0, k0):
+    def attend(self, Qv, K, V, q0, k0, key_valid=None):
         """Qv [B, H, Tq, d] at virtual positions q0.., K, V [B, G, Tk, d] at k0..: the causal
-        (flat or token-causal), windowed softmax attention, one block of queries at a time."""
+        (flat or token-causal), windowed softmax attention, one block of queries at a time.
+        key_valid [B, tokens] (bool; a padded batch's attention_mask): a key whose token is
+        padding is seen by no query but its own (so a padding query's row stays finite)."""
         B, H, Tq, d = Qv.shape
         G, P = self.G, self.P
         grp = H // G
@@ -291,20 +317,24 @@ class IhaAttention(torch.nn.Module):
             S = (q @ Kb.transpose(-1, -2)).view(B, G, grp, e - s, ke - ks)
             # Keys before qs are visible to every query of the block unless a window cuts them:
             # only the columns from m0 on need the mask.
-            m0 = 0 if self.Wv > 0 else max(0, qs - ks)
+            m0 = 0 if self.Wv > 0 or key_valid is not None else max(0, qs - ks)
             t = torch.arange(qs, qe, device=Qv.device)[:, None]
             tk = torch.arange(ks + m0, ke, device=Qv.device)[None, :]
             visible = (tk // P <= t // P) if self.token_causal else (tk <= t)
             if self.Wv > 0:
                 visible = visible & (t - tk < self.Wv)
+            if key_valid is not None:                      # [B, 1, 1, rows, keys]
+                visible = (visible & key_valid[:, tk[0] // P][:, None, :]) | (tk == t)
+                visible = visible[:, None, None]
             S[..., m0:].masked_fill_(~visible, float("-inf"))
             A = torch.softmax(S, dim=-1).view(B, G, grp * (e - s), ke - ks)
             out[:, :, s:e] = (A @ Vb).view(B, H, e - s, d)
         return out
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, key_valid=None):
         """x [B, T, D], the tokens after those `cache` (an IhaCache, or None) has seen ->
-        out [B, T, D]; the cache is extended in place."""
+        out [B, T, D]; the cache is extended in place. A padded batch gives key_valid [B, tokens
+        seen + T] (see IhaForCausalLM.forward)."""
         B, T, _ = x.shape
         H, G, d, P = self.H, self.G, self.d, self.P
         n0 = cache.seen if cache is not None else 0
@@ -327,7 +357,7 @@ class IhaAttention(torch.nn.Module):
             Kall, Vall, k0 = cache.append(self.layer_idx, Kv, Vv, keep)
         else:
             Kall, Vall, k0 = Kv, Vv, q0
-        Ov = self.attend(Qv, Kall, Vall, q0, k0).to(x.dtype)                  # [B, H, T*P, d]
+        Ov = self.attend(Qv, Kall, Vall, q0, k0, key_valid).to(x.dtype)       # [B, H, T*P, d]
         Y = Ov.reshape(B, H, T, P, d)                                          # Y[h][j][n] = Ov[n*P + j]
         if not self.mixing:
             O = Y[:, :, :, 0].transpose(1, 2)
@@ -358,8 +388,8 @@ class IhaDecoderLayer(torch.nn.Module):
         self.post_attention_layernorm = IhaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = IhaMLP(cfg)
 
-    def forward(self, x, cache=None):
-        x = x + self.self_attn(self.input_layernorm(x), cache)
+    def forward(self, x, cache=None, key_valid=None):
+        x = x + self.self_attn(self.input_layernorm(x), cache, key_valid)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -389,14 +419,14 @@ class IhaModel(IhaPreTrainedModel):
         self.norm = IhaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_init()
 
-    def forward(self, input_ids=None, cache=None, use_cache=False, inputs_embeds=None):
+    def forward(self, input_ids=None, cache=None, use_cache=False, inputs_embeds=None, key_valid=None):
         """-> (hidden states [B, T, D], the cache: the one given, extended, or a new one when
-        use_cache, else None)."""
+        use_cache, else None). key_valid: a padded batch's (IhaForCausalLM.forward)."""
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         if cache is None and use_cache:
             cache = IhaCache(len(self.layers))
         for layer in self.layers:
-            x = layer(x, cache)
+            x = layer(x, cache, key_valid)
         if cache is not None:
             cache.seen += x.shape[1]
         return self.norm(x), cache
@@ -424,13 +454,17 @@ class IhaForCausalLM(IhaPreTrainedModel, GenerationMixin):
         """The tokens after those the cache has seen. `cache` (transformers 5) or
         `past_key_values` (4.x): an IhaCache, a legacy tuple of per-layer tuples, None, or the empty
         Cache generate() makes. logits_to_keep: n > 0 computes the logits of the last n tokens only.
-        position_ids and cache_position are not needed (positions follow the cache) and ignored."""
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("IhaForCausalLM: padded batches are not supported (attention_mask has zeros)")
+        attention_mask [B, tokens seen + T]: zeros mark padding (left or right: each row's ones one
+        run); no query sees a padding key. Positions count from the first column, padding
+        included: RoPE scores depend on position differences only, so a row's logits are those
+        it has alone. position_ids and cache_position are not needed and ignored."""
         past = _as_iha_cache(cache if cache is not None else past_key_values, len(self.model.layers))
+        T = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        key_valid = _padding(attention_mask, past.seen if past is not None else 0, T)
         if use_cache is None:
             use_cache = past is not None or bool(getattr(self.config, "use_cache", False))
-        h, new_cache = self.model(input_ids, past, use_cache=use_cache, inputs_embeds=inputs_embeds)
+        h, new_cache = self.model(input_ids, past, use_cache=use_cache, inputs_embeds=inputs_embeds,
+                                  key_valid=key_valid)
         if isinstance(logits_to_keep, torch.Tensor):
             h = h[:, logits_to_keep]                     # the positions it lists
         elif int(logits_to_keep) > 0:
