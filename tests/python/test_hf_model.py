@@ -9,7 +9,8 @@ the cache is taken however it is passed (the model's own, a legacy tuple, `cache
 `past_key_values=`, an empty transformers Cache); save_pretrained writes a directory that
 reloads (the code files copied); float32, bfloat16 and float16 loads and device_map="cpu";
 load_dir gives back every tensor exactly; a padded batch gives each row the logits and the
-generated tokens it has alone. P = 1, 2, 3; MHA and GQA; window and global layers;
+generated tokens it has alone; generate() from inputs_embeds gives the tokens it gives from
+input_ids. P = 1, 2, 3; MHA and GQA; window and global layers;
 RoPE scaling methods. Runs on every transformers the project supports (docs/python.md): CTest
 runs it with the Debian set (torch 1.13, transformers 4.49) and the newest PyPI set
 (python/requirements-newest.txt)."""
@@ -291,6 +292,27 @@ class HfModelTest(unittest.TestCase):
                 hf(input_ids=ids, attention_mask=m)
             self.assertIn("attention_mask", str(e.exception))
             self.assertIn(what, str(e.exception))
+
+    def test_generate_from_inputs_embeds(self):
+        """generate(inputs_embeds=...) gives the tokens generate(input_ids=...) gives, with the
+        cache one token a step after the prompt; also from a left-padded batch."""
+        new = 12
+        for case in CASES:
+            with self.subTest(case=case["name"]):
+                lib, out = self.dirs[case["name"]]
+                hf = load(out)
+                ids = self.ids[:, :9].clamp(min=1)
+                mask = torch.ones_like(ids)
+                for m in (mask, torch.cat([torch.zeros_like(mask[:, :3]), mask[:, 3:]], 1).flip(0)):
+                    with torch.no_grad():
+                        want = hf.generate(ids, attention_mask=m, max_new_tokens=new, min_new_tokens=new, **GEN)
+                        emb = hf.get_input_embeddings()(ids)
+                        with StepRecorder(hf) as rec:
+                            got = hf.generate(inputs_embeds=emb, attention_mask=m,
+                                              max_new_tokens=new, min_new_tokens=new, **GEN)
+                    self.assertTrue(torch.equal(got[:, -new:], want[:, -new:]),
+                                    f"from inputs_embeds {got[:, -new:].tolist()} vs input_ids {want[:, -new:].tolist()}")
+                    self.assertEqual(rec.lengths, [1] * (new - 1), "the steps after the prompt (tokens each)")
 
     def test_cache_forms(self):
         """The cache continues a sequence however it is passed; window layers keep Wv - 1 positions."""

@@ -479,12 +479,21 @@ class IhaForCausalLM(IhaPreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, cache=None, attention_mask=None,
                                       inputs_embeds=None, use_cache=True, **kwargs):
-        """Only the tokens the cache has not seen (one a step after the prompt)."""
+        """Only the tokens the cache has not seen (one a step after the prompt). After a prompt
+        given as inputs_embeds, input_ids holds the generated tokens only, so the new ones are
+        counted from what transformers says (next_sequence_length in 5.x, cache_position in 4.x)
+        or from the mask, which covers the whole sequence."""
         given = cache if cache is not None else past_key_values
         past = _as_iha_cache(given, len(self.model.layers)) if use_cache is not False else None
         inputs = {"use_cache": use_cache is not False, "attention_mask": attention_mask}
         if past is not None:
-            inputs["input_ids"] = input_ids[:, past.seen:]
+            if kwargs.get("next_sequence_length") is not None:
+                new = int(kwargs["next_sequence_length"])
+            elif kwargs.get("cache_position") is not None:
+                new = int(kwargs["cache_position"].shape[0])
+            else:
+                new = (attention_mask if attention_mask is not None else input_ids).shape[1] - past.seen
+            inputs["input_ids"] = input_ids[:, input_ids.shape[1] - new:]
         elif inputs_embeds is not None:
             inputs["inputs_embeds"] = inputs_embeds
         else:
