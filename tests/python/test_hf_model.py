@@ -51,6 +51,7 @@ CACHE_KW = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ els
 # it generate() takes every pad_token_id in the prompt for padding.)
 GEN = dict(do_sample=False, pad_token_id=0, synced_gpus=False)
 NEW_TOKENS = 64
+TORCH_2_1 = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 1)
 
 
 def load(path, **kw):
@@ -196,14 +197,17 @@ class HfModelTest(unittest.TestCase):
                     f = a.freqs(torch.device("cpu")) if callable(a.freqs) else a.freqs
                     want, _ = reference.rope_frequencies(lib.attn[i].config)
                     self.assertTrue(torch.allclose(f.to(torch.float64), want, rtol=1e-15, atol=0), f"layer {i}: {f} vs {want}")
+                # torch 2.1 on: a global layer's prompt attention is torch's fused SDPA call.
+                self.assertEqual(hf.model.layers[0].self_attn.use_sdpa, TORCH_2_1)
                 with torch.no_grad():
                     want = lib(self.ids)
                     got = hf(input_ids=self.ids).logits
                     ok, err, scale = reference.close(got, want, 1e-5)
                     self.assertTrue(ok, f"logits: max|a-b| = {err:.3e}, max|b| = {scale:.3e}")
-                    # Attention one query block (P rows) at a time: the same logits.
+                    # Attention one query block (P rows) at a time, no fused call: the same logits.
                     for layer in hf.model.layers:
                         layer.self_attn.block_elements = 1
+                        layer.self_attn.use_sdpa = False
                     got_blocked = hf(input_ids=self.ids).logits
                 ok, err, scale = reference.close(got_blocked, want, 1e-5)
                 self.assertTrue(ok, f"blocked logits: max|a-b| = {err:.3e}, max|b| = {scale:.3e}")
