@@ -186,7 +186,20 @@ std::string import_hf_model(const ImportOptions& a, std::shared_ptr<Communicator
   m.global_kind = m.window_kind = kind == "iha" ? GlobalKind::iha : GlobalKind::mha;
   IHA_CONFIG_CHECK(a.dtype == "float32" || a.dtype == "float64", "option --dtype: expected float32 or float64, got '",
                    a.dtype, "'");
-  m.validate();
+  try {
+    m.validate();
+  } catch (const ConfigError& e) {
+    // The directory's model with one pseudo-head valid: then --P is at fault, and is named.
+    ModelConfig one = m;
+    one.P = 1;
+    one.global_kind = one.window_kind = GlobalKind::mha;
+    try {
+      one.validate();
+    } catch (const ConfigError&) {
+      throw e;
+    }
+    throw ConfigError(detail::concat("option --P ", a.P, ": the model it makes is invalid: ", e.what()));
+  }
   IHA_CONFIG_CHECK(!has_checkpoint(a.out_root), "output '", a.out_root, "' already holds a checkpoint");
   check_output_directory(a.out_root, a.hf_dir, "input directory");
   const int64_t context = std::min(hf.max_positions, kRecordedContextCap);

@@ -213,6 +213,11 @@ TEST(IhaConvert, BadExportsWriteNothing) {
   EXPECT_NE(r.output.find("--P"), std::string::npos) << r.output;
   r = convert("import " + kFixtures + "mha_untied " + tmp("x") + " --P 2 --kind mha");
   EXPECT_EQ(r.code, 2) << r.output;
+  // A --P the directory's model cannot take is named as the option (not as a config key).
+  r = convert("import " + kFixtures + "mha_untied " + tmp("x") + " --P 4611686018427387904");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("option --P 4611686018427387904: the model it makes is invalid"), std::string::npos)
+      << r.output;
   r = iha::test::run_command(std::string(IHA_MPI_LAUNCH) + " -n 2 " + IHA_CONVERT_BIN + " import " +
                              kFixtures + "mha_untied " + tmp("x"));
   EXPECT_EQ(r.code, 2) << r.output;
