@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/config_size.h"
+#include "core/memory.h"
 #include "core/rng.h"
 
 namespace iha {
@@ -256,37 +257,7 @@ RunConfig load_run_config(const std::string& file, const std::vector<std::string
 
 namespace {
 
-// Bytes this process can still get: MemAvailable, bounded by a cgroup v2 memory.max.
-int64_t available_memory() {
-  int64_t avail = INT64_MAX;
-  std::ifstream mi("/proc/meminfo");
-  for (std::string line; std::getline(mi, line);) {
-    if (line.rfind("MemAvailable:", 0) == 0) {
-      std::istringstream is(line.substr(13));
-      int64_t kib = 0;
-      if (is >> kib) avail = kib * 1024;
-    }
-  }
-  std::ifstream cg("/sys/fs/cgroup/memory.max");
-  std::string limit;
-  if (cg >> limit && limit != "max") {
-    try {
-      int64_t used = 0;
-      std::ifstream cur("/sys/fs/cgroup/memory.current");
-      cur >> used;
-      avail = std::min<int64_t>(avail, std::stoll(limit) - used);
-    } catch (...) {
-    }
-  }
-  return avail;
-}
-
-std::string gib(int64_t bytes) {
-  std::ostringstream os;
-  os.precision(3);
-  os << static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0) << " GiB";
-  return os.str();
-}
+std::string gib(int64_t bytes) { return format_gib(bytes); }
 
 }  // namespace
 

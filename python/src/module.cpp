@@ -22,6 +22,7 @@
 #include "attention/layer.h"
 #include "core/config_size.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/tensor.h"
 #include "parallel/layout.h"
 #include "parallel/mesh.h"
@@ -161,47 +162,13 @@ const iha::FieldNames kArguments{"argument", "", {{"kv_heads", "Hkv"}}};
 using Size = iha::ConfigSize;
 Size arg_size(int64_t v, const std::string& name) { return Size(v, kArguments, name); }
 
-// Bytes this process can still get: MemAvailable, bounded by a cgroup v2 memory.max.
-int64_t available_memory() {
-  int64_t avail = INT64_MAX;
-  std::ifstream mi("/proc/meminfo");
-  for (std::string line; std::getline(mi, line);) {
-    if (line.rfind("MemAvailable:", 0) == 0) {
-      std::istringstream is(line.substr(13));
-      int64_t kib = 0;
-      if (is >> kib) avail = kib * 1024;
-    }
-  }
-  if (avail == INT64_MAX) {  // no /proc/meminfo: the physical memory
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    if (pages > 0 && page > 0) avail = static_cast<int64_t>(pages) * page;
-  }
-  std::ifstream cg("/sys/fs/cgroup/memory.max");
-  std::string limit;
-  if (cg >> limit && limit != "max") {
-    try {
-      int64_t used = 0;
-      std::ifstream cur("/sys/fs/cgroup/memory.current");
-      cur >> used;
-      avail = std::min<int64_t>(avail, std::stoll(limit) - used);
-    } catch (...) {
-    }
-  }
-  return avail;
-}
-
-std::string gib(int64_t bytes) {
-  std::ostringstream os;
-  os.precision(3);
-  os << static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0) << " GiB";
-  return os.str();
-}
+std::string gib(int64_t bytes) { return iha::format_gib(bytes); }
 
 // Refuses `need` (a lower bound of what `what` allocates) when it exceeds the memory
 // available, naming the argument with the largest share.
 void check_fits_memory(const Size& need, const std::string& what) {
   if (need.value() < (int64_t{64} << 20)) return;  // small: not worth reading /proc on every call
-  const int64_t avail = available_memory();
+  const int64_t avail = iha::available_memory();
   if (need.value() > avail)
     throw py::value_error(std::string("argument '") + need.key() + "': " + what + " needs at least " +
                           gib(need.value()) + " (" + need.expr() + " bytes), more than the " + gib(avail) +
@@ -955,7 +922,7 @@ PYBIND11_MODULE(_iha, m) {
            py::arg("daq"), py::arg("dak"), py::arg("dav"), py::arg("dc"))
       .def("reduce_gradients", &Core::reduce_gradients, py::arg("grads"));
 
-  m.def("available_memory", &available_memory,
+  m.def("available_memory", &iha::available_memory,
         "Bytes this process can still get (MemAvailable, bounded by a cgroup v2 memory.max).");
   m.def("check_core_args", [](const iha::LayerConfig& cfg, int64_t N, const std::string& dtype,
                               const std::string& layout, const std::string& scheme, int64_t head_ranks,
