@@ -234,7 +234,8 @@ class IhaAttention(torch.nn.Module):
     block_elements = 1 << 20
     # A global layer's causal attention over the whole prompt (no cache before it, no padding,
     # flat-causal mask) runs as one fused torch scaled_dot_product_attention call where torch
-    # has it with a `scale` argument (2.1 on): no score matrix in memory, and several times faster
+    # has it with a `scale` argument (2.1 on): no score matrix in memory (measured on the CPU in
+    # float32 and float64: 16k virtual positions, 5-8 MiB more where the matrix is 2-4 GiB), and faster
     # than the query blocks on the CPU (32k virtual positions, head dim 16: 3.8 s against 20 s,
     # torch 2.15). Everything else, and torch 1.13, takes the query blocks. Instances may turn
     # it off (the tests do, to run the blocks).
@@ -306,8 +307,9 @@ class IhaAttention(torch.nn.Module):
         grp = H // G
         cd = _compute_dtype(Qv.dtype)
         Qv, K, V = Qv.to(cd), K.to(cd), V.to(cd)
+        # (float64 on a GPU would take torch's unfused path, with the whole score matrix.)
         if (self.use_sdpa and self.Wv == 0 and not self.token_causal and key_valid is None and q0 == k0
-                and K.shape[2] == Tq):
+                and K.shape[2] == Tq and (Qv.device.type == "cpu" or cd != torch.float64)):
             if grp > 1:
                 K, V = K.repeat_interleave(grp, dim=1), V.repeat_interleave(grp, dim=1)
             return torch.nn.functional.scaled_dot_product_attention(Qv, K, V, is_causal=True, scale=self.scale)
