@@ -67,6 +67,26 @@ def smoke_design():
     return d
 
 
+def corpus_record(corpus):
+    """What identifies a corpus built by ctx64k_corpus.py (manifest.json's `seconds` left out)."""
+    import hashlib
+    import h5py
+    m = json.load(open(os.path.join(corpus, "manifest.json")))
+    m.pop("seconds", None)
+    docs = {d["source"] + ":" + d["path"]: d for d in m["documents"]}
+    held = {k: [{"document": n, "bytes": docs[n]["bytes"], "sha256": docs[n]["sha256"]} for n in m[k]]
+            for k in ("heldout_64k", "heldout_128k")}
+    files = {}
+    for name in sorted(os.listdir(corpus)):
+        if name.endswith(".h5"):
+            with h5py.File(os.path.join(corpus, name), "r") as f:
+                files[name] = hashlib.sha256(f["tokens"][:].tobytes() + f["doc_starts"][:].tobytes()).hexdigest()
+    return {"packages": m["packages"], "train": m["train"], "base_sequences": m["base_sequences"],
+            "finetune_sequences": m["finetune_sequences"], "passkey_probes": m["passkey_probes"],
+            "manifest_sha256": hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest(),
+            "token_files_sha256": files, **held}
+
+
 def now():
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
 
@@ -89,6 +109,25 @@ class Experiment:
         self.R.setdefault("scores", {})
         self.config = os.path.join(self.out, "base-config.yaml")
         self.write_config()
+        if not a.report_only:
+            self.check_corpus()
+
+    def check_corpus(self):
+        """Records the corpus in the results (its Debian packages' versions, the held-out documents
+        with their sha256, a digest of the manifest and of every token file's contents), and
+        refuses a corpus other than the one already recorded: a later session rebuilds it, and its
+        results must come from the same documents."""
+        rec = corpus_record(self.corpus)
+        old = self.R.get("corpus")
+        if old is not None and old != rec:
+            diff = [k for k in sorted(set(old) | set(rec)) if old.get(k) != rec.get(k)]
+            raise SystemExit("error: the corpus in %s is not the one the results in %s were made with (%s differ%s;"
+                             " recorded packages %s, these %s): rebuild it with the recorded package versions"
+                             % (expkit.relative(self.corpus), expkit.relative(self.results_path), ", ".join(diff),
+                                "s" if len(diff) == 1 else "", old.get("packages"), rec.get("packages")))
+        if old is None:
+            self.R["corpus"] = rec
+            self.save()
 
     # ---- bookkeeping ----
     def save(self):

@@ -152,6 +152,22 @@ def direct(build, corpus_dir, runs):
     for model in ("base", "base-yarn", "ft-yarn-s1", "ft-none-s1"):
         check(model in res["scores"] and "full" in res["scores"][model], "results hold %s's scores" % model)
     check(len(res["scores"]["base"]["full"]["gain_per_doc"]) == docs, "one endpoint value per held-out document")
+    # the corpus is recorded (packages, held-out documents with sha256, token files' digests), and
+    # the driver refuses a corpus other than the recorded one before it runs anything
+    import ctx64k
+    rec = res.get("corpus", {})
+    check(rec == ctx64k.corpus_record(corpus_dir), "results hold the corpus record of the corpus used")
+    check(len(rec.get("heldout_64k", [])) == docs and all(len(d["sha256"]) == 64 for d in rec.get("heldout_64k", [])),
+          "the record lists every held-out document with its sha256")
+    other = dict(res, corpus=dict(rec, packages=dict(rec.get("packages", {}), **{"linux-source-6.1": "0"})))
+    path = os.path.join(runs, "results-other-corpus.json")
+    with open(path, "w") as f:
+        json.dump(other, f)
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "experiments", "ctx64k.py"), "--smoke",
+                        "--build", build, "--corpus", corpus_dir, "--out", runs, "--results", path,
+                        "--commit-dir", os.path.join(runs, "committed")], capture_output=True, text=True)
+    check(r.returncode != 0 and "is not the one the results" in r.stderr + r.stdout and "packages" in r.stderr + r.stdout,
+          "a results file recorded with another corpus is refused (exit %d): %s" % (r.returncode, (r.stderr + r.stdout)[-300:]))
 
 
 def main():
