@@ -13,6 +13,7 @@ JSON records each invocation's command, commit, machine, start and end.
 
   python3 scripts/experiments/ctx64k_corpus.py --out runs/corpus/ctx64k           # the corpus, once
   nice -n 19 python3 scripts/experiments/ctx64k.py --corpus runs/corpus/ctx64k     # the runs (hours; resumable)
+  ... --stop-by 2026-12-07T16:55                                                    # start nothing that would end later (exit 4)
   python3 scripts/experiments/ctx64k.py --report-only                              # tables and plots from the JSON
   python3 scripts/experiments/ctx64k.py --smoke --out /tmp/ctx64k-smoke-runs --corpus /tmp/ctx64k-smoke
 """
@@ -87,6 +88,10 @@ def corpus_record(corpus):
             "token_files_sha256": files, **held}
 
 
+class StoppedBy(Exception):
+    """--stop-by came before the next invocation (exit 4: the same command continues)."""
+
+
 def now():
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
 
@@ -153,8 +158,23 @@ class Experiment:
         with open(self.config, "w") as f:
             f.write("\n".join(lines) + "\n")
 
+    def before(self, name):
+        """With --stop-by, no invocation of `name` starts that would end after that time (the
+        stage's last finished invocation's seconds as the estimate; with none yet, only once the
+        time has passed): the driver stops at an invocation boundary instead, exit 4."""
+        if self.a.stop_by is None:
+            return
+        took = [i["seconds"] for i in self.R["stages"].get(name, {}).get("invocations", [])
+                if i.get("exit") == 0 and i.get("seconds")]
+        need = took[-1] if took else 0
+        if time.time() + need > expkit.utc_time(self.a.stop_by, "--stop-by"):
+            print("[stop] %s: not started: it would end after --stop-by %s UTC (its last invocation took %d s);"
+                  " the same command continues" % (name, self.a.stop_by, need), flush=True)
+            raise StoppedBy()
+
     def run(self, name, ranks, mode, sets, extra=(), log=None):
         """One invocation of iha-train under scripts/mpiexec.sh; records it; returns its exit code."""
+        self.before(name)
         cmd = [os.path.join(REPO, "scripts", "mpiexec.sh"), "-n", str(ranks)]
         if ranks > 2:
             cmd.append("--oversubscribe")
@@ -412,6 +432,7 @@ class Experiment:
     def run_and_kill(self, name, ranks, sets, after_step):
         """Starts a finetune, SIGKILLs its whole process group once checkpoint step `after_step`
         is committed (during the next step); returns whether the kill came before the run ended."""
+        self.before(name)
         cmd = [os.path.join(REPO, "scripts", "mpiexec.sh"), "-n", str(ranks)]
         if ranks > 2:
             cmd.append("--oversubscribe")
@@ -502,14 +523,21 @@ def main():
     ap.add_argument("--commit-dir", default=COMMIT_DIR)
     ap.add_argument("--through", choices=["base", "all"], default="all")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--stop-by", default=None, metavar="YYYY-MM-DDTHH:MM",
+                    help="UTC: start no invocation that would end later (exit 4; the same command continues)")
     a = ap.parse_args()
+    if a.stop_by:
+        expkit.utc_time(a.stop_by, "--stop-by")  # a bad time is named now
     design = smoke_design() if a.smoke else DESIGN
     if a.smoke and a.results == RESULTS:
         a.results = os.path.join(os.path.abspath(a.out), "results.json")
         a.commit_dir = os.path.join(os.path.abspath(a.out), "committed")
     e = Experiment(a, design)
     if not a.report_only:
-        e.plan()
+        try:
+            e.plan()
+        except StoppedBy:
+            return 4
     return 0
 
 

@@ -279,6 +279,15 @@ def run_main(main):
         sys.exit(e.code)
 
 
+def utc_time(text, option):
+    """Seconds since the epoch of a UTC time YYYY-MM-DDTHH:MM given to `option`."""
+    import calendar
+    try:
+        return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M"))
+    except ValueError:
+        raise SystemExit("error: %s %r is not a UTC time YYYY-MM-DDTHH:MM" % (option, text))
+
+
 def experiment_args(doc, name):
     """The options every experiment script has: --out (default runs/experiments/NAME),
     --build, --figures (copy the PNGs and results there) and --smoke."""

@@ -211,11 +211,7 @@ def sign_test(ahead, behind):
 
 def deadline_of(text):
     """Seconds since the epoch of a UTC time YYYY-MM-DDTHH:MM (--seed-deadline)."""
-    import calendar
-    try:
-        return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M"))
-    except ValueError:
-        raise SystemExit("error: --seed-deadline %r is not a UTC time YYYY-MM-DDTHH:MM" % text)
+    return expkit.utc_time(text, "--seed-deadline")
 
 
 def main():

@@ -168,6 +168,20 @@ def direct(build, corpus_dir, runs):
                         "--commit-dir", os.path.join(runs, "committed")], capture_output=True, text=True)
     check(r.returncode != 0 and "is not the one the results" in r.stderr + r.stdout and "packages" in r.stderr + r.stdout,
           "a results file recorded with another corpus is refused (exit %d): %s" % (r.returncode, (r.stderr + r.stdout)[-300:]))
+    # --stop-by in the past: a driver with stages to run starts none, says so, exits 4
+    fresh = os.path.join(runs, "stop-by")
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "experiments", "ctx64k.py"), "--smoke",
+                        "--build", build, "--corpus", corpus_dir, "--out", fresh, "--stop-by", "2000-01-01T00:00"],
+                       capture_output=True, text=True)
+    started = json.load(open(os.path.join(fresh, "results.json")))["stages"] if os.path.exists(
+        os.path.join(fresh, "results.json")) else {}
+    check(r.returncode == 4 and "[stop] base: not started" in r.stdout and not started,
+          "--stop-by in the past starts nothing, exit 4 (exit %d, stages %s): %s"
+          % (r.returncode, sorted(started), (r.stdout + r.stderr)[-300:]))
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "experiments", "ctx64k.py"), "--smoke",
+                        "--build", build, "--corpus", corpus_dir, "--out", fresh, "--stop-by", "tomorrow"],
+                       capture_output=True, text=True)
+    check(r.returncode != 0 and "--stop-by 'tomorrow' is not a UTC time" in r.stderr, "a bad --stop-by is named")
 
 
 def main():
