@@ -39,11 +39,15 @@ def progress(d):
 
 
 def gate(d):
-    rows = [[k, v["step"], "%d / %d" % (sum(p["ok"] for p in v["probes"]), len(v["probes"])), "%.3f" % v["accuracy"]]
+    """Per gate evaluation: probes solved, and the answer's mean loss per digit against a guess
+    uniform over the ten digits (ln 10 = 2.30 nats): a model with no skill sits near or above it."""
+    rows = [[k, v["step"], "%d / %d" % (sum(p["ok"] for p in v["probes"]), len(v["probes"])), "%.3f" % v["accuracy"],
+             "%.2f" % (float(np.mean([p["loss"] for p in v["probes"]])) / 5)]
             for k, v in sorted(d.get("scores", {}).items()) if k.startswith("base-gate")]
     if not rows:
         return "*The gate has not been evaluated yet.*"
-    return _table(["evaluation", "base step", "probes solved at N0", "accuracy (gate 0.80)"], rows)
+    return _table(["evaluation", "base step", "probes solved at N0", "accuracy (gate 0.80)",
+                   "answer loss per digit (nats; uniform guess 2.30)"], rows)
 
 
 def _gain(d, model):
