@@ -496,20 +496,28 @@ class IhaForCausalLM(IhaPreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, cache=None, attention_mask=None,
                                       inputs_embeds=None, use_cache=True, **kwargs):
-        """Only the tokens the cache has not seen (one a step after the prompt). After a prompt
-        given as inputs_embeds, input_ids holds the generated tokens only, so the new ones are
-        counted from what transformers says (next_sequence_length in 5.x, cache_position in 4.x)
-        or from the mask, which covers the whole sequence."""
+        """Only the tokens the cache has not seen (one a step after the prompt), counted against
+        the cache's own count of tokens: the mask covers the whole sequence, and so does input_ids
+        unless the prompt came as inputs_embeds (then it holds the generated tokens only, and
+        transformers' step counter says how many are new: next_sequence_length in 5.x,
+        cache_position in 4.x). transformers 4.x derives cache_position of a cache passed in
+        from its first layer's length, which for a window layer is not the tokens seen, so it is
+        used only for the embeddings' case, where generate() made the cache and counts steps."""
         given = cache if cache is not None else past_key_values
         past = _as_iha_cache(given, len(self.model.layers)) if use_cache is not False else None
         inputs = {"use_cache": use_cache is not False, "attention_mask": attention_mask}
         if past is not None:
-            if kwargs.get("next_sequence_length") is not None:
+            if attention_mask is not None:
+                new = attention_mask.shape[1] - past.seen
+            elif input_ids.shape[1] > past.seen:
+                new = input_ids.shape[1] - past.seen
+            elif kwargs.get("next_sequence_length") is not None:
                 new = int(kwargs["next_sequence_length"])
             elif kwargs.get("cache_position") is not None:
                 new = int(kwargs["cache_position"].shape[0])
             else:
-                new = (attention_mask if attention_mask is not None else input_ids).shape[1] - past.seen
+                raise ValueError("IhaForCausalLM: cannot tell which tokens the cache has not seen "
+                                 "(no attention_mask, and input_ids is not longer than the cache)")
             inputs["input_ids"] = input_ids[:, input_ids.shape[1] - new:]
         elif inputs_embeds is not None:
             inputs["inputs_embeds"] = inputs_embeds
