@@ -464,18 +464,21 @@ class Experiment:
         corpus = os.path.join(self.corpus, "train-N0.h5")
         root = self.train_stage("base", "train", D["n0"], b["ranks"], "dp", b["steps"], b["batch"], b["micro"],
                                 b["lr"], b["min_lr"], b["warmup"], b["chunk"], data=corpus)
-        acc = self.gate("base", root)
+        acc = self.gate("base", root, b["steps"])
         if acc < D["gate"]:
             root = self.train_stage("base", "train", D["n0"], b["ranks"], "dp", b["more_steps"], b["batch"],
                                     b["micro"], b["lr"], b["min_lr"], b["warmup"], b["chunk"], data=corpus)
-            acc = self.gate("base", root)
+            acc = self.gate("base", root, b["more_steps"])
         return root
 
-    def gate(self, model, root):
-        """Pass-key accuracy at N0 of the base's current checkpoint (the declared gate)."""
-        step = self.latest_step(root)
+    def gate(self, model, root, step):
+        """Pass-key accuracy at N0 of the base at the declared step (the gate): evaluated once,
+        when that is the newest checkpoint; a later restart (the base trained on) reads it back."""
         name = "%s-gate-step%d" % (model, step)
         if name not in self.R["scores"]:
+            if self.latest_step(root) != step:
+                raise SystemExit("error: the gate at step %d was never evaluated and the newest checkpoint of %s is "
+                                 "step %d" % (step, expkit.relative(root), self.latest_step(root)))
             rows = json.load(open(os.path.join(self.corpus, "passkey-%d.json" % self.D["n0"])))
             loss, hit = self.score(name, root, self.D["n0"], self.eval_ranks(self.D["n0"]),
                                    os.path.join(self.corpus, "passkey-%d.h5" % self.D["n0"]), len(rows), None)
