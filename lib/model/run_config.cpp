@@ -255,12 +255,6 @@ RunConfig load_run_config(const std::string& file, const std::vector<std::string
   return parse_run_config(ConfigNode::from_string(text, file), text);
 }
 
-namespace {
-
-std::string gib(int64_t bytes) { return format_gib(bytes); }
-
-}  // namespace
-
 RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
   RunEstimate e;
   using S = ConfigSize;
@@ -322,10 +316,10 @@ RunEstimate check_run_fits_machine(const RunConfig& c, int64_t world_size) {
                      : activations.value() >= state                                     ? activations
                                                                                         : params;
     throw ConfigError("config key '" + share.key() + "': the run needs at least " +
-                      gib(e.bytes_per_rank) + " per rank (parameters, gradients and AdamW moments " +
-                      gib(state) + ", activations " + gib(activations.value()) +
-                      (eval_held.value() > 0 ? ", held-out sequences " + gib(eval_held.value()) : std::string()) +
-                      "), more than the " + gib(e.available_bytes) + " of memory available on this machine");
+                      format_gib(e.bytes_per_rank) + " per rank (parameters, gradients and AdamW moments " +
+                      format_gib(state) + ", activations " + format_gib(activations.value()) +
+                      (eval_held.value() > 0 ? ", held-out sequences " + format_gib(eval_held.value()) : std::string()) +
+                      "), more than the " + format_gib(e.available_bytes) + " of memory available on this machine");
   }
   return e;
 }

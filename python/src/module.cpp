@@ -162,8 +162,6 @@ const iha::FieldNames kArguments{"argument", "", {{"kv_heads", "Hkv"}}};
 using Size = iha::ConfigSize;
 Size arg_size(int64_t v, const std::string& name) { return Size(v, kArguments, name); }
 
-std::string gib(int64_t bytes) { return iha::format_gib(bytes); }
-
 // Refuses `need` (a lower bound of what `what` allocates) when it exceeds the memory
 // available, naming the argument with the largest share.
 void check_fits_memory(const Size& need, const std::string& what) {
@@ -171,7 +169,7 @@ void check_fits_memory(const Size& need, const std::string& what) {
   const int64_t avail = iha::available_memory();
   if (need.value() > avail)
     throw py::value_error(std::string("argument '") + need.key() + "': " + what + " needs at least " +
-                          gib(need.value()) + " (" + need.expr() + " bytes), more than the " + gib(avail) +
+                          iha::format_gib(need.value()) + " (" + need.expr() + " bytes), more than the " + iha::format_gib(avail) +
                           " this process can get");
 }
 
