@@ -121,20 +121,24 @@ void read_rope(const json& j, const Fields& top, ModelConfig& m, int64_t max_pos
 
 }  // namespace
 
-HfModel read_hf_config(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "config.json").string();
+json read_config_json(const std::string& dir, std::string* path) {
+  *path = (fs::path(dir) / "config.json").string();
   IHA_CONFIG_CHECK(fs::is_directory(dir), "model directory '", dir, "' does not exist");
-  IHA_CONFIG_CHECK(fs::exists(path), "model directory '", dir, "': no config.json");
+  IHA_CONFIG_CHECK(fs::exists(*path), "model directory '", dir, "': no config.json");
   json j;
-  {
-    std::ifstream in(path);
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      throw ConfigError("config file '" + path + "': malformed JSON: " + e.what());
-    }
+  std::ifstream in(*path);
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw ConfigError("config file '" + *path + "': malformed JSON: " + e.what());
   }
-  IHA_CONFIG_CHECK(j.is_object(), "config file '", path, "': not a JSON object");
+  IHA_CONFIG_CHECK(j.is_object(), "config file '", *path, "': not a JSON object");
+  return j;
+}
+
+HfModel read_hf_config(const std::string& dir) {
+  std::string path;
+  const json j = read_config_json(dir, &path);
   const Fields f(j, "config file '" + path + "'");
   const std::set<std::string> families = {"llama", "mistral", "qwen2"};
   const std::string type = f.string("model_type", "");

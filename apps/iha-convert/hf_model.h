@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "model/model_config.h"
 #include "model/params.h"
 #include "safetensors.h"
@@ -37,6 +39,11 @@ struct HfModel {
   int64_t kv_heads = 0;        // num_key_value_heads
   int64_t max_positions = 0;   // max_position_embeddings
 };
+
+// dir/config.json parsed, a JSON object; *path is set to the file's path (for the caller's
+// messages). ConfigError naming the directory or the file when either is missing, the JSON is
+// malformed or it is not an object.
+nlohmann::json read_config_json(const std::string& dir, std::string* path);
 
 // Reads dir/config.json. ConfigError naming the file and the field on anything we cannot honour.
 HfModel read_hf_config(const std::string& dir);

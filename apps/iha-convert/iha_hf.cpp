@@ -179,18 +179,8 @@ constexpr int64_t kDefaultContext = 2048;
 // whose fields disagree describes two models, and the checkpoint would not be the one
 // transformers runs).
 IhaDirectory read_iha_directory(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "config.json").string();
-  IHA_CONFIG_CHECK(fs::exists(path), "model directory '", dir, "': no config.json");
-  json j;
-  {
-    std::ifstream in(path);
-    try {
-      j = json::parse(in);
-    } catch (const json::exception& e) {
-      throw ConfigError("config file '" + path + "': malformed JSON: " + e.what());
-    }
-  }
-  IHA_CONFIG_CHECK(j.is_object(), "config file '", path, "': expected a JSON object");
+  std::string path;
+  const json j = read_config_json(dir, &path);
   const IhaFields f("config file '" + path + "'");
   const auto need = [&](const char* key) -> const json& { return f.need(j, key, key); };
   const auto integer = [&](const char* key) { return f.integer(need(key), key); };

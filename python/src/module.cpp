@@ -657,6 +657,20 @@ iha::LayerConfig make_layer_config(int64_t D, int64_t H, int64_t P, int64_t d, i
   return c;
 }
 
+// RoPE scaling as a dict of its fields (what LayerConfig.rope_scaling and the state hold).
+py::dict rope_scaling_dict(const iha::RopeScaling& r) {
+  py::dict d;
+  d["type"] = iha::rope_scaling_type_name(r.type);
+  d["factor"] = r.factor;
+  d["original_length"] = r.original_length;
+  d["beta_fast"] = r.beta_fast;
+  d["beta_slow"] = r.beta_slow;
+  d["ramp"] = iha::yarn_ramp_name(r.ramp);
+  d["low_freq_factor"] = r.low_freq_factor;
+  d["high_freq_factor"] = r.high_freq_factor;
+  return d;
+}
+
 // The config as the keyword arguments that rebuild it (pickling, copying, agreement).
 py::dict layer_config_state(const iha::LayerConfig& c) {
   py::dict st;
@@ -666,21 +680,10 @@ py::dict layer_config_state(const iha::LayerConfig& c) {
   st["mask"] = iha::mask_name(c.mask);
   st["window_virtual"] = c.window_virtual;
   st["rope"] = c.rope, st["rope_base"] = c.rope_base, st["rope_scale"] = c.rope_scale;
-  const auto& r = c.rope_scaling;
-  if (r.on()) {
-    py::dict rs;
-    rs["type"] = iha::rope_scaling_type_name(r.type);
-    rs["factor"] = r.factor;
-    rs["original_length"] = r.original_length;
-    rs["beta_fast"] = r.beta_fast;
-    rs["beta_slow"] = r.beta_slow;
-    rs["ramp"] = iha::yarn_ramp_name(r.ramp);
-    rs["low_freq_factor"] = r.low_freq_factor;
-    rs["high_freq_factor"] = r.high_freq_factor;
-    st["rope_scaling"] = rs;
-  } else {
+  if (c.rope_scaling.on())
+    st["rope_scaling"] = rope_scaling_dict(c.rope_scaling);
+  else
     st["rope_scaling"] = py::none();
-  }
   return st;
 }
 
@@ -869,19 +872,7 @@ PYBIND11_MODULE(_iha, m) {
       .def_readonly("rope_scale", &iha::LayerConfig::rope_scale)
       .def_property_readonly("logit_scale", &iha::LayerConfig::logit_scale)
       .def_property_readonly("collapse_cols", &iha::LayerConfig::collapse_cols)
-      .def_property_readonly("rope_scaling", [](const iha::LayerConfig& c) {
-        const auto& r = c.rope_scaling;
-        py::dict d;
-        d["type"] = iha::rope_scaling_type_name(r.type);
-        d["factor"] = r.factor;
-        d["original_length"] = r.original_length;
-        d["beta_fast"] = r.beta_fast;
-        d["beta_slow"] = r.beta_slow;
-        d["ramp"] = iha::yarn_ramp_name(r.ramp);
-        d["low_freq_factor"] = r.low_freq_factor;
-        d["high_freq_factor"] = r.high_freq_factor;
-        return d;
-      });
+      .def_property_readonly("rope_scaling", [](const iha::LayerConfig& c) { return rope_scaling_dict(c.rope_scaling); });
 
   py::class_<Comm>(m, "Comm")
       .def_static("from_mpi4py_address", &comm_from_address, py::arg("address"), py::arg("expected_size"))

@@ -254,36 +254,42 @@ class Experiment:
             sets.append(("data.path", data))
         if start_from:
             sets.append(("finetune.from", start_from))
-        while self.latest_step(root) < steps:
-            sets_i = sets + [("train.stop_after", chunk)]
-            try:
-                self.run(name, ranks, mode, sets_i, extra=["--resume", "auto"])
-            except expkit.StageFailed as e:
-                if e.code == 4:  # stopped by a signal at a step boundary: keep what it saved
-                    self.keep(name)
-                    print("[stop] %s: stopped by a signal at step %d (kept); the same command continues"
-                          % (name, self.latest_step(root)), flush=True)
-                raise
-            self.keep(name)
-        st_ = self.R["stages"].setdefault(name, {"invocations": []})
-        st_["steps"] = self.latest_step(root)
-        st_["log"] = self.summarise_log(name)
-        self.save()
+        try:
+            while self.latest_step(root) < steps:
+                sets_i = sets + [("train.stop_after", chunk)]
+                try:
+                    self.run(name, ranks, mode, sets_i, extra=["--resume", "auto"])
+                except expkit.StageFailed as e:
+                    if e.code == 4:  # stopped by a signal at a step boundary: keep what it saved
+                        self.keep(name)
+                        print("[stop] %s: stopped by a signal at step %d (kept); the same command continues"
+                              % (name, self.latest_step(root)), flush=True)
+                    raise
+                self.keep(name)
+        finally:  # finished, stopped (signal, --stop-by) or failed: the results say how far it got
+            st_ = self.R["stages"].get(name)
+            if st_ is not None:  # (a stage that never started records nothing)
+                st_["steps"] = self.latest_step(root)
+                st_["log"] = self.summarise_log(name)
+                self.save()
         return root
 
     def summarise_log(self, name):
+        """The stage's step rows: those already in the results (a new checkout starts with no
+        log.jsonl in runs/, and its log then holds only the steps run since) updated by the log."""
         p = os.path.join(self.out, name, "log.jsonl")
+        stored = self.R["stages"].get(name, {}).get("log")
         if not os.path.exists(p):
-            return self.R["stages"].get(name, {}).get("log")
+            return stored
         rows = expkit.read_jsonl(p)
-        steps = {}
+        steps = {int(k): v for k, v in (stored or {}).get("steps", {}).items()}
         for r in rows:
             if r.get("event") == "step":
                 steps[r["step"]] = {k: r[k] for k in ("loss", "step_time_s", "tokens_per_s", "utilization",
                                                       "peak_rss_mib_max", "flops_per_s") if k in r}
         start = [r for r in rows if r.get("event") == "start"]
         return {"steps": {str(k): v for k, v in sorted(steps.items())},
-                "start": start[-1] if start else None}
+                "start": start[-1] if start else (stored or {}).get("start")}
 
     # ---- evaluation stages ----
     def score(self, name, model_root, N, ranks, data, sequences, scaling):

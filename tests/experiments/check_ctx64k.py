@@ -168,6 +168,23 @@ def direct(build, corpus_dir, runs):
                         "--commit-dir", os.path.join(runs, "committed")], capture_output=True, text=True)
     check(r.returncode != 0 and "is not the one the results" in r.stderr + r.stdout and "packages" in r.stderr + r.stdout,
           "a results file recorded with another corpus is refused (exit %d): %s" % (r.returncode, (r.stderr + r.stdout)[-300:]))
+    # a new checkout has no log.jsonl in runs/: the steps a stage runs there are added to the
+    # steps already in the results, never put in their place
+    import argparse
+    steps = res["stages"]["base"]["log"]["steps"]
+    check(len(steps) >= 2, "the smoke's base logged its steps (%d)" % len(steps))
+    later = os.path.join(runs, "new-checkout")
+    os.makedirs(os.path.join(later, "base"), exist_ok=True)
+    last = max(steps, key=int)
+    with open(os.path.join(later, "base", "log.jsonl"), "w") as f:
+        f.write(json.dumps({"event": "step", "step": int(last), "loss": 123.0}) + "\n")
+    e = ctx64k.Experiment(argparse.Namespace(build=build, report_only=True, out=later, corpus=corpus_dir,
+                                             results=os.path.join(runs, "results.json"),
+                                             commit_dir=os.path.join(runs, "committed")), ctx64k.smoke_design())
+    merged = e.summarise_log("base")["steps"]
+    check(sorted(merged, key=int) == sorted(steps, key=int) and merged[last] == {"loss": 123.0}
+          and all(merged[k] == steps[k] for k in steps if k != last),
+          "a stage's log in a new checkout updates the stored steps (%d stored, %d after)" % (len(steps), len(merged)))
     # --stop-by in the past: a driver with stages to run starts none, says so, exits 4
     fresh = os.path.join(runs, "stop-by")
     r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "experiments", "ctx64k.py"), "--smoke",
