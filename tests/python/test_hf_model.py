@@ -299,7 +299,8 @@ class HfModelTest(unittest.TestCase):
 
     def test_generate_from_inputs_embeds(self):
         """generate(inputs_embeds=...) gives the tokens generate(input_ids=...) gives, with the
-        cache one token a step after the prompt; also from a left-padded batch."""
+        cache one token a step after the prompt; also from a left-padded batch, with no
+        attention_mask, with no cache, and after a cache prefilled with part of the prompt."""
         new = 12
         for case in CASES:
             with self.subTest(case=case["name"]):
@@ -316,6 +317,24 @@ class HfModelTest(unittest.TestCase):
                                               max_new_tokens=new, min_new_tokens=new, **GEN)
                     self.assertTrue(torch.equal(got[:, -new:], want[:, -new:]),
                                     f"from inputs_embeds {got[:, -new:].tolist()} vs input_ids {want[:, -new:].tolist()}")
+                    self.assertEqual(rec.lengths, [1] * (new - 1), "the steps after the prompt (tokens each)")
+                with torch.no_grad():
+                    want = hf.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, **GEN)[:, -new:]
+                    emb = hf.get_input_embeddings()(ids)
+                    # no attention_mask (generate() makes one), and no cache (every step runs the
+                    # embeddings' prompt and the tokens generated so far)
+                    for kw in (dict(), dict(use_cache=False)):
+                        got = hf.generate(inputs_embeds=emb, max_new_tokens=new, min_new_tokens=new, **kw, **GEN)
+                        self.assertTrue(torch.equal(got[:, -new:], want), f"inputs_embeds, {kw or 'no mask'}: "
+                                        f"{got[:, -new:].tolist()} vs {want.tolist()}")
+                    # a cache prefilled with the prompt's first 5 positions: the first step runs the
+                    # other 4 (from the embeddings), each later step one token
+                    first = hf(input_ids=ids[:, :5], use_cache=True)
+                    with StepRecorder(hf) as rec:
+                        got = hf.generate(inputs_embeds=emb, attention_mask=mask, max_new_tokens=new,
+                                          min_new_tokens=new, **{CACHE_KW: model_cache(first)}, **GEN)
+                    self.assertTrue(torch.equal(got[:, -new:], want), f"inputs_embeds after a prefilled cache: "
+                                    f"{got[:, -new:].tolist()} vs {want.tolist()}")
                     self.assertEqual(rec.lengths, [1] * (new - 1), "the steps after the prompt (tokens each)")
 
     def test_cache_forms(self):

@@ -496,33 +496,49 @@ class IhaForCausalLM(IhaPreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, cache=None, attention_mask=None,
                                       inputs_embeds=None, use_cache=True, **kwargs):
-        """Only the tokens the cache has not seen (one a step after the prompt), counted against
-        the cache's own count of tokens: the mask covers the whole sequence, and so does input_ids
-        unless the prompt came as inputs_embeds (then it holds the generated tokens only, and
-        transformers' step counter says how many are new: next_sequence_length in 5.x,
-        cache_position in 4.x). transformers 4.x derives cache_position of a cache passed in
-        from its first layer's length, which for a window layer is not the tokens seen, so it is
-        used only for the embeddings' case, where generate() made the cache and counts steps."""
+        """Only the positions the cache has not seen (one a step after the prompt; all of them
+        without a cache), counted against the cache's own count of tokens. The sequence is the
+        prompt, then the generated tokens; a prompt given as inputs_embeds [B, E, D] holds
+        positions [0, E), and input_ids then holds the generated tokens only (or, where the caller
+        gave both, the prompt's ids too): its last `total - E` are the generated ones. The
+        sequence's length `total`: the mask's, which covers all of it (generate() makes one where
+        none is given); else input_ids' where it is longer than the cache and there are no
+        embeddings; else the cache's count plus transformers' step counter (next_sequence_length
+        in 5.x, cache_position in 4.x). transformers 4.x derives cache_position of a cache passed
+        in from its first layer's length, which for a window layer is not the tokens seen, so it
+        is the last resort. New positions inside the embeddings' prompt come from inputs_embeds
+        (a cache prefilled with part of it: the rest), those after it from input_ids."""
         given = cache if cache is not None else past_key_values
         past = _as_iha_cache(given, len(self.model.layers)) if use_cache is not False else None
-        inputs = {"use_cache": use_cache is not False, "attention_mask": attention_mask}
-        if past is not None:
-            if attention_mask is not None:
-                new = attention_mask.shape[1] - past.seen
-            elif input_ids.shape[1] > past.seen:
-                new = input_ids.shape[1] - past.seen
-            elif kwargs.get("next_sequence_length") is not None:
-                new = int(kwargs["next_sequence_length"])
-            elif kwargs.get("cache_position") is not None:
-                new = int(kwargs["cache_position"].shape[0])
-            else:
-                raise ValueError("IhaForCausalLM: cannot tell which tokens the cache has not seen "
-                                 "(no attention_mask, and input_ids is not longer than the cache)")
-            inputs["input_ids"] = input_ids[:, input_ids.shape[1] - new:]
-        elif inputs_embeds is not None:
-            inputs["inputs_embeds"] = inputs_embeds
+        seen = past.seen if past is not None else 0
+        E = inputs_embeds.shape[1] if inputs_embeds is not None else 0
+        L = input_ids.shape[1] if input_ids is not None else 0
+        if attention_mask is not None:
+            total = attention_mask.shape[1]
+        elif E == 0 and L > seen:
+            total = L
+        elif past is None:
+            total = E + L
+        elif kwargs.get("next_sequence_length") is not None:
+            total = seen + int(kwargs["next_sequence_length"])
+        elif kwargs.get("cache_position") is not None:
+            total = seen + int(kwargs["cache_position"].shape[0])
         else:
-            inputs["input_ids"] = input_ids
+            raise ValueError("IhaForCausalLM: cannot tell which tokens the cache has not seen "
+                             "(no attention_mask, and input_ids is not longer than the cache)")
+        generated = total - E  # the positions after the embeddings' prompt: input_ids' last ones
+        if total <= seen or generated < 0 or generated > L:
+            raise ValueError(f"IhaForCausalLM: the sequence has {total} positions ({E} as inputs_embeds, "
+                             f"{generated} of input_ids' {L} after them) and the cache has seen {seen}: "
+                             "nothing new to run, or more positions than were given")
+        inputs = {"use_cache": use_cache is not False, "attention_mask": attention_mask}
+        if seen >= E:  # every new position is a token id
+            inputs["input_ids"] = input_ids[:, L - (total - seen):]
+        else:
+            parts = [inputs_embeds[:, seen:]]
+            if generated > 0:
+                parts.append(self.get_input_embeddings()(input_ids[:, L - generated:]))
+            inputs["inputs_embeds"] = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
         inputs["cache" if cache is not None or _CACHE_FIELD == "cache" else "past_key_values"] = past
         if "logits_to_keep" in kwargs:
             inputs["logits_to_keep"] = kwargs["logits_to_keep"]
