@@ -20,6 +20,7 @@ JSON records each invocation's command, commit, machine, start and end.
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -158,17 +159,36 @@ class Experiment:
         with open(self.config, "w") as f:
             f.write("\n".join(lines) + "\n")
 
+    @staticmethod
+    def kind(name):
+        """Stages that cost alike: a score of another model at the same length and purpose
+        ('score-*-full', 'score-*-passkey-65536', ...), a fine-tune of another arm or seed."""
+        m = re.match(r"^score-.*-(full\d*|trunc\d*|passkey-\d+|gate-step\d+)$", name)
+        if m:
+            return "score-*-" + m.group(1)
+        return "ft-*" if name.startswith("ft-") else name
+
+    def estimate(self, name):
+        """Seconds the next invocation of `name` may take: its stage's last finished invocation;
+        with none, the longest finished invocation of its kind; with none either, 0."""
+        def finished(stage):
+            return [i["seconds"] for i in self.R["stages"].get(stage, {}).get("invocations", [])
+                    if i.get("exit") == 0 and i.get("seconds")]
+        own = finished(name)
+        if own:
+            return own[-1]
+        alike = [t for stage in self.R["stages"] if self.kind(stage) == self.kind(name) for t in finished(stage)]
+        return max(alike) if alike else 0
+
     def before(self, name):
-        """With --stop-by, no invocation of `name` starts that would end after that time (the
-        stage's last finished invocation's seconds as the estimate; with none yet, only once the
-        time has passed): the driver stops at an invocation boundary instead, exit 4."""
+        """With --stop-by, no invocation of `name` starts that would end after that time (by
+        `estimate`; with no estimate, only once the time has passed): the driver stops at an
+        invocation boundary instead, exit 4."""
         if self.a.stop_by is None:
             return
-        took = [i["seconds"] for i in self.R["stages"].get(name, {}).get("invocations", [])
-                if i.get("exit") == 0 and i.get("seconds")]
-        need = took[-1] if took else 0
+        need = self.estimate(name)
         if time.time() + need > expkit.utc_time(self.a.stop_by, "--stop-by"):
-            print("[stop] %s: not started: it would end after --stop-by %s UTC (its last invocation took %d s);"
+            print("[stop] %s: not started: it would end after --stop-by %s UTC (estimated %d s);"
                   " the same command continues" % (name, self.a.stop_by, need), flush=True)
             raise StoppedBy()
 

@@ -185,6 +185,12 @@ def direct(build, corpus_dir, runs):
     check(sorted(merged, key=int) == sorted(steps, key=int) and merged[last] == {"loss": 123.0}
           and all(merged[k] == steps[k] for k in steps if k != last),
           "a stage's log in a new checkout updates the stored steps (%d stored, %d after)" % (len(steps), len(merged)))
+    # --stop-by's estimate for a score never run: the longest of its kind (another model's)
+    fulls = [i["seconds"] for n, v in res["stages"].items() if n.startswith("score-") and n.endswith("-full")
+             for i in v["invocations"] if i.get("exit") == 0]
+    check(len(fulls) >= 4 and e.estimate("score-ft-yarn-s9-full") == max(fulls)
+          and e.estimate("score-ft-yarn-s9-full65536") == 0 and e.estimate("ft-yarn-s9") > 0,
+          "estimates by kind: %s vs %s" % (e.estimate("score-ft-yarn-s9-full"), fulls))
     # --stop-by in the past: a driver with stages to run starts none, says so, exits 4
     fresh = os.path.join(runs, "stop-by")
     r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "experiments", "ctx64k.py"), "--smoke",
