@@ -12,7 +12,12 @@
 #   OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM); more ranks than slots (cores) need
 #   rmaps_base_oversubscribe (= --oversubscribe); the shared-memory transport's single-copy
 #   path (cross-memory attach) needs ptrace rights that containers often withhold, so it is
-#   turned off for launches through this script.
+#   turned off for launches through this script. Ranks are not bound to cores unless
+#   OMPI_MCA_hwloc_base_binding_policy says otherwise (core, for example): Open MPI binds the
+#   ranks of a job of 1 or 2 to cores 0 and 1, so two such jobs on one machine (a test beside
+#   a run, or CTest's parallel tests) pin their rank i to the same core, and a rank waiting in
+#   MPI there can starve the other job's rank for minutes (seen: a 2-rank score stalled 8
+#   minutes beside a 2-rank training run, both bound, on 2 cores).
 # MPICH and its Hydra-launched derivatives (MPICH, MVAPICH, Intel MPI: "HYDRA" / "MPICH" /
 #   "Intel(R) MPI"): run as root and oversubscribed as they are; nothing to set.
 # Anything else is started as it is.
@@ -44,5 +49,6 @@ if ! command -v "$iha_mpi_launcher" >/dev/null; then
 fi
 if [ "$iha_mpi_kind" = openmpi ]; then
   export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export OMPI_MCA_hwloc_base_binding_policy=${OMPI_MCA_hwloc_base_binding_policy:-none}
 fi
 exec "$iha_mpi_launcher" "$@"

@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import expkit  # noqa: E402
+import ctx64k_corpus as corpus  # noqa: E402
 import ctx64k_stats as st  # noqa: E402
 
 REPO = expkit.REPO
@@ -52,6 +53,13 @@ DESIGN = {
     "passkey_lengths": [4096, 16384, 32768, 65536],
 }
 
+
+# A score runs in invocations of at most this many tokens (8 sequences of 65,536), each scoring
+# its own slice of the token file, so a 64k evaluation stops and resumes between slices and
+# --stop-by can plan it. (Not part of the design: a sequence's scores do not depend on the others
+# scored with it.) The smoke uses smaller slices, so that it runs the slicing.
+SCORE_SLICE_TOKENS = 8 * 65536
+SMOKE_SCORE_SLICE_TOKENS = 2 * 2048
 
 # What every stage's config holds besides the design's numbers (base-config.yaml; configs/finetune-64k.yaml
 # holds the same: tests/experiments/check_ctx64k.py compares them).
@@ -313,16 +321,49 @@ class Experiment:
 
     # ---- evaluation stages ----
     def score(self, name, model_root, N, ranks, data, sequences, scaling):
-        """iha-train score of `data` at length N; returns (loss, hit) arrays."""
+        """iha-train score of `data`'s first `sequences` sequences at length N, in slices of at most
+        SCORE_SLICE_TOKENS tokens (one invocation each; a slice scored is not scored again);
+        returns (loss, hit) arrays."""
         out = os.path.join(self.out, "scores", name + ".h5")
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        if not os.path.exists(out):
-            sets = self.model_sets(N, ranks, "sp", scaling) + [
-                ("data.path", data), ("eval.path", data), ("eval.sequences", sequences),
-                ("eval.batch", max(1, min(sequences, self.D["length"] // N))),
-                ("eval.checkpoint", model_root)]
-            self.run("score-" + name, ranks, "score", sets, extra=["--out", out])
+        if os.path.exists(out):
+            return st.read_scores(out)
+        batch = max(1, min(sequences, self.D["length"] // N))
+        per = max(batch, (SMOKE_SCORE_SLICE_TOKENS if self.a.smoke else SCORE_SLICE_TOKENS) // N // batch * batch)
+        parts = []
+        for first in range(0, sequences, per):
+            n = min(per, sequences - first)
+            part = out if n == sequences else out[:-3] + ".seq%d-%d.h5" % (first, first + n)
+            if not os.path.exists(part):
+                path = data if n == sequences else self.slice_tokens(data, first, n, N, part[:-3] + ".tokens.h5")
+                sets = self.model_sets(N, ranks, "sp", scaling) + [
+                    ("data.path", path), ("eval.path", path), ("eval.sequences", n),
+                    ("eval.batch", min(batch, n)), ("eval.checkpoint", model_root)]
+                self.run("score-" + name, ranks, "score", sets, extra=["--out", part])
+                if path != data:
+                    os.remove(path)
+            parts.append(part)
+        if parts != [out]:
+            loss, hit = zip(*(st.read_scores(p) for p in parts))
+            st.write_scores(out, np.concatenate(loss), np.concatenate(hit))
+            for p in parts:
+                os.remove(p)
         return st.read_scores(out)
+
+    @staticmethod
+    def slice_tokens(data, first, n, N, path):
+        """Sequences first .. first + n - 1 of token file `data` (sequences of N tokens, one a
+        document) as a token file of their own, its closing token the one that follows them in
+        `data`: each sequence's targets are those it has there."""
+        import h5py
+        with h5py.File(data, "r") as f:
+            tokens, starts = f["tokens"], f["doc_starts"][:]
+            if not all(starts[first + i] == (first + i) * N for i in range(n + 1)):
+                raise SystemExit("error: %s: sequences %d-%d are not documents of %d tokens each"
+                                 % (expkit.relative(data), first, first + n - 1, N))
+            body = tokens[first * N:(first + n) * N + 1].tobytes()
+        corpus.write_tokens(path, [body[i * N:(i + 1) * N] for i in range(n)], closing=body[n * N:])
+        return path
 
     def eval_ranks(self, N):
         return 1 if N <= 4 * self.D["n0"] and not self.a.smoke else 2 if N <= self.D["length"] // 2 else 4

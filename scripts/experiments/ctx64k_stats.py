@@ -6,6 +6,7 @@ sequence s given tokens 0..n, NaN where position n has no target. "Token t" belo
 of a document (t >= 1), scored at loss[s, t - 1].
 """
 import math
+import os
 
 import numpy as np
 
@@ -16,6 +17,16 @@ def read_scores(path):
     import h5py
     with h5py.File(path, "r") as f:
         return np.array(f["loss"][:], dtype=np.float64), np.array(f["hit"][:], dtype=np.uint8)
+
+
+def write_scores(path, loss, hit):
+    """(loss, hit) as a file read_scores reads (the slices of a score joined)."""
+    import h5py
+    tmp = path + ".tmp"
+    with h5py.File(tmp, "w") as f:
+        f.create_dataset("loss", data=loss)
+        f.create_dataset("hit", data=hit)
+    os.replace(tmp, path)
 
 
 def token_losses_full(loss, L):

@@ -147,6 +147,23 @@ def direct(build, corpus_dir, runs):
         want = dl[k, t - j * n0 - 1]
         check(abs(tr[d, t] - want) <= 1e-5 * max(1.0, abs(want)),
               "token %d of document %d: truncated %.6f, direct %.6f" % (t, d, tr[d, t], want))
+    # a score run in slices (one invocation each) equals the whole file scored at once
+    sliced = json.load(open(os.path.join(runs, "results.json")))["stages"]["score-base-full"]["invocations"]
+    whole = os.path.join(runs, "whole-scores.h5")
+    if os.path.exists(whole):
+        os.remove(whole)
+    heldout = os.path.join(corpus_dir, "heldout-%d.h5" % L)
+    subprocess.run([os.path.join(REPO, "scripts", "mpiexec.sh"), "-n", "2",
+                    os.path.join(build, "apps", "iha-train", "iha-train"), "score", "--config", cfg,
+                    "--set", "sequence.length=%d" % L, "--set", "mesh={dp: 1, hp: 1, sp: 2}", "--set",
+                    "data.path=" + heldout, "--set", "eval.path=" + heldout, "--set", "eval.sequences=%d" % docs,
+                    "--set", "eval.batch=1", "--set", "eval.checkpoint=" + os.path.join(ck, step), "--out", whole],
+                   check=True)
+    wl, wh = st.read_scores(whole)
+    sl, sh = st.read_scores(os.path.join(runs, "scores", "base-full.h5"))
+    check(len(sliced) >= 2 and wl.shape == sl.shape and np.array_equal(np.isnan(wl), np.isnan(sl))
+          and np.nanmax(np.abs(wl - sl)) == 0 and np.array_equal(wh, sh),
+          "the base's full score in %d slices equals the file scored whole" % len(sliced))
     # the smoke's results JSON holds every model's pass-key probes with a verdict per probe
     res = json.load(open(os.path.join(runs, "results.json")))
     for model in ("base", "base-yarn", "ft-yarn-s1", "ft-none-s1"):
