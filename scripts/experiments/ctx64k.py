@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import expkit  # noqa: E402
-import ctx64k_corpus as corpus  # noqa: E402
+import ctx64k_corpus as corpus_mod  # noqa: E402
 import ctx64k_stats as st  # noqa: E402
 
 REPO = expkit.REPO
@@ -80,7 +80,6 @@ def smoke_design():
 def corpus_record(corpus):
     """What identifies a corpus built by ctx64k_corpus.py (manifest.json's `seconds` left out)."""
     import hashlib
-    import h5py
     m = json.load(open(os.path.join(corpus, "manifest.json")))
     m.pop("seconds", None)
     docs = {d["source"] + ":" + d["path"]: d for d in m["documents"]}
@@ -89,8 +88,11 @@ def corpus_record(corpus):
     files = {}
     for name in sorted(os.listdir(corpus)):
         if name.endswith(".h5"):
-            with h5py.File(os.path.join(corpus, name), "r") as f:
-                files[name] = hashlib.sha256(f["tokens"][:].tobytes() + f["doc_starts"][:].tobytes()).hexdigest()
+            files[name] = corpus_mod.token_digest(os.path.join(corpus, name))
+        elif name == corpus_mod.LEFT_OUT + corpus_mod.DIGEST_SUFFIX and not os.path.exists(
+                os.path.join(corpus, corpus_mod.LEFT_OUT)):  # a corpus restored from a snapshot
+            files[corpus_mod.LEFT_OUT] = open(os.path.join(corpus, name)).read().strip()
+    files = dict(sorted(files.items()))
     return {"packages": m["packages"], "train": m["train"], "base_sequences": m["base_sequences"],
             "finetune_sequences": m["finetune_sequences"], "passkey_probes": m["passkey_probes"],
             "manifest_sha256": hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest(),
@@ -282,6 +284,11 @@ class Experiment:
             sets.append(("data.path", data))
         if start_from:
             sets.append(("finetune.from", start_from))
+        if data and self.latest_step(root) < steps and not os.path.exists(data):
+            raise SystemExit("error: %s has %d of its %d steps and its data %s does not exist (a corpus restored "
+                             "from a snapshot holds no %s: only a corpus built from the recorded packages trains "
+                             "the base)" % (name, self.latest_step(root), steps, expkit.relative(data),
+                                            corpus_mod.LEFT_OUT))
         try:
             while self.latest_step(root) < steps:
                 sets_i = sets + [("train.stop_after", chunk)]
@@ -362,7 +369,7 @@ class Experiment:
                 raise SystemExit("error: %s: sequences %d-%d are not documents of %d tokens each"
                                  % (expkit.relative(data), first, first + n - 1, N))
             body = tokens[first * N:(first + n) * N + 1].tobytes()
-        corpus.write_tokens(path, [body[i * N:(i + 1) * N] for i in range(n)], closing=body[n * N:])
+        corpus_mod.write_tokens(path, [body[i * N:(i + 1) * N] for i in range(n)], closing=body[n * N:])
         return path
 
     def eval_ranks(self, N):

@@ -37,6 +37,14 @@ Files (OUT/):
 
   python3 scripts/experiments/ctx64k_corpus.py --out runs/corpus/ctx64k
   python3 scripts/experiments/ctx64k_corpus.py --smoke --out /tmp/ctx64k-smoke    # seconds
+
+A snapshot keeps what the stages after the base read (every file but train-N0.h5 and the
+sources, about 5.5 MB as tar.xz), and train-N0.h5's digest in its place, for when the recorded
+package versions are gone from the archive (a kernel security update replaces the version a
+corpus was built from) and the corpus can no longer be rebuilt:
+
+  python3 scripts/experiments/ctx64k_corpus.py --out runs/corpus/ctx64k --snapshot FILE.tar.xz
+  python3 scripts/experiments/ctx64k_corpus.py --out runs/corpus/ctx64k --from-snapshot FILE.tar.xz
 """
 import argparse
 import hashlib
@@ -325,6 +333,50 @@ def build(a):
     return 0
 
 
+LEFT_OUT = "train-N0.h5"  # what a snapshot leaves out (the base's data), its digest kept in
+DIGEST_SUFFIX = ".sha256"  # LEFT_OUT + DIGEST_SUFFIX
+
+
+def token_digest(path):
+    """sha256 of a token file's tokens and document starts (what identifies it in the results)."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        return hashlib.sha256(f["tokens"][:].tobytes() + f["doc_starts"][:].tobytes()).hexdigest()
+
+
+def snapshot(corpus, path):
+    """corpus's files but LEFT_OUT and src/ as a tar.xz at path, LEFT_OUT's digest in its place."""
+    names = sorted(n for n in os.listdir(corpus) if n != LEFT_OUT and os.path.isfile(os.path.join(corpus, n)))
+    if "manifest.json" not in names:
+        raise SystemExit("error: %s holds no manifest.json: not a corpus" % corpus)
+    tmp = path + ".tmp"
+    with tarfile.open(tmp, "w:xz") as tar:
+        for n in names:
+            tar.add(os.path.join(corpus, n), arcname=n)
+        if os.path.exists(os.path.join(corpus, LEFT_OUT)):
+            import io
+            data = (token_digest(os.path.join(corpus, LEFT_OUT)) + "\n").encode()
+            info = tarfile.TarInfo(LEFT_OUT + DIGEST_SUFFIX)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    os.replace(tmp, path)
+    print("snapshot %s: %d files (%s left out), %d bytes" % (path, len(names), LEFT_OUT, os.path.getsize(path)))
+
+
+def restore(path, corpus):
+    """A snapshot's files into corpus (which must not hold a corpus already)."""
+    if os.path.exists(os.path.join(corpus, "manifest.json")):
+        raise SystemExit("error: %s already holds a corpus; restore into an empty folder" % corpus)
+    os.makedirs(corpus, exist_ok=True)
+    with tarfile.open(path, "r:xz") as tar:
+        members = tar.getmembers()
+        for m in members:
+            if not m.isfile() or os.path.basename(m.name) != m.name:
+                raise SystemExit("error: %s: member %r is not a plain file at the top" % (path, m.name))
+        tar.extractall(corpus, members=members)
+    print("restored %d files from %s into %s" % (len(members), path, corpus))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(expkit.REPO, "runs", "corpus", "ctx64k"))
@@ -338,7 +390,15 @@ def main():
     ap.add_argument("--probes-stretch", type=int, default=4, help="the same at 2 --length")
     ap.add_argument("--force", action="store_true", help="rewrite files that exist")
     ap.add_argument("--smoke", action="store_true", help="the standard library only, N0 256, length 2048")
+    ap.add_argument("--snapshot", metavar="FILE", help="write --out's corpus (all but %s) to FILE (tar.xz)" % LEFT_OUT)
+    ap.add_argument("--from-snapshot", metavar="FILE", help="restore --out's corpus from FILE instead of building it")
     a = ap.parse_args()
+    if a.snapshot:
+        snapshot(os.path.abspath(a.out), a.snapshot)
+        return 0
+    if a.from_snapshot:
+        restore(a.from_snapshot, os.path.abspath(a.out))
+        return 0
     a.held = {"kernel": (16, 4), "stdlib": (8, 2), "kjv": (8, 2)}
     a.depths = [0.0, 0.25, 0.5, 0.75, 1.0]
     if a.smoke:

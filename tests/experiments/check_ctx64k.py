@@ -12,6 +12,7 @@ Exit 1 with the failures listed.
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -202,6 +203,18 @@ def direct(build, corpus_dir, runs):
     check(sorted(merged, key=int) == sorted(steps, key=int) and merged[last] == {"loss": 123.0}
           and all(merged[k] == steps[k] for k in steps if k != last),
           "a stage's log in a new checkout updates the stored steps (%d stored, %d after)" % (len(steps), len(merged)))
+    # a snapshot (all but the base's data, its digest kept) restores a corpus with the same record
+    snap = os.path.join(runs, "corpus-snapshot.tar.xz")
+    restored = os.path.join(runs, "corpus-restored")
+    shutil.rmtree(restored, ignore_errors=True)
+    script = os.path.join(REPO, "scripts", "experiments", "ctx64k_corpus.py")
+    subprocess.run([sys.executable, script, "--out", corpus_dir, "--snapshot", snap], check=True)
+    subprocess.run([sys.executable, script, "--out", restored, "--from-snapshot", snap], check=True)
+    check(not os.path.exists(os.path.join(restored, corpus.LEFT_OUT))
+          and ctx64k.corpus_record(restored) == ctx64k.corpus_record(corpus_dir),
+          "a corpus restored from its snapshot has the built corpus's record, without %s" % corpus.LEFT_OUT)
+    r = subprocess.run([sys.executable, script, "--out", restored, "--from-snapshot", snap], capture_output=True, text=True)
+    check(r.returncode != 0 and "already holds a corpus" in r.stderr, "a restore into a corpus is refused: %s" % r.stderr)
     # --stop-by's estimate for a score never run: the longest of its kind (another model's)
     fulls = [i["seconds"] for n, v in res["stages"].items() if n.startswith("score-") and n.endswith("-full")
              for i in v["invocations"] if i.get("exit") == 0]
