@@ -336,6 +336,15 @@ class HfModelTest(unittest.TestCase):
                     self.assertTrue(torch.equal(got[:, -new:], want), f"inputs_embeds after a prefilled cache: "
                                     f"{got[:, -new:].tolist()} vs {want.tolist()}")
                     self.assertEqual(rec.lengths, [1] * (new - 1), "the steps after the prompt (tokens each)")
+                    # a direct call with the prompt as both embeddings and ids, no cache: the mask
+                    # says the ids are the prompt's; without it the call is refused, not counted twice
+                    inputs = hf.prepare_inputs_for_generation(ids, inputs_embeds=emb, attention_mask=mask,
+                                                              use_cache=False)
+                    self.assertTrue(torch.equal(inputs["inputs_embeds"], emb) and "input_ids" not in inputs,
+                                    f"the prompt once, from its embeddings: {sorted(inputs)}")
+                    with self.assertRaises(ValueError) as e:
+                        hf.prepare_inputs_for_generation(ids, inputs_embeds=emb, use_cache=False)
+                    self.assertIn("attention_mask", str(e.exception))
 
     def test_cache_forms(self):
         """The cache continues a sequence however it is passed; window layers keep Wv - 1 positions."""

@@ -503,7 +503,9 @@ class IhaForCausalLM(IhaPreTrainedModel, GenerationMixin):
         gave both, the prompt's ids too): its last `total - E` are the generated ones. The
         sequence's length `total`: the mask's, which covers all of it (generate() makes one where
         none is given); else input_ids' where it is longer than the cache and there are no
-        embeddings; else the cache's count plus transformers' step counter (next_sequence_length
+        embeddings; without a cache and with both embeddings and ids, transformers 4.x's
+        cache_position, which then lists every position (else the call is refused as
+        ambiguous); else the cache's count plus transformers' step counter (next_sequence_length
         in 5.x, cache_position in 4.x). transformers 4.x derives cache_position of a cache passed
         in from its first layer's length, which for a window layer is not the tokens seen, so it
         is the last resort. New positions inside the embeddings' prompt come from inputs_embeds
@@ -517,6 +519,15 @@ class IhaForCausalLM(IhaPreTrainedModel, GenerationMixin):
             total = attention_mask.shape[1]
         elif E == 0 and L > seen:
             total = L
+        elif past is None and E > 0 and L > 0:
+            # input_ids may be the tokens generated after the embeddings' prompt (as generate()
+            # gives them) or the prompt's own ids: only transformers' 4.x step counter, which
+            # without a cache lists every position, or a mask tells
+            if kwargs.get("cache_position") is None:
+                raise ValueError("IhaForCausalLM: inputs_embeds and input_ids with no cache and no attention_mask: "
+                                 "input_ids may be the prompt's ids or the tokens after it; pass attention_mask "
+                                 "over the whole sequence")
+            total = int(kwargs["cache_position"].shape[0])
         elif past is None:
             total = E + L
         elif kwargs.get("next_sequence_length") is not None:
