@@ -132,41 +132,39 @@ def direct(build, corpus_dir, runs):
     path = os.path.join(runs, "direct.h5")
     corpus.write_tokens(path, units)
     out = os.path.join(runs, "direct-scores.h5")
-    if os.path.exists(out):
-        os.remove(out)
     cfg = os.path.join(runs, "base-config.yaml")
     ck = os.path.join(runs, "base", "ck")
     step = open(os.path.join(ck, "latest")).read().strip()
-    subprocess.run([os.path.join(REPO, "scripts", "mpiexec.sh"), "-n", "1",
-                    os.path.join(build, "apps", "iha-train", "iha-train"), "score", "--config", cfg,
-                    "--set", "sequence.length=%d" % (2 * n0), "--set", "data.path=" + path, "--set",
-                    "eval.path=" + path, "--set", "eval.sequences=%d" % len(units), "--set",
-                    "eval.checkpoint=" + os.path.join(ck, step), "--out", out], check=True)
-    dl, _ = st.read_scores(out)
+
+    def score(data, n, sequences, out, ranks=1, sets=()):
+        """The base's newest checkpoint scores `sequences` sequences of `n` tokens of `data`."""
+        if os.path.exists(out):
+            os.remove(out)
+        cmd = [os.path.join(REPO, "scripts", "mpiexec.sh"), "-n", str(ranks),
+               os.path.join(build, "apps", "iha-train", "iha-train"), "score", "--config", cfg,
+               "--set", "sequence.length=%d" % n, "--set", "data.path=" + data, "--set", "eval.path=" + data,
+               "--set", "eval.sequences=%d" % sequences, "--set", "eval.checkpoint=" + os.path.join(ck, step)]
+        for s in sets:
+            cmd += ["--set", s]
+        subprocess.run(cmd + ["--out", out], check=True)
+        return st.read_scores(out)
+
+    dl, _ = score(path, 2 * n0, len(units), out)
     for k, (d, t) in enumerate(picks):
         j = t // n0 - 1
         want = dl[k, t - j * n0 - 1]
         check(abs(tr[d, t] - want) <= 1e-5 * max(1.0, abs(want)),
               "token %d of document %d: truncated %.6f, direct %.6f" % (t, d, tr[d, t], want))
     # a score run in slices (one invocation each) equals the whole file scored at once
-    sliced = json.load(open(os.path.join(runs, "results.json")))["stages"]["score-base-full"]["invocations"]
-    whole = os.path.join(runs, "whole-scores.h5")
-    if os.path.exists(whole):
-        os.remove(whole)
-    heldout = os.path.join(corpus_dir, "heldout-%d.h5" % L)
-    subprocess.run([os.path.join(REPO, "scripts", "mpiexec.sh"), "-n", "2",
-                    os.path.join(build, "apps", "iha-train", "iha-train"), "score", "--config", cfg,
-                    "--set", "sequence.length=%d" % L, "--set", "mesh={dp: 1, hp: 1, sp: 2}", "--set",
-                    "data.path=" + heldout, "--set", "eval.path=" + heldout, "--set", "eval.sequences=%d" % docs,
-                    "--set", "eval.batch=1", "--set", "eval.checkpoint=" + os.path.join(ck, step), "--out", whole],
-                   check=True)
-    wl, wh = st.read_scores(whole)
+    res = json.load(open(os.path.join(runs, "results.json")))
+    sliced = res["stages"]["score-base-full"]["invocations"]
+    wl, wh = score(os.path.join(corpus_dir, "heldout-%d.h5" % L), L, docs, os.path.join(runs, "whole-scores.h5"),
+                   ranks=2, sets=("mesh={dp: 1, hp: 1, sp: 2}", "eval.batch=1"))
     sl, sh = st.read_scores(os.path.join(runs, "scores", "base-full.h5"))
     check(len(sliced) >= 2 and wl.shape == sl.shape and np.array_equal(np.isnan(wl), np.isnan(sl))
           and np.nanmax(np.abs(wl - sl)) == 0 and np.array_equal(wh, sh),
           "the base's full score in %d slices equals the file scored whole" % len(sliced))
     # the smoke's results JSON holds every model's pass-key probes with a verdict per probe
-    res = json.load(open(os.path.join(runs, "results.json")))
     for model in ("base", "base-yarn", "ft-yarn-s1", "ft-none-s1"):
         check(model in res["scores"] and "full" in res["scores"][model], "results hold %s's scores" % model)
     check(len(res["scores"]["base"]["full"]["gain_per_doc"]) == docs, "one endpoint value per held-out document")
